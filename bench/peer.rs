@@ -1,0 +1,130 @@
+//! Two-process plumbing shared by the demo and the benchmarks: the program re-runs
+//! itself as the peer, the two connect through an `RdmaListener`, and each pins itself
+//! to its own core.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use rdma_channel::{RdmaListener, RdmaStream};
+
+const SOCKET_VAR: &str = "RCH_PEER_SOCKET";
+
+/// Which side of the pair this process is.
+pub enum Side {
+    /// The process the user started; owns the child.
+    Parent(Child),
+    /// The re-run copy.
+    Child,
+}
+
+/// Pins the calling thread to `cpu` (modulo the CPUs available); best effort.
+pub fn pin_to_cpu(cpu: usize) {
+    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET only write inside it, and
+    // sched_setaffinity reads it for the calling thread (pid 0).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu % n, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Starts or joins the pair: the parent spawns `current_exe` with the same arguments
+/// and waits for it to connect; the child connects. Parent runs on CPU 0, child on 1.
+pub fn connect_pair(tag: &str) -> io::Result<(RdmaStream, Side)> {
+    if let Ok(path) = std::env::var(SOCKET_VAR) {
+        pin_to_cpu(1);
+        let s = RdmaStream::connect(&path)?;
+        return Ok((s, Side::Child));
+    }
+    pin_to_cpu(0);
+    let path: PathBuf = std::env::temp_dir().join(format!("rch-{tag}-{}.sock", std::process::id()));
+    let listener = RdmaListener::bind(&path)?;
+    let child = Command::new(std::env::current_exe()?)
+        .args(std::env::args_os().skip(1))
+        .env(SOCKET_VAR, &path)
+        .spawn()?;
+    let stream = listener.accept();
+    let _ = std::fs::remove_file(&path);
+    Ok((stream?, Side::Parent(child)))
+}
+
+/// Waits for the child and fails if it failed.
+pub fn finish(side: Side) -> io::Result<()> {
+    if let Side::Parent(mut child) = side {
+        let status = child.wait()?;
+        if !status.success() {
+            return Err(io::Error::other(format!("peer process failed: {status}")));
+        }
+    }
+    Ok(())
+}
+
+/// Puts all of `buf`, busy-polling (the channel's fast path).
+pub fn send_all(s: &mut RdmaStream, buf: &[u8]) -> io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        at += s.try_put(&[IoSlice::new(&buf[at..])])?;
+    }
+    Ok(())
+}
+
+/// Gets exactly `buf.len()` bytes, busy-polling.
+pub fn recv_all(s: &mut RdmaStream, buf: &mut [u8]) -> io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        at += s.try_get(&mut [IoSliceMut::new(&mut buf[at..])])?;
+    }
+    Ok(())
+}
+
+/// One-way latency by ping-pong: half the mean round trip of `iters` exchanges.
+pub fn latency(s: &mut RdmaStream, side: &Side, size: usize, iters: usize) -> io::Result<Duration> {
+    let mut buf = vec![0x5au8; size.max(1)];
+    let buf = &mut buf[..size];
+    let warm = (iters / 10).max(10);
+    let mut start = Instant::now();
+    for i in 0..warm + iters {
+        if i == warm {
+            start = Instant::now();
+        }
+        if matches!(side, Side::Parent(_)) {
+            send_all(s, buf)?;
+            recv_all(s, buf)?;
+        } else {
+            recv_all(s, buf)?;
+            send_all(s, buf)?;
+        }
+    }
+    Ok(start.elapsed() / (2 * iters as u32))
+}
+
+/// Windowed bandwidth (OSU style): the parent sends `window` messages back to back,
+/// the child acknowledges each window with 4 bytes. Returns bytes per second.
+pub fn bandwidth(s: &mut RdmaStream, side: &Side, size: usize, window: usize, iters: usize) -> io::Result<f64> {
+    let mut buf = vec![0xa5u8; size];
+    let mut ack = [0u8; 4];
+    let warm = (iters / 10).max(2);
+    let mut start = Instant::now();
+    for i in 0..warm + iters {
+        if i == warm {
+            start = Instant::now();
+        }
+        if matches!(side, Side::Parent(_)) {
+            for _ in 0..window {
+                send_all(s, &buf)?;
+            }
+            recv_all(s, &mut ack)?;
+        } else {
+            for _ in 0..window {
+                recv_all(s, &mut buf)?;
+            }
+            send_all(s, &ack)?;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    Ok((size * window * iters) as f64 / secs)
+}

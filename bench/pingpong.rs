@@ -1,0 +1,99 @@
+//! OSU-style point-to-point benchmark between two processes pinned to different cores:
+//! one-way latency (ping-pong) and windowed bandwidth (64 messages in flight), sizes
+//! 1 B to 4 MiB, beside a single-thread memcpy of the same size.
+//!
+//! ```text
+//! cargo bench --bench pingpong                       # full table
+//! cargo bench --bench pingpong -- --sizes 8,65536    # chosen sizes
+//! RCH_RING_SIZE=1m RCH_CHUNK_SIZE=32k cargo bench --bench pingpong -- --sizes 1048576
+//! ```
+//!
+//! A byte pipe has no 0-byte message (a put of nothing moves nothing), so the table
+//! starts at 1 B.
+
+#[path = "peer.rs"]
+mod peer;
+
+use std::io;
+use std::time::Instant;
+
+use peer::{bandwidth, connect_pair, finish, latency, Side};
+
+const WINDOW: usize = 64;
+
+fn sizes_from_args() -> Vec<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--sizes") {
+        if let Some(list) = args.get(i + 1) {
+            return list
+                .split(',')
+                .filter_map(|s| rdma_channel::config::parse_size(s).ok())
+                .filter(|&s| s > 0)
+                .collect();
+        }
+    }
+    let mut v = vec![1];
+    while *v.last().unwrap() < 4 << 20 {
+        v.push(v.last().unwrap() * 2);
+    }
+    v
+}
+
+/// Iteration counts that keep each row near a fixed time budget.
+fn lat_iters(size: usize) -> usize {
+    (20_000_000 / (size + 2000)).clamp(50, 20_000)
+}
+
+fn bw_iters(size: usize) -> usize {
+    (2_000_000_000 / (size * WINDOW + 100_000)).clamp(5, 2_000)
+}
+
+/// GB/s of a single-thread memcpy of `size` bytes between two warm buffers.
+fn memcpy_rate(size: usize) -> f64 {
+    let src = vec![1u8; size];
+    let mut dst = vec![0u8; size];
+    let iters = (4_000_000_000 / (size + 64)).clamp(10, 1_000_000);
+    dst.copy_from_slice(&src);
+    let t = Instant::now();
+    for _ in 0..iters {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+    }
+    (size * iters) as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+fn main() -> io::Result<()> {
+    // cargo bench passes --bench; ignore it.
+    let sizes = sizes_from_args();
+    let (mut s, side) = connect_pair("bench")?;
+    let parent = matches!(side, Side::Parent(_));
+    let cfg = s.config().clone();
+    if parent {
+        println!(
+            "# rdma-channel {} on the emulated fabric, two processes on CPUs 0 and 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        println!(
+            "# ring {} B, chunk {} B, tail threshold {} B; one-way latency = half the mean round trip",
+            cfg.ring_size_bytes(),
+            cfg.chunk_size_bytes(),
+            cfg.tail_threshold_bytes()
+        );
+        println!("{:>10} {:>12} {:>12} {:>12}", "size", "latency_us", "bw_GB/s", "memcpy_GB/s");
+    }
+    for &size in &sizes {
+        let lat = latency(&mut s, &side, size, lat_iters(size))?;
+        let bw = bandwidth(&mut s, &side, size, WINDOW, bw_iters(size))?;
+        if parent {
+            println!(
+                "{:>10} {:>12.3} {:>12.2} {:>12.2}",
+                size,
+                lat.as_secs_f64() * 1e6,
+                bw / 1e9,
+                memcpy_rate(size)
+            );
+        }
+    }
+    drop(s);
+    finish(side)
+}

@@ -1,0 +1,250 @@
+//! Tunables of a connection: ring and chunk sizes, the tail-update threshold and the
+//! blocking-wait policy. Set them with the builder methods or environment variables;
+//! [`Config::from_env`] starts from the defaults and applies the variables.
+//!
+//! | variable | meaning | default |
+//! | --- | --- | --- |
+//! | `RCH_RING_SIZE` | bytes of each receive ring (power of two, 4 KiB ..= 1 GiB) | 256 KiB |
+//! | `RCH_CHUNK_SIZE` | largest packet in bytes (multiple of 64, 128 ..= ring/2) | 16 KiB |
+//! | `RCH_TAIL_THRESHOLD` | consumed bytes before an explicit tail update | ring/4 |
+//! | `RCH_MAX_INLINE` | cap on inline writes (smaller forces the staging copy) | fabric's |
+//! | `RCH_SPIN` | busy polls before a blocking wait yields | 20000 |
+//! | `RCH_YIELD` | `sched_yield`s before it sleeps | 200 |
+//! | `RCH_SLEEP_MAX_US` | longest sleep between polls | 1000 |
+//!
+//! Sizes accept `k`, `m` and `g` suffixes (`RCH_RING_SIZE=1m`).
+
+use std::io;
+use std::time::Duration;
+
+/// Connection tunables.
+///
+/// ```
+/// use rdma_channel::Config;
+/// let cfg = Config::default().ring_size(1 << 20).chunk_size(32 << 10);
+/// cfg.validate().unwrap();
+/// assert_eq!(cfg.ring_size_bytes(), 1 << 20);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    ring_size: usize,
+    chunk_size: usize,
+    tail_threshold: Option<usize>,
+    max_inline: Option<usize>,
+    spin: u32,
+    yields: u32,
+    sleep_max: Duration,
+}
+
+/// Default receive ring size (chosen by `bench/pingpong` sweeps, see README).
+pub const DEFAULT_RING_SIZE: usize = 256 << 10;
+/// Default largest packet (chosen by measurement, see README).
+pub const DEFAULT_CHUNK_SIZE: usize = 16 << 10;
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            ring_size: DEFAULT_RING_SIZE,
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            tail_threshold: None,
+            max_inline: None,
+            spin: 20_000,
+            yields: 200,
+            sleep_max: Duration::from_micros(1000),
+        }
+    }
+}
+
+fn bad(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+/// Parses `123`, `64k`, `1m`, `2g` (case-insensitive).
+///
+/// ```
+/// assert_eq!(rdma_channel::config::parse_size("64k").unwrap(), 65536);
+/// assert!(rdma_channel::config::parse_size("lots").is_err());
+/// ```
+///
+/// # Errors
+///
+/// `InvalidInput` for anything else, or on overflow.
+pub fn parse_size(s: &str) -> io::Result<usize> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, mul) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1usize << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (&t[..], 1),
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| bad(format!("not a size: {s:?} (expected e.g. 4096, 64k, 1m)")))
+}
+
+impl Config {
+    /// Defaults overridden by the `RCH_*` environment variables.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` naming the variable when one is malformed or out of range.
+    ///
+    /// ```
+    /// let cfg = rdma_channel::Config::from_env().unwrap();
+    /// cfg.validate().unwrap();
+    /// ```
+    pub fn from_env() -> io::Result<Config> {
+        let mut c = Config::default();
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let size = |name: &str, v: String| parse_size(&v).map_err(|e| bad(format!("{name}: {e}")));
+        let num = |name: &str, v: String| {
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| bad(format!("{name}: not a number: {v:?}")))
+        };
+        if let Some(v) = var("RCH_RING_SIZE") {
+            c.ring_size = size("RCH_RING_SIZE", v)?;
+        }
+        if let Some(v) = var("RCH_CHUNK_SIZE") {
+            c.chunk_size = size("RCH_CHUNK_SIZE", v)?;
+        }
+        if let Some(v) = var("RCH_TAIL_THRESHOLD") {
+            c.tail_threshold = Some(size("RCH_TAIL_THRESHOLD", v)?);
+        }
+        if let Some(v) = var("RCH_MAX_INLINE") {
+            c.max_inline = Some(size("RCH_MAX_INLINE", v)?);
+        }
+        if let Some(v) = var("RCH_SPIN") {
+            c.spin = num("RCH_SPIN", v)?.min(u32::MAX as u64) as u32;
+        }
+        if let Some(v) = var("RCH_YIELD") {
+            c.yields = num("RCH_YIELD", v)?.min(u32::MAX as u64) as u32;
+        }
+        if let Some(v) = var("RCH_SLEEP_MAX_US") {
+            c.sleep_max = Duration::from_micros(num("RCH_SLEEP_MAX_US", v)?);
+        }
+        c.validate().map_err(|e| bad(format!("from RCH_* environment: {e}")))?;
+        Ok(c)
+    }
+
+    /// Sets the receive ring size in bytes.
+    pub fn ring_size(mut self, bytes: usize) -> Self {
+        self.ring_size = bytes;
+        self
+    }
+
+    /// Sets the largest packet in bytes (pipelining unit of seed 001 sec. 4.4).
+    pub fn chunk_size(mut self, bytes: usize) -> Self {
+        self.chunk_size = bytes;
+        self
+    }
+
+    /// Sets how many consumed bytes the receiver accumulates before it sends an explicit
+    /// tail update (seed 001 sec. 4.3's delayed update).
+    pub fn tail_threshold(mut self, bytes: usize) -> Self {
+        self.tail_threshold = Some(bytes);
+        self
+    }
+
+    /// Caps inline writes below the fabric's limit (larger packets go through the
+    /// registered staging buffer of seed 001 sec. 4.2).
+    pub fn max_inline(mut self, bytes: usize) -> Self {
+        self.max_inline = Some(bytes);
+        self
+    }
+
+    /// Sets the blocking-wait policy: `spin` busy polls, then `yields` yields, then
+    /// sleeps doubling from 1 us up to `sleep_max`.
+    pub fn wait_policy(mut self, spin: u32, yields: u32, sleep_max: Duration) -> Self {
+        self.spin = spin;
+        self.yields = yields;
+        self.sleep_max = sleep_max;
+        self
+    }
+
+    /// Receive ring size in bytes.
+    pub fn ring_size_bytes(&self) -> usize {
+        self.ring_size
+    }
+
+    /// Largest packet in bytes.
+    pub fn chunk_size_bytes(&self) -> usize {
+        self.chunk_size
+    }
+
+    /// Explicit tail update threshold in bytes.
+    pub fn tail_threshold_bytes(&self) -> usize {
+        self.tail_threshold.unwrap_or(self.ring_size / 4)
+    }
+
+    /// Inline cap set by the user, if any.
+    pub fn max_inline_bytes(&self) -> Option<usize> {
+        self.max_inline
+    }
+
+    /// The wait policy as (spins, yields, longest sleep).
+    pub fn wait(&self) -> (u32, u32, Duration) {
+        (self.spin, self.yields, self.sleep_max)
+    }
+
+    /// Checks the values are usable together.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` with the reason.
+    ///
+    /// ```
+    /// use rdma_channel::Config;
+    /// assert!(Config::default().ring_size(5000).validate().is_err());
+    /// assert!(Config::default().ring_size(4096).chunk_size(4096).validate().is_err());
+    /// ```
+    pub fn validate(&self) -> io::Result<()> {
+        let r = self.ring_size;
+        if !r.is_power_of_two() || !(4096..=1 << 30).contains(&r) {
+            return Err(bad(format!("ring size {r} must be a power of two from 4 KiB to 1 GiB")));
+        }
+        let c = self.chunk_size;
+        if c % 64 != 0 || c < 128 || c > r / 2 || c > crate::ring::wire::MAX_PAYLOAD {
+            return Err(bad(format!(
+                "chunk size {c} must be a multiple of 64 from 128 to half the ring ({})",
+                r / 2
+            )));
+        }
+        let t = self.tail_threshold_bytes();
+        if t == 0 || t > r - 64 {
+            return Err(bad(format!("tail threshold {t} must be from 1 to ring size - 64")));
+        }
+        if let Some(i) = self.max_inline {
+            if i < 64 {
+                return Err(bad(format!("max inline {i} must be at least 64")));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn threshold_must_leave_room_for_progress() {
+        assert!(Config::default().ring_size(4096).chunk_size(1024).tail_threshold(4096).validate().is_err());
+        assert!(Config::default().ring_size(4096).chunk_size(1024).tail_threshold(4032).validate().is_ok());
+    }
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size(" 1M ").unwrap(), 1 << 20);
+        assert_eq!(parse_size("2g").unwrap(), 2 << 30);
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999999999999g").is_err());
+    }
+}

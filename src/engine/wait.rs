@@ -1,0 +1,68 @@
+//! Waiting for progress without burning a core forever: spin, then yield, then sleep.
+//!
+//! Busy polling gives the lowest latency when every rank has a core; when there are
+//! more ranks than cores a spinning rank steals the time its peer needs to make the
+//! progress it waits for, so the wait yields and finally sleeps (seed 000 sec. 4.7
+//! discusses the same trade-off for polling sets).
+
+use std::time::Duration;
+
+/// A backoff that escalates from spinning to yielding to sleeping.
+///
+/// ```
+/// use std::time::Duration;
+/// use rdma_channel::engine::Backoff;
+/// let mut b = Backoff::new(2, 1, Duration::from_micros(10));
+/// for _ in 0..5 {
+///     b.snooze();
+/// }
+/// assert!(b.is_sleeping());
+/// b.reset();
+/// assert!(!b.is_sleeping());
+/// ```
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    spins: u32,
+    yields: u32,
+    sleep_max: Duration,
+    step: u32,
+    sleep: Duration,
+}
+
+impl Backoff {
+    /// `spins` busy polls, then `yields` calls to `sched_yield`, then sleeps doubling
+    /// from 1 us to `sleep_max`.
+    pub fn new(spins: u32, yields: u32, sleep_max: Duration) -> Backoff {
+        Backoff {
+            spins,
+            yields,
+            sleep_max,
+            step: 0,
+            sleep: Duration::from_micros(1),
+        }
+    }
+
+    /// Waits a little; call once per unsuccessful poll.
+    pub fn snooze(&mut self) {
+        if self.step < self.spins {
+            std::hint::spin_loop();
+        } else if self.step < self.spins.saturating_add(self.yields) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(self.sleep.min(self.sleep_max));
+            self.sleep = (self.sleep * 2).min(self.sleep_max.max(Duration::from_micros(1)));
+        }
+        self.step = self.step.saturating_add(1);
+    }
+
+    /// True once the backoff has reached the sleeping phase.
+    pub fn is_sleeping(&self) -> bool {
+        self.step > self.spins.saturating_add(self.yields)
+    }
+
+    /// Starts over (after progress).
+    pub fn reset(&mut self) {
+        self.step = 0;
+        self.sleep = Duration::from_micros(1);
+    }
+}

@@ -1,0 +1,472 @@
+//! The fabric layer: what the channel needs from an RDMA network, and nothing more.
+//!
+//! The vocabulary is that of InfiniBand verbs so that a verbs implementation slots in
+//! beside the emulated one without the engine noticing:
+//!
+//! * a [`Fabric`] is a protection domain: it registers memory and creates queue pairs;
+//! * a [`MemoryRegion`] is registered memory with a local key, a remote key and
+//!   [`Access`] rights; dropping it deregisters it;
+//! * a [`QueuePair`] is one end of a reliable connection. It executes one-sided
+//!   [`WorkRequest`]s (RDMA WRITE with a gather list, RDMA READ with a scatter list)
+//!   against a peer's `(remote address, remote key)` and reports [`Completion`]s;
+//! * errors arrive as completions with a non-success [`CompletionStatus`]; after the
+//!   first one the queue pair is in the error state and flushes everything after it,
+//!   as an RC queue pair does.
+//!
+//! Guarantees every fabric gives (and the only ones the ring relies on):
+//!
+//! 1. writes posted on one queue pair are placed in the peer's memory in posting order;
+//! 2. within one write, the last aligned 8-byte word of the target range becomes
+//!    visible only after every byte before it (seed 000 sec. 4.2 relies on the same
+//!    in-order placement of InfiniBand hardware);
+//! 3. an 8-byte aligned word is never seen torn.
+
+pub mod emulated;
+
+use std::fmt;
+use std::io;
+use std::os::fd::OwnedFd;
+
+/// Access rights of a registered region, as `ibv_access_flags`.
+///
+/// ```
+/// use rdma_channel::fabric::Access;
+/// let a = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+/// assert!(a.contains(Access::REMOTE_WRITE));
+/// assert!(!a.contains(Access::REMOTE_READ));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// No rights beyond local read (which every registration has).
+    pub const NONE: Access = Access(0);
+    /// The local side may write into the region (target of an RDMA READ).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// The peer may RDMA WRITE into the region.
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// The peer may RDMA READ from the region.
+    pub const REMOTE_READ: Access = Access(4);
+
+    /// The raw bits.
+    ///
+    /// ```
+    /// assert_eq!(rdma_channel::fabric::Access::REMOTE_READ.bits(), 4);
+    /// ```
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Rebuilds rights from bits, ignoring unknown ones.
+    ///
+    /// ```
+    /// use rdma_channel::fabric::Access;
+    /// assert_eq!(Access::from_bits_truncate(0xff), Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ);
+    /// ```
+    pub const fn from_bits_truncate(bits: u32) -> Access {
+        Access(bits & 7)
+    }
+
+    /// True when every right in `other` is also in `self`.
+    ///
+    /// ```
+    /// use rdma_channel::fabric::Access;
+    /// assert!((Access::REMOTE_READ | Access::REMOTE_WRITE).contains(Access::REMOTE_READ));
+    /// ```
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut names = Vec::new();
+        if self.contains(Access::LOCAL_WRITE) {
+            names.push("LOCAL_WRITE");
+        }
+        if self.contains(Access::REMOTE_WRITE) {
+            names.push("REMOTE_WRITE");
+        }
+        if self.contains(Access::REMOTE_READ) {
+            names.push("REMOTE_READ");
+        }
+        write!(f, "Access({})", names.join("|"))
+    }
+}
+
+/// What a peer needs to address a region: its address in the owner's address space,
+/// its length and its remote key. This is what travels in control packets and cards.
+///
+/// ```
+/// use rdma_channel::fabric::RemoteRegion;
+/// let r = RemoteRegion { addr: 0x1000, len: 64, rkey: 7 };
+/// assert!(r.contains(0x1000, 64));
+/// assert!(!r.contains(0x1001, 64));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RemoteRegion {
+    /// Start address in the owner's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key that grants access.
+    pub rkey: u32,
+}
+
+impl RemoteRegion {
+    /// True when `[addr, addr + len)` lies inside the region (overflow counts as outside).
+    ///
+    /// ```
+    /// use rdma_channel::fabric::RemoteRegion;
+    /// let r = RemoteRegion { addr: u64::MAX - 8, len: 8, rkey: 1 };
+    /// assert!(!r.contains(u64::MAX - 4, 8));
+    /// ```
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        match (addr.checked_sub(self.addr), addr.checked_add(len)) {
+            (Some(_), Some(end)) => end <= self.addr.saturating_add(self.len),
+            _ => false,
+        }
+    }
+
+    /// Serialises to 20 little-endian bytes (addr, len, rkey).
+    ///
+    /// ```
+    /// use rdma_channel::fabric::RemoteRegion;
+    /// let r = RemoteRegion { addr: 1, len: 2, rkey: 3 };
+    /// assert_eq!(RemoteRegion::from_bytes(&r.to_bytes()), Some(r));
+    /// ```
+    pub fn to_bytes(&self) -> [u8; 20] {
+        let mut b = [0u8; 20];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..20].copy_from_slice(&self.rkey.to_le_bytes());
+        b
+    }
+
+    /// Parses what [`to_bytes`](Self::to_bytes) wrote; `None` if `b` is shorter than 20 bytes.
+    ///
+    /// ```
+    /// assert_eq!(rdma_channel::fabric::RemoteRegion::from_bytes(&[0; 3]), None);
+    /// ```
+    pub fn from_bytes(b: &[u8]) -> Option<RemoteRegion> {
+        if b.len() < 20 {
+            return None;
+        }
+        Some(RemoteRegion {
+            addr: u64::from_le_bytes(b[0..8].try_into().ok()?),
+            len: u64::from_le_bytes(b[8..16].try_into().ok()?),
+            rkey: u32::from_le_bytes(b[16..20].try_into().ok()?),
+        })
+    }
+}
+
+/// Registered memory. Dropping the value deregisters the region; once `drop` returns
+/// no remote operation can reach it under its old keys.
+pub trait MemoryRegion: Send + Sync {
+    /// Start address (in this process).
+    fn addr(&self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// True for a zero-length region.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Key that local work requests use to name this memory in a gather/scatter list.
+    fn lkey(&self) -> u32;
+    /// Key a peer presents to access this memory.
+    fn rkey(&self) -> u32;
+    /// Rights granted at registration.
+    fn access(&self) -> Access;
+    /// The triple a peer needs to address this region.
+    fn remote(&self) -> RemoteRegion {
+        RemoteRegion {
+            addr: self.addr() as u64,
+            len: self.len() as u64,
+            rkey: self.rkey(),
+        }
+    }
+}
+
+/// One entry of a gather (write) or scatter (read) list: local memory and its key.
+#[derive(Clone, Copy, Debug)]
+pub struct Sge {
+    /// Local address.
+    pub addr: *mut u8,
+    /// Length in bytes.
+    pub len: u32,
+    /// Local key of the region the memory lies in. Ignored for inline writes.
+    pub lkey: u32,
+}
+
+// SAFETY: an Sge is a plain description of memory; whoever posts it promises validity.
+unsafe impl Send for Sge {}
+// SAFETY: as above, the struct itself holds no shared state.
+unsafe impl Sync for Sge {}
+
+/// The operation of a work request.
+#[derive(Clone, Copy, Debug)]
+pub enum Opcode<'a> {
+    /// RDMA WRITE: gather `local` and place it at `remote_addr` in the peer's memory.
+    Write {
+        /// Gather list.
+        local: &'a [Sge],
+        /// Target address in the peer's address space.
+        remote_addr: u64,
+        /// Target region's remote key.
+        rkey: u32,
+        /// Copy the gather list at post time (`IBV_SEND_INLINE`): the memory needs no
+        /// registration and may be reused as soon as `post` returns. Limited to
+        /// [`Caps::max_inline`] bytes.
+        inline: bool,
+    },
+    /// RDMA READ: fetch `remote_addr..` from the peer and scatter it into `local`.
+    Read {
+        /// Scatter list (must lie in regions registered with [`Access::LOCAL_WRITE`]).
+        local: &'a [Sge],
+        /// Source address in the peer's address space.
+        remote_addr: u64,
+        /// Source region's remote key.
+        rkey: u32,
+    },
+}
+
+/// A work request for the send queue.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkRequest<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub opcode: Opcode<'a>,
+    /// Generate a completion on success (errors always generate one). A successful
+    /// signalled completion also retires every unsignalled request posted before it.
+    pub signaled: bool,
+}
+
+/// Outcome of a work request, as `ibv_wc_status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionStatus {
+    /// Done.
+    Success,
+    /// A local gather/scatter entry was not inside a registered region with the needed
+    /// rights (`IBV_WC_LOC_PROT_ERR`).
+    LocalProtectionError,
+    /// The peer refused the access: bad key, out of bounds or missing right
+    /// (`IBV_WC_REM_ACCESS_ERR`).
+    RemoteAccessError,
+    /// The request was malformed (too many entries, inline too long, ...).
+    LocalLengthError,
+    /// The peer is gone or unreachable (`IBV_WC_RETRY_EXC_ERR` on hardware).
+    TransportError,
+    /// Flushed because the queue pair was already in the error state.
+    Flushed,
+}
+
+impl CompletionStatus {
+    /// True for [`CompletionStatus::Success`].
+    ///
+    /// ```
+    /// assert!(rdma_channel::fabric::CompletionStatus::Success.is_ok());
+    /// ```
+    pub fn is_ok(self) -> bool {
+        self == CompletionStatus::Success
+    }
+}
+
+/// Which operation a completion belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletedOp {
+    /// An RDMA WRITE.
+    Write,
+    /// An RDMA READ.
+    Read,
+}
+
+/// A completion queue entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The request's `wr_id`.
+    pub wr_id: u64,
+    /// Success or the error.
+    pub status: CompletionStatus,
+    /// The operation.
+    pub op: CompletedOp,
+    /// Bytes moved (meaningful on success).
+    pub byte_len: u64,
+}
+
+/// Limits of a fabric, queried once at setup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    /// Longest inline write in bytes.
+    pub max_inline: usize,
+    /// Most entries in one gather or scatter list.
+    pub max_sge: usize,
+    /// Send queue depth: requests posted and not yet retired by a signalled completion.
+    /// `usize::MAX` means requests retire as soon as they are posted.
+    pub max_send_wr: usize,
+    /// RDMA READs one queue pair may have in flight.
+    pub max_rd_atomic: usize,
+}
+
+/// State of a queue pair, as the subset of `ibv_qp_state` the channel sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpState {
+    /// Connected and usable (`IBV_QPS_RTS`).
+    ReadyToSend,
+    /// A request failed or the peer vanished; every later request is flushed.
+    Error,
+}
+
+/// Errors of fabric calls that fail synchronously (posting, registration, setup).
+#[derive(Debug)]
+pub enum FabricError {
+    /// The send queue is full: poll completions and retry.
+    QueueFull,
+    /// A request violates the fabric's limits (`what` says which).
+    InvalidRequest(&'static str),
+    /// Any other failure, with the operating-system error where there is one.
+    Io(io::Error),
+}
+
+impl fmt::Display for FabricError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FabricError::QueueFull => write!(f, "send queue full"),
+            FabricError::InvalidRequest(what) => write!(f, "invalid work request: {what}"),
+            FabricError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for FabricError {}
+
+impl From<io::Error> for FabricError {
+    fn from(e: io::Error) -> Self {
+        FabricError::Io(e)
+    }
+}
+
+impl From<FabricError> for io::Error {
+    fn from(e: FabricError) -> io::Error {
+        match e {
+            FabricError::Io(e) => e,
+            FabricError::QueueFull => io::Error::new(io::ErrorKind::WouldBlock, "send queue full"),
+            FabricError::InvalidRequest(w) => io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("invalid work request: {w}"),
+            ),
+        }
+    }
+}
+
+/// One end of a reliable connection.
+pub trait QueuePair: Send + Sync {
+    /// Posts a work request to the send queue.
+    ///
+    /// # Safety
+    ///
+    /// For a non-inline write or a read, every [`Sge`] must describe memory that stays
+    /// valid (and, for reads, unaliased) until the request's completion, or a later
+    /// signalled completion, has been polled. Inline gather lists need only be valid
+    /// during the call.
+    ///
+    /// # Errors
+    ///
+    /// [`FabricError::QueueFull`] when the send queue has no room;
+    /// [`FabricError::InvalidRequest`] for requests beyond [`Caps`]. Access errors are
+    /// not reported here but as completions.
+    unsafe fn post(&self, wr: &WorkRequest<'_>) -> Result<(), FabricError>;
+
+    /// Moves up to `out.len()` completions into `out` and returns how many.
+    fn poll(&self, out: &mut [Completion]) -> usize;
+
+    /// Current state.
+    fn state(&self) -> QpState;
+
+    /// The fabric's limits for this queue pair.
+    fn caps(&self) -> Caps;
+}
+
+/// What one side of a connection hands the other to connect: opaque bytes plus, for
+/// fabrics that share memory through the kernel, file descriptors (sent over a Unix
+/// socket with `SCM_RIGHTS`). A verbs card carries LID/GID/QPN/PSN and no descriptors.
+#[derive(Debug, Default)]
+pub struct Card {
+    /// Fabric-specific description of the endpoint.
+    pub bytes: Vec<u8>,
+    /// Descriptors that travel with the card (may be empty).
+    pub fds: Vec<OwnedFd>,
+}
+
+/// A queue pair between creation and connection (the verbs INIT state).
+pub trait PendingQp: Send {
+    /// The connected queue pair this becomes.
+    type Qp: QueuePair;
+
+    /// Describes this end for the peer: the domain (including every region registered
+    /// so far, on fabrics that need that) and the queue pair.
+    ///
+    /// # Errors
+    ///
+    /// Failure to duplicate descriptors or to query the device.
+    fn card(&self) -> io::Result<Card>;
+
+    /// Connects to the end described by `peer` (RTR then RTS on verbs).
+    ///
+    /// # Errors
+    ///
+    /// A malformed card, a peer that is gone, or a device failure.
+    fn connect(self, peer: Card) -> io::Result<Self::Qp>;
+}
+
+/// A protection domain on some fabric: registers memory and makes queue pairs.
+pub trait Fabric: Send + Sync + Sized + 'static {
+    /// Registered memory of this fabric.
+    type Region: MemoryRegion + 'static;
+    /// Queue pairs of this fabric.
+    type Qp: QueuePair + 'static;
+    /// A queue pair created but not yet connected.
+    type Pending: PendingQp<Qp = Self::Qp>;
+
+    /// Allocates `len` bytes of zeroed memory and registers it with `access`.
+    /// On the emulated fabric this memory lives in a shared segment, so the peer
+    /// reaches it with a plain copy.
+    ///
+    /// # Errors
+    ///
+    /// Out of memory, registration table full, or `len == 0`.
+    fn alloc_region(&self, len: usize, access: Access) -> io::Result<Self::Region>;
+
+    /// Registers existing memory.
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + len` must be valid memory of this process that stays mapped until
+    /// the returned region is dropped.
+    ///
+    /// # Errors
+    ///
+    /// Registration table full, `len == 0`, or the operating system refused.
+    unsafe fn register(&self, addr: *mut u8, len: usize, access: Access) -> io::Result<Self::Region>;
+
+    /// The fabric's limits.
+    fn caps(&self) -> Caps;
+
+    /// Creates an unconnected queue pair (`INIT` state on verbs). Its card goes to the
+    /// peer; the peer's card comes back into [`PendingQp::connect`].
+    ///
+    /// # Errors
+    ///
+    /// Resource exhaustion or a device failure.
+    fn create_qp(&self) -> io::Result<Self::Pending>;
+
+    /// A short name for messages and benchmark tables.
+    fn name(&self) -> &'static str;
+}

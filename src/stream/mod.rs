@@ -1,0 +1,382 @@
+//! A connected byte stream with the feel of `UnixStream`, on top of the engine.
+//!
+//! [`RdmaStream`] offers both faces of the channel: the non-blocking vectored
+//! [`try_put`](RdmaStream::try_put)/[`try_get`](RdmaStream::try_get) of seed 001, and
+//! blocking `std::io::Read`/`Write`. [`RdmaStream::pair`] connects two streams inside
+//! one process; [`RdmaListener`] and [`RdmaStream::connect`] connect two processes on
+//! one machine, exchanging connection cards (and the shared-memory descriptors they
+//! carry) over an out-of-band Unix socket, as rsocket and rdma_cm use side channels.
+
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+
+use crate::config::Config;
+use crate::engine::{Channel, Prepared, Receiver, Sender};
+use crate::fabric::emulated::EmuFabric;
+use crate::fabric::Fabric;
+use crate::oob;
+
+/// A connected stream. `F` is the fabric (the emulated one by default).
+///
+/// ```
+/// use std::io::{Read, Write};
+/// use rdma_channel::RdmaStream;
+///
+/// let (mut a, mut b) = RdmaStream::pair()?;
+/// a.write_all(b"hello")?;
+/// let mut buf = [0u8; 5];
+/// b.read_exact(&mut buf)?;
+/// assert_eq!(&buf, b"hello");
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct RdmaStream<F: Fabric = EmuFabric> {
+    chan: Channel<F>,
+}
+
+impl RdmaStream<EmuFabric> {
+    /// Two connected streams in this process, on the emulated fabric, configured from
+    /// the `RCH_*` environment (see [`Config`]).
+    ///
+    /// # Errors
+    ///
+    /// A bad `RCH_*` variable or a failure to create shared memory.
+    pub fn pair() -> io::Result<(RdmaStream, RdmaStream)> {
+        Self::pair_with(Config::from_env()?)
+    }
+
+    /// Two connected streams in this process with an explicit configuration.
+    ///
+    /// ```
+    /// use rdma_channel::{Config, RdmaStream};
+    /// let (mut a, mut b) = RdmaStream::pair_with(Config::default().ring_size(8192).chunk_size(1024))?;
+    /// assert_eq!(a.try_put(&[std::io::IoSlice::new(&[7; 100])])?, 100);
+    /// let mut buf = [0u8; 100];
+    /// assert_eq!(b.try_get(&mut [std::io::IoSliceMut::new(&mut buf)])?, 100);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// An invalid configuration or a failure to create shared memory.
+    pub fn pair_with(cfg: Config) -> io::Result<(RdmaStream, RdmaStream)> {
+        let a = Prepared::new(EmuFabric::new()?, cfg.clone())?;
+        let b = Prepared::new(EmuFabric::new()?, cfg)?;
+        let (ca, cb) = (a.card()?, b.card()?);
+        Ok((
+            RdmaStream { chan: a.connect(cb)? },
+            RdmaStream { chan: b.connect(ca)? },
+        ))
+    }
+
+    /// Connects to an [`RdmaListener`] bound at `path`, with the `RCH_*` configuration.
+    ///
+    /// # Errors
+    ///
+    /// Nobody listening at `path`, a peer that is not an rdma-channel listener, or a
+    /// fabric failure.
+    pub fn connect<P: AsRef<Path>>(path: P) -> io::Result<RdmaStream> {
+        Self::connect_with(path, Config::from_env()?)
+    }
+
+    /// Connects to an [`RdmaListener`] with an explicit configuration.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub fn connect_with<P: AsRef<Path>>(path: P, cfg: Config) -> io::Result<RdmaStream> {
+        let path = path.as_ref();
+        let sock = UnixStream::connect(path).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot reach rdma-channel listener at {}: {e}", path.display()))
+        })?;
+        Self::handshake(EmuFabric::new()?, &sock, cfg)
+    }
+}
+
+impl<F: Fabric> RdmaStream<F> {
+    /// Sets up a connection on `fabric` by exchanging cards over `sock`, a connected
+    /// Unix socket whose other end runs the same call.
+    ///
+    /// # Errors
+    ///
+    /// The socket failing, a malformed or mismatched card, or a fabric failure; the
+    /// peer's error message is reported when it failed first.
+    pub fn handshake(fabric: F, sock: &UnixStream, cfg: Config) -> io::Result<RdmaStream<F>> {
+        let prepared = Prepared::new(fabric, cfg)?;
+        oob::send_card(sock, &prepared.card()?)?;
+        let peer = oob::recv_card(sock)?;
+        let chan = match prepared.connect(peer) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = oob::send_frame(sock, format!("ERR {e}").as_bytes());
+                return Err(e);
+            }
+        };
+        oob::send_frame(sock, b"OK")?;
+        let answer = oob::recv_frame(sock)?;
+        if answer != b"OK" {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!("peer failed to connect: {}", String::from_utf8_lossy(&answer)),
+            ));
+        }
+        Ok(RdmaStream { chan })
+    }
+
+    /// Non-blocking put (seed 001 sec. 3.2): writes what fits of `iov`, in order, and
+    /// returns the byte count (0 when the ring is full). The buffers may be reused as
+    /// soon as it returns; offer the rest again later.
+    ///
+    /// # Errors
+    ///
+    /// `BrokenPipe` when the peer stopped reading; `ConnectionReset` when it vanished.
+    pub fn try_put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.chan.put(iov)
+    }
+
+    /// Non-blocking get: fills `iov` with what has arrived, in order, and returns the
+    /// byte count (0 when nothing has arrived).
+    ///
+    /// # Errors
+    ///
+    /// `UnexpectedEof` once the peer closed and all its data was read;
+    /// `ConnectionReset` when it vanished.
+    pub fn try_get(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        self.chan.get(iov)
+    }
+
+    /// Splits into halves that can be used from different threads.
+    ///
+    /// ```
+    /// use std::io::{Read, Write};
+    /// let (a, mut b) = rdma_channel::RdmaStream::pair()?;
+    /// let (mut ra, mut wa) = a.split();
+    /// let t = std::thread::spawn(move || wa.write_all(&[1u8; 100_000]));
+    /// let mut got = vec![0u8; 100_000];
+    /// b.read_exact(&mut got)?;
+    /// t.join().unwrap()?;
+    /// b.write_all(b"ok")?;
+    /// let mut ok = [0u8; 2];
+    /// ra.read_exact(&mut ok)?;
+    /// assert_eq!(&ok, b"ok");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn split(self) -> (ReadHalf<F>, WriteHalf<F>) {
+        let (rx, tx) = self.chan.split();
+        (ReadHalf { rx }, WriteHalf { tx })
+    }
+
+    /// Rejoins two halves of the same stream.
+    ///
+    /// # Errors
+    ///
+    /// Gives the halves back when they come from different streams.
+    pub fn reunite(r: ReadHalf<F>, w: WriteHalf<F>) -> Result<RdmaStream<F>, (ReadHalf<F>, WriteHalf<F>)> {
+        Channel::unsplit(r.rx, w.tx)
+            .map(|chan| RdmaStream { chan })
+            .map_err(|(rx, tx)| (ReadHalf { rx }, WriteHalf { tx }))
+    }
+
+    /// Ends the writing direction: the peer reads end of stream after the data sent.
+    ///
+    /// # Errors
+    ///
+    /// A fabric failure while sending the notice.
+    pub fn shutdown_write(&mut self) -> io::Result<()> {
+        self.chan.sender().close()
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        self.chan.config()
+    }
+
+    /// The underlying channel (for callers that drive put/get themselves).
+    pub fn channel(&mut self) -> &mut Channel<F> {
+        &mut self.chan
+    }
+}
+
+fn blocking_read<F: Fabric>(rx: &mut Receiver<F>, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+    if bufs.iter().all(|b| b.is_empty()) {
+        return Ok(0);
+    }
+    loop {
+        match rx.get(bufs) {
+            Ok(0) => {}
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+            Err(e) => return Err(e),
+        }
+        match rx.wait_readable() {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn blocking_write<F: Fabric>(tx: &mut Sender<F>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    if bufs.iter().all(|b| b.is_empty()) {
+        return Ok(0);
+    }
+    loop {
+        let n = tx.put(bufs)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        tx.wait_writable()?;
+    }
+}
+
+impl<F: Fabric> Read for RdmaStream<F> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        blocking_read(self.chan.receiver(), &mut [IoSliceMut::new(buf)])
+    }
+    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        blocking_read(self.chan.receiver(), bufs)
+    }
+}
+
+impl<F: Fabric> Write for RdmaStream<F> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        blocking_write(self.chan.sender(), &[IoSlice::new(buf)])
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        blocking_write(self.chan.sender(), bufs)
+    }
+    /// Data is in the peer's ring when `write` returns, so there is nothing to flush.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The reading half of a split [`RdmaStream`].
+pub struct ReadHalf<F: Fabric = EmuFabric> {
+    rx: Receiver<F>,
+}
+
+impl<F: Fabric> ReadHalf<F> {
+    /// Non-blocking get, as [`RdmaStream::try_get`].
+    ///
+    /// # Errors
+    ///
+    /// As [`RdmaStream::try_get`].
+    pub fn try_get(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        self.rx.get(iov)
+    }
+}
+
+impl<F: Fabric> Read for ReadHalf<F> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        blocking_read(&mut self.rx, &mut [IoSliceMut::new(buf)])
+    }
+    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        blocking_read(&mut self.rx, bufs)
+    }
+}
+
+/// The writing half of a split [`RdmaStream`].
+pub struct WriteHalf<F: Fabric = EmuFabric> {
+    tx: Sender<F>,
+}
+
+impl<F: Fabric> WriteHalf<F> {
+    /// Non-blocking put, as [`RdmaStream::try_put`].
+    ///
+    /// # Errors
+    ///
+    /// As [`RdmaStream::try_put`].
+    pub fn try_put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.tx.put(iov)
+    }
+
+    /// Ends the stream, as [`RdmaStream::shutdown_write`].
+    ///
+    /// # Errors
+    ///
+    /// A fabric failure while sending the notice.
+    pub fn shutdown(&mut self) -> io::Result<()> {
+        self.tx.close()
+    }
+}
+
+impl<F: Fabric> Write for WriteHalf<F> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        blocking_write(&mut self.tx, &[IoSlice::new(buf)])
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        blocking_write(&mut self.tx, bufs)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Accepts connections from other processes on this machine.
+///
+/// ```
+/// use std::io::{Read, Write};
+/// use rdma_channel::{RdmaListener, RdmaStream};
+/// let dir = std::env::temp_dir().join(format!("rch-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let path = dir.join("sock");
+/// let listener = RdmaListener::bind(&path)?;
+/// let p = path.clone();
+/// let t = std::thread::spawn(move || -> std::io::Result<()> {
+///     let mut s = RdmaStream::connect(&p)?;
+///     s.write_all(b"ping")
+/// });
+/// let mut s = listener.accept()?;
+/// let mut buf = [0u8; 4];
+/// s.read_exact(&mut buf)?;
+/// t.join().unwrap()?;
+/// assert_eq!(&buf, b"ping");
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct RdmaListener {
+    listener: UnixListener,
+    cfg: Config,
+}
+
+impl RdmaListener {
+    /// Listens on a Unix socket at `path` with the `RCH_*` configuration; an existing
+    /// socket file at `path` is replaced.
+    ///
+    /// # Errors
+    ///
+    /// A bad `RCH_*` variable, or the socket cannot be bound.
+    pub fn bind<P: AsRef<Path>>(path: P) -> io::Result<RdmaListener> {
+        Self::bind_with(path, Config::from_env()?)
+    }
+
+    /// Listens with an explicit configuration.
+    ///
+    /// # Errors
+    ///
+    /// An invalid configuration, or the socket cannot be bound.
+    pub fn bind_with<P: AsRef<Path>>(path: P, cfg: Config) -> io::Result<RdmaListener> {
+        cfg.validate()?;
+        let path = path.as_ref();
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if meta.file_type().is_socket() {
+                std::fs::remove_file(path)?;
+            }
+        }
+        let listener = UnixListener::bind(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot listen at {}: {e}", path.display())))?;
+        Ok(RdmaListener { listener, cfg })
+    }
+
+    /// Waits for a peer and connects to it.
+    ///
+    /// # Errors
+    ///
+    /// The handshake failing (see [`RdmaStream::handshake`]).
+    pub fn accept(&self) -> io::Result<RdmaStream> {
+        let (sock, _) = self.listener.accept()?;
+        RdmaStream::handshake(EmuFabric::new()?, &sock, self.cfg.clone())
+    }
+}

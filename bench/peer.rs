@@ -21,7 +21,9 @@ pub enum Side {
 
 /// Pins the calling thread to `cpu` (modulo the CPUs available); best effort.
 pub fn pin_to_cpu(cpu: usize) {
-    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // Online CPUs, not available_parallelism(): that reads our (inherited) mask.
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
     // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET only write inside it, and
     // sched_setaffinity reads it for the calling thread (pid 0).
     unsafe {
@@ -40,13 +42,13 @@ pub fn connect_pair(tag: &str) -> io::Result<(RdmaStream, Side)> {
         let s = RdmaStream::connect(&path)?;
         return Ok((s, Side::Child));
     }
-    pin_to_cpu(0);
     let path: PathBuf = std::env::temp_dir().join(format!("rch-{tag}-{}.sock", std::process::id()));
     let listener = RdmaListener::bind(&path)?;
     let child = Command::new(std::env::current_exe()?)
         .args(std::env::args_os().skip(1))
         .env(SOCKET_VAR, &path)
         .spawn()?;
+    pin_to_cpu(0);
     let stream = listener.accept();
     let _ = std::fs::remove_file(&path);
     Ok((stream?, Side::Parent(child)))

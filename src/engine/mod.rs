@@ -26,6 +26,7 @@ mod wait;
 pub use wait::Backoff;
 
 use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -320,6 +321,12 @@ impl<F: Fabric> Prepared<F> {
             fds: peer.fds,
         })?;
         let caps = qp.caps();
+        if caps.max_sge < 4 {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("fabric allows {} gather entries; the ring needs at least 4", caps.max_sge),
+            ));
+        }
         let inline_limit = caps.max_inline.min(self.cfg.max_inline_bytes().unwrap_or(usize::MAX));
         let chunk = (self.cfg.chunk_size_bytes() as u64).min(peer_ring.len / 2);
         let staging = if (inline_limit as u64) < chunk {
@@ -368,6 +375,7 @@ impl<F: Fabric> Prepared<F> {
                 ring_size: peer_ring.len,
                 chunk,
                 inline_limit,
+                max_pieces: caps.max_sge.min(MAX_SGE) - 3,
                 credit_requested_at: u64::MAX,
                 closed: false,
             },
@@ -456,6 +464,8 @@ pub struct Sender<F: Fabric> {
     ring_size: u64,
     chunk: u64,
     inline_limit: usize,
+    /// Payload entries a gather list may hold (the fabric's limit less three).
+    max_pieces: usize,
     /// Head value at our last credit request (so we ask once per stall).
     credit_requested_at: u64,
     closed: bool,
@@ -522,13 +532,10 @@ impl<F: Fabric> Sender<F> {
     fn write_packet(&mut self, iov: &[IoSlice<'_>], skip: usize, want: usize) -> io::Result<usize> {
         let link = &*self.link;
         let mut len = first_conflict(iov, skip, want, self.head, self.ring_size);
-        // Gather list: header, payload pieces, padding, trailer.
-        let mut sges = [Sge {
-            addr: std::ptr::null_mut(),
-            len: 0,
-            lkey: 0,
-        }; MAX_SGE];
-        let max_pieces = link.qp.caps().max_sge.min(MAX_SGE) - 3;
+        // Gather list: header, payload pieces, padding, trailer. Left uninitialised
+        // because zeroing 32 entries costs more than a small message's whole write.
+        let mut sges = [const { MaybeUninit::<Sge>::uninit() }; MAX_SGE];
+        let max_pieces = self.max_pieces;
         let mut pieces = 0;
         {
             let (mut i, mut o, mut left) = (0usize, skip, len);
@@ -539,11 +546,11 @@ impl<F: Fabric> Sender<F> {
                 }
                 let n = (iov[i].len() - o).min(left);
                 if n > 0 {
-                    sges[1 + pieces] = Sge {
+                    sges[1 + pieces].write(Sge {
                         addr: iov[i][o..].as_ptr() as *mut u8,
                         len: n as u32,
                         lkey: 0,
-                    };
+                    });
                     pieces += 1;
                     left -= n;
                 }
@@ -561,33 +568,36 @@ impl<F: Fabric> Sender<F> {
         let ack = link.rx_tail.load(Ordering::Acquire);
         Header::new_unchecked(&mut header[..]).fill(self.head, PacketKind::Data, len as u32, ack);
         let trailer = trailer_word(end).to_le_bytes();
-        sges[0] = Sge {
+        sges[0].write(Sge {
             addr: header.as_mut_ptr(),
             len: HEADER_LEN as u32,
             lkey: 0,
-        };
+        });
         let mut n = 1 + pieces;
         if pad > 0 {
-            sges[n] = Sge {
+            sges[n].write(Sge {
                 addr: ZEROS.as_ptr() as *mut u8,
                 len: pad as u32,
                 lkey: 0,
-            };
+            });
             n += 1;
         }
-        sges[n] = Sge {
+        sges[n].write(Sge {
             addr: trailer.as_ptr() as *mut u8,
             len: 8,
             lkey: 0,
-        };
+        });
         n += 1;
+        // SAFETY: entries 0..n were all written above (header, `pieces` payload entries,
+        // optional padding, trailer), and MaybeUninit<Sge> has Sge's layout.
+        let sges = unsafe { std::slice::from_raw_parts(sges.as_ptr() as *const Sge, n) };
         let remote = link.peer_ring.addr + self.head % self.ring_size;
         if bytes <= self.inline_limit {
             // SAFETY: inline: every entry points at memory valid for this call (stack
             // arrays, the static zero page, or the caller's slices).
-            unsafe { link.post_write(&sges[..n], remote, link.peer_ring.rkey, true)? };
+            unsafe { link.post_write(sges, remote, link.peer_ring.rkey, true)? };
         } else {
-            self.write_staged(&sges[..n], remote, bytes)?;
+            self.write_staged(sges, remote, bytes)?;
         }
         self.head = end;
         if ack > link.rx_piggy.load(Ordering::Relaxed) {

@@ -117,9 +117,10 @@ fn word_at(slices: &[IoSlice<'_>], mut idx: usize, mut base: usize, off: usize) 
 /// assert_eq!(first_conflict(&[IoSlice::new(&data)], 0, 200, 0, size), 40);
 /// ```
 pub fn first_conflict(slices: &[IoSlice<'_>], skip: usize, len: usize, head: u64, size: u64) -> usize {
-    // Payload offset 0 is byte `skip` of the concatenated slices. The words to inspect
-    // sit at payload offsets 64k - 24 (just before boundary k: a trailer could stand
-    // there) and 64k - 16 (at boundary k: a header could stand there).
+    // Payload offset 0 is byte `skip` of the concatenated slices. For each cell boundary
+    // k >= 1 of the packet, two payload words matter: at offset 64k - 24 (just before
+    // the boundary: a trailer could stand there) and at 64k - 16 (on the boundary: a
+    // header could stand there). Both are compared with what the next lap writes there.
     let (mut idx, mut base) = (0usize, 0usize);
     let mut k = 1usize;
     loop {
@@ -127,16 +128,41 @@ pub fn first_conflict(slices: &[IoSlice<'_>], skip: usize, len: usize, head: u64
         if before + 8 > len {
             return len;
         }
+        let abs = skip + before;
+        while abs >= base + slices[idx].len() {
+            base += slices[idx].len();
+            idx += 1;
+        }
+        let s: &[u8] = &slices[idx];
+        let start = abs - base;
+        // Fast path: as many boundaries as have both words inside this slice and inside
+        // the payload, read straight from the slice.
+        let in_slice = if start + 16 <= s.len() { (s.len() - start - 16) / CELL + 1 } else { 0 };
+        let in_payload = if before + 16 <= len { (len - before - 16) / CELL + 1 } else { 0 };
+        let run = in_slice.min(in_payload);
+        if run > 0 {
+            let mut boundary = head + (k * CELL) as u64 + size;
+            for (i, pair) in s[start..].chunks(CELL).take(run).enumerate() {
+                let w0 = u64::from_le_bytes(pair[0..8].try_into().unwrap());
+                let w1 = u64::from_le_bytes(pair[8..16].try_into().unwrap());
+                if w0 == trailer_word(boundary) || w1 & HEADER_MATCH_MASK == header_match(boundary) {
+                    return (k + i) * CELL - OVERHEAD;
+                }
+                boundary += CELL as u64;
+            }
+            k += run;
+            continue;
+        }
+        // Slow path: a word straddles slices, or only the first word is in the payload.
         let boundary = head + (k * CELL) as u64 + size;
         let w;
-        (w, idx, base) = word_at(slices, idx, base, skip + before);
+        (w, idx, base) = word_at(slices, idx, base, abs);
         if w == trailer_word(boundary) {
             return before;
         }
-        let at = before + 8;
-        if at + 8 <= len {
+        if before + 16 <= len {
             let w;
-            (w, idx, base) = word_at(slices, idx, base, skip + at);
+            (w, idx, base) = word_at(slices, idx, base, abs + 8);
             if w & HEADER_MATCH_MASK == header_match(boundary) {
                 return before;
             }
@@ -191,6 +217,66 @@ mod tests {
             let cut = k * CELL - OVERHEAD;
             assert_eq!((cut + OVERHEAD) % CELL, 0);
             assert_eq!(cells_for(cut), k);
+        }
+    }
+
+    /// The obvious definition: walk the concatenated payload cell by cell.
+    fn reference_conflict(data: &[u8], len: usize, head: u64, size: u64) -> usize {
+        let word = |o: usize| u64::from_le_bytes(data[o..o + 8].try_into().unwrap());
+        let mut k = 1;
+        loop {
+            let before = k * CELL - OVERHEAD;
+            if before + 8 > len {
+                return len;
+            }
+            let boundary = head + (k * CELL) as u64 + size;
+            if word(before) == trailer_word(boundary) {
+                return before;
+            }
+            if before + 16 <= len && word(before + 8) & HEADER_MATCH_MASK == header_match(boundary) {
+                return before;
+            }
+            k += 1;
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        #[test]
+        fn scan_matches_reference(
+            cuts in proptest::collection::vec(0usize..300, 0..6),
+            skip in 0usize..20,
+            len in 0usize..1200,
+            head_cells in 0u64..100,
+            plant in proptest::collection::vec((1usize..20, 0u64..3, proptest::bool::ANY, -2isize..3), 0..6),
+        ) {
+            let size = 4096u64;
+            let head = head_cells * CELL as u64;
+            let mut data: Vec<u8> = (0..skip + len).map(|i| (i * 7) as u8).collect();
+            // Plant flag values of laps 0..3 at (or near) the words that matter.
+            for (k, lap, trailer, shift) in plant {
+                let pos = head + (k * CELL) as u64 + size * lap;
+                let (w, at) = if trailer {
+                    (trailer_word(pos), k * CELL - OVERHEAD)
+                } else {
+                    (header_match(pos) | (5 << 32), k * CELL - 16)
+                };
+                let at = (at as isize + shift * 8) as usize;
+                if skip + at + 8 <= data.len() {
+                    data[skip + at..skip + at + 8].copy_from_slice(&w.to_le_bytes());
+                }
+            }
+            let mut parts = Vec::new();
+            let mut rest = &data[..];
+            for c in cuts {
+                let c = c.min(rest.len());
+                parts.push(&rest[..c]);
+                rest = &rest[c..];
+            }
+            parts.push(rest);
+            let slices: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+            let want = reference_conflict(&data[skip..], len, head, size);
+            proptest::prop_assert_eq!(first_conflict(&slices, skip, len, head, size), want);
         }
     }
 

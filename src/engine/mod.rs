@@ -35,7 +35,9 @@ use crate::fabric::{
     Access, Card, CompletionStatus, Fabric, MemoryRegion, Opcode, PendingQp, QpState, QueuePair,
     RemoteRegion, Sge, WorkRequest,
 };
-use crate::ring::wire::{cells_for, trailer_word, Header, PacketKind, CELL, HEADER_LEN, OVERHEAD};
+use crate::ring::wire::{
+    cells_for, trailer_word, Header, PacketKind, CELL, HEADER_LEN, ONE_CELL_PAYLOAD, OVERHEAD, TRAILER_LEN,
+};
 use crate::ring::{first_conflict, max_payload_now, PAYLOAD_OFFSET};
 
 const CTRL_SIZE: usize = 4096;
@@ -54,6 +56,10 @@ const HEALTH_EVERY: u32 = 1024;
 
 /// Zero bytes that padding is gathered from.
 static ZEROS: [u8; CELL] = [0; CELL];
+
+/// One cell, aligned like the ring's cells so the copy into the ring is aligned too.
+#[repr(C, align(64))]
+struct Cell([u8; CELL]);
 
 /// State both halves of a connection share.
 struct Link<F: Fabric> {
@@ -113,10 +119,17 @@ impl<F: Fabric> Link<F> {
         io::Error::new(*k, m.clone())
     }
 
+    #[inline]
     fn error(&self) -> Option<io::Error> {
+        // Acquire: pairs with the Release in `fail`, so the message is there to read.
         if !self.is_broken.load(Ordering::Acquire) {
             return None;
         }
+        self.stored_error()
+    }
+
+    #[cold]
+    fn stored_error(&self) -> Option<io::Error> {
         let b = self.broken.lock().unwrap_or_else(|p| p.into_inner());
         b.as_ref().map(|(k, m)| io::Error::new(*k, m.clone()))
     }
@@ -530,6 +543,48 @@ impl<F: Fabric> Sender<F> {
     /// Writes one packet of at most `want` payload bytes starting at byte `skip` of
     /// `iov`; returns the payload bytes written (at least one cell's worth or `want`).
     fn write_packet(&mut self, iov: &[IoSlice<'_>], skip: usize, want: usize) -> io::Result<usize> {
+        if want <= ONE_CELL_PAYLOAD && self.inline_limit >= CELL {
+            return self.write_cell(iov, skip, want);
+        }
+        self.write_gathered(iov, skip, want)
+    }
+
+    /// The small-message path: the whole one-cell packet is assembled on the stack and
+    /// written with a single gather entry.
+    fn write_cell(&mut self, iov: &[IoSlice<'_>], skip: usize, len: usize) -> io::Result<usize> {
+        let link = &*self.link;
+        let mut cell = Cell([0; CELL]);
+        let (mut i, mut o, mut at) = (0usize, skip, HEADER_LEN);
+        while at < HEADER_LEN + len {
+            let n = (iov[i].len() - o).min(HEADER_LEN + len - at);
+            cell.0[at..at + n].copy_from_slice(&iov[i][o..o + n]);
+            at += n;
+            i += 1;
+            o = 0;
+        }
+        // Acquire: as in write_gathered.
+        let ack = link.rx_tail.load(Ordering::Acquire);
+        Header::new_unchecked(&mut cell.0[..HEADER_LEN]).fill(self.head, PacketKind::Data, len as u32, ack);
+        let end = self.head + CELL as u64;
+        cell.0[CELL - TRAILER_LEN..].copy_from_slice(&trailer_word(end).to_le_bytes());
+        let sge = [Sge {
+            addr: cell.0.as_mut_ptr(),
+            len: CELL as u32,
+            lkey: 0,
+        }];
+        let remote = link.peer_ring.addr + (self.head & (self.ring_size - 1));
+        // SAFETY: inline write of a stack buffer that lives through the call.
+        unsafe { link.post_write(&sge, remote, link.peer_ring.rkey, true)? };
+        self.head = end;
+        if ack > link.rx_piggy.load(Ordering::Relaxed) {
+            link.rx_piggy.store(ack, Ordering::Relaxed);
+        }
+        Ok(len)
+    }
+
+    /// The general path: header, payload slices straight from `iov`, padding and
+    /// trailer as one gather list.
+    fn write_gathered(&mut self, iov: &[IoSlice<'_>], skip: usize, want: usize) -> io::Result<usize> {
         let link = &*self.link;
         let mut len = first_conflict(iov, skip, want, self.head, self.ring_size);
         // Gather list: header, payload pieces, padding, trailer. Left uninitialised
@@ -591,7 +646,7 @@ impl<F: Fabric> Sender<F> {
         // SAFETY: entries 0..n were all written above (header, `pieces` payload entries,
         // optional padding, trailer), and MaybeUninit<Sge> has Sge's layout.
         let sges = unsafe { std::slice::from_raw_parts(sges.as_ptr() as *const Sge, n) };
-        let remote = link.peer_ring.addr + self.head % self.ring_size;
+        let remote = link.peer_ring.addr + (self.head & (self.ring_size - 1));
         if bytes <= self.inline_limit {
             // SAFETY: inline: every entry points at memory valid for this call (stack
             // arrays, the static zero page, or the caller's slices).
@@ -612,7 +667,7 @@ impl<F: Fabric> Sender<F> {
     fn write_staged(&self, sges: &[Sge], remote: u64, bytes: usize) -> io::Result<()> {
         let link = &*self.link;
         let staging = link.staging.as_ref().expect("staging buffer exists when inline is limited");
-        let at = (self.head % self.ring_size) as usize;
+        let at = (self.head & (self.ring_size - 1)) as usize;
         debug_assert!(at + bytes <= staging.len());
         let mut dst = at;
         for s in sges {
@@ -747,7 +802,7 @@ unsafe impl<F: Fabric> Send for Receiver<F> {}
 
 impl<F: Fabric> Receiver<F> {
     fn load_word(&self, pos: u64, order: Ordering) -> u64 {
-        let off = (pos % self.ring_size) as usize;
+        let off = (pos & (self.ring_size - 1)) as usize;
         // SAFETY: `off` is 8-aligned and below the ring size, so the word lies inside the
         // ring region kept alive by `link`. The peer's fabric writes ring memory like a
         // NIC's DMA; the words we poll are read atomically and never torn (guarantee 3).
@@ -768,7 +823,7 @@ impl<F: Fabric> Receiver<F> {
             let len = Header::new_unchecked(&hbytes[..]).len() as usize;
             let cells = cells_for(len);
             let end = self.read_pos + (cells * CELL) as u64;
-            if len + OVERHEAD > self.ring_size as usize || (self.read_pos % self.ring_size) + (cells * CELL) as u64 > self.ring_size {
+            if (self.read_pos & (self.ring_size - 1)) + (cells * CELL) as u64 > self.ring_size {
                 return Err(self.link.fail(
                     io::ErrorKind::InvalidData,
                     format!("protocol error: packet of {len} bytes at {} overruns the ring", self.read_pos),
@@ -795,7 +850,7 @@ impl<F: Fabric> Receiver<F> {
             self.cur_cells = cells;
             match kind {
                 PacketKind::Data => {
-                    self.cur_off = (self.read_pos % self.ring_size) as usize + PAYLOAD_OFFSET;
+                    self.cur_off = (self.read_pos & (self.ring_size - 1)) as usize + PAYLOAD_OFFSET;
                     self.cur_left = len;
                     self.in_packet = true;
                     if len == 0 {

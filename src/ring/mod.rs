@@ -40,7 +40,8 @@ pub const fn free_space(size: u64, head: u64, tail: u64) -> u64 {
 
 /// The longest packet payload the sender may write now.
 ///
-/// `head` and `tail` are the sender's positions, `size` the ring size, `chunk` the
+/// `head` and `tail` are the sender's positions, `size` the ring size (a power of
+/// two: positions are reduced with a mask, not a division), `chunk` the
 /// largest packet in bytes (cells included). Returns 0 when not even one cell is free.
 ///
 /// ```
@@ -54,7 +55,8 @@ pub const fn free_space(size: u64, head: u64, tail: u64) -> u64 {
 /// ```
 pub fn max_payload_now(size: u64, head: u64, tail: u64, chunk: u64) -> usize {
     let free = free_space(size, head, tail);
-    let to_end = size - head % size;
+    debug_assert!(size.is_power_of_two());
+    let to_end = size - (head & (size - 1));
     let room = free.min(to_end).min(chunk);
     let cells = room / CELL as u64;
     if cells == 0 {
@@ -116,7 +118,16 @@ fn word_at(slices: &[IoSlice<'_>], mut idx: usize, mut base: usize, off: usize) 
 /// data[40..48].copy_from_slice(&trailer_word(64 + size).to_le_bytes());
 /// assert_eq!(first_conflict(&[IoSlice::new(&data)], 0, 200, 0, size), 40);
 /// ```
+#[inline]
 pub fn first_conflict(slices: &[IoSlice<'_>], skip: usize, len: usize, head: u64, size: u64) -> usize {
+    // A one-cell packet has no inner boundary to inspect: the common small message.
+    if len < CELL - OVERHEAD + 8 {
+        return len;
+    }
+    scan_boundaries(slices, skip, len, head, size)
+}
+
+fn scan_boundaries(slices: &[IoSlice<'_>], skip: usize, len: usize, head: u64, size: u64) -> usize {
     // Payload offset 0 is byte `skip` of the concatenated slices. For each cell boundary
     // k >= 1 of the packet, two payload words matter: at offset 64k - 24 (just before
     // the boundary: a trailer could stand there) and at 64k - 16 (on the boundary: a

@@ -1,0 +1,977 @@
+//! Integration tests of the emulated fabric: access checks, deregistration, ordering,
+//! peer death, and the same between two processes (this test binary re-runs itself as
+//! the child, see `xproc_child`).
+
+use rdma_channel::fabric::emulated::{EmuFabric, EmuQp, EmuRegion};
+use rdma_channel::fabric::{
+    Access, CompletedOp, Completion, CompletionStatus, Fabric, FabricError, MemoryRegion, Opcode,
+    PendingQp, QpState, QueuePair, RemoteRegion, Sge, WorkRequest,
+};
+use rdma_channel::oob;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const CANARY: u8 = 0xa5;
+
+fn fabric() -> EmuFabric {
+    EmuFabric::new().expect("create a domain")
+}
+
+fn connect(a: &EmuFabric, b: &EmuFabric) -> (EmuQp, EmuQp) {
+    let (pa, pb) = (a.create_qp().unwrap(), b.create_qp().unwrap());
+    let (ca, cb) = (pa.card().unwrap(), pb.card().unwrap());
+    (pa.connect(cb).unwrap(), pb.connect(ca).unwrap())
+}
+
+fn sge_of(r: &EmuRegion, off: usize, len: usize) -> Sge {
+    assert!(off + len <= r.len());
+    Sge {
+        // SAFETY: inside the region (asserted above).
+        addr: unsafe { r.addr().add(off) },
+        len: len as u32,
+        lkey: r.lkey(),
+    }
+}
+
+fn no_completion() -> Completion {
+    Completion {
+        wr_id: u64::MAX,
+        status: CompletionStatus::Flushed,
+        op: CompletedOp::Read,
+        byte_len: 0,
+    }
+}
+
+/// Posts and returns every completion it produced.
+fn post(qp: &EmuQp, wr: &WorkRequest<'_>) -> Vec<Completion> {
+    // SAFETY: every test keeps the memory its gather/scatter lists name alive for the
+    // duration of the call, and the emulated fabric completes requests inside post.
+    unsafe { qp.post(wr).expect("post") };
+    let mut out = [no_completion(); 8];
+    let n = qp.poll(&mut out);
+    out[..n].to_vec()
+}
+
+fn write_wr<'a>(local: &'a [Sge], remote_addr: u64, rkey: u32, signaled: bool) -> WorkRequest<'a> {
+    WorkRequest {
+        wr_id: 7,
+        opcode: Opcode::Write {
+            local,
+            remote_addr,
+            rkey,
+            inline: false,
+        },
+        signaled,
+    }
+}
+
+fn read_wr<'a>(local: &'a [Sge], remote_addr: u64, rkey: u32) -> WorkRequest<'a> {
+    WorkRequest {
+        wr_id: 8,
+        opcode: Opcode::Read {
+            local,
+            remote_addr,
+            rkey,
+        },
+        signaled: true,
+    }
+}
+
+fn fill(r: &EmuRegion, f: impl Fn(usize) -> u8) {
+    for i in 0..r.len() {
+        // SAFETY: inside the region; no request is in flight.
+        unsafe { r.addr().add(i).write(f(i)) };
+    }
+}
+
+fn bytes(r: &EmuRegion) -> &[u8] {
+    // SAFETY: the region is live; tests only read it while no request is in flight.
+    unsafe { std::slice::from_raw_parts(r.addr(), r.len()) }
+}
+
+/// Asserts that the request fails with `status`, leaves the queue pair in error, and
+/// that a further post is flushed.
+fn assert_fails(qp: &EmuQp, wr: &WorkRequest<'_>, status: CompletionStatus) {
+    let c = post(qp, wr);
+    assert_eq!(
+        c.len(),
+        1,
+        "an error always completes, signalled or not: {c:?}"
+    );
+    assert_eq!(c[0].status, status, "{:?}", qp.last_error());
+    assert_eq!(c[0].wr_id, wr.wr_id);
+    assert_eq!(qp.state(), QpState::Error);
+    assert!(qp.last_error().is_some());
+    let again = post(qp, wr);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].status, CompletionStatus::Flushed);
+}
+
+#[test]
+fn write_and_read_round_trip_in_process() {
+    let (a, b) = (fabric(), fabric());
+    let (qa, _qb) = connect(&a, &b);
+    let src = a.alloc_region(10_000, Access::LOCAL_WRITE).unwrap();
+    fill(&src, |i| (i * 7 % 251) as u8);
+    let dst = b
+        .alloc_region(
+            10_000,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+
+    // Three gather entries, landing at an unaligned offset.
+    let list = [
+        sge_of(&src, 0, 3),
+        sge_of(&src, 3, 4000),
+        sge_of(&src, 4003, 5996),
+    ];
+    let c = post(
+        &qa,
+        &write_wr(&list, dst.addr() as u64 + 1, dst.rkey(), true),
+    );
+    assert_eq!(c.len(), 1);
+    assert_eq!(
+        (c[0].status, c[0].op, c[0].byte_len, c[0].wr_id),
+        (CompletionStatus::Success, CompletedOp::Write, 9_999, 7)
+    );
+    assert_eq!(bytes(&dst)[0], 0);
+    assert!(bytes(&dst)[1..] == bytes(&src)[..9_999]);
+
+    // Unsignalled success: no completion (one byte into the untouched first byte).
+    let one = [sge_of(&src, 5, 1)];
+    assert!(post(&qa, &write_wr(&one, dst.addr() as u64, dst.rkey(), false)).is_empty());
+    assert_eq!(bytes(&dst)[0], bytes(&src)[5]);
+
+    // Read back into two scatter entries.
+    let back = a.alloc_region(10_000, Access::LOCAL_WRITE).unwrap();
+    let list = [sge_of(&back, 0, 5000), sge_of(&back, 5000, 4999)];
+    let c = post(&qa, &read_wr(&list, dst.addr() as u64 + 1, dst.rkey()));
+    assert_eq!(
+        (c[0].status, c[0].op, c[0].byte_len),
+        (CompletionStatus::Success, CompletedOp::Read, 9_999)
+    );
+    assert!(bytes(&back)[..9_999] == bytes(&src)[..9_999]);
+    assert_eq!(qa.state(), QpState::ReadyToSend);
+    assert_eq!(qa.last_error(), None);
+}
+
+#[test]
+fn private_memory_round_trip_in_process() {
+    let (a, b) = (fabric(), fabric());
+    let (qa, _qb) = connect(&a, &b);
+    let mut heap = vec![0u8; 4096];
+    // SAFETY: the vector outlives the region (dropped at the end of the test, after it).
+    let target = unsafe {
+        b.register(
+            heap.as_mut_ptr(),
+            heap.len(),
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
+    }
+    .unwrap();
+    let data: Vec<u8> = (0..100u8).collect();
+    let inline = [Sge {
+        addr: data.as_ptr() as *mut u8,
+        len: 100,
+        lkey: 0,
+    }];
+    let wr = WorkRequest {
+        wr_id: 1,
+        opcode: Opcode::Write {
+            local: &inline,
+            remote_addr: target.addr() as u64 + 10,
+            rkey: target.rkey(),
+            inline: true,
+        },
+        signaled: true,
+    };
+    assert_eq!(post(&qa, &wr)[0].status, CompletionStatus::Success);
+    let back = a.alloc_region(100, Access::LOCAL_WRITE).unwrap();
+    let list = [sge_of(&back, 0, 100)];
+    assert_eq!(
+        post(
+            &qa,
+            &read_wr(&list, target.addr() as u64 + 10, target.rkey())
+        )[0]
+        .status,
+        CompletionStatus::Success
+    );
+    assert_eq!(bytes(&back), &data[..]);
+    drop(target);
+    assert_eq!(&heap[10..110], &data[..]);
+    assert!(heap[..10].iter().chain(&heap[110..]).all(|&x| x == 0));
+}
+
+#[test]
+fn loopback_and_late_segments_work() {
+    let f = fabric();
+    let (q1, _q2) = connect(&f, &f);
+    // Allocated after the cards were exchanged: reached through the domain itself.
+    let late = f
+        .alloc_region(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    fill(&late, |i| i as u8);
+    // Loopback: copy the first half of the region onto its second half.
+    let list = [sge_of(&late, 0, 32)];
+    assert_eq!(
+        post(
+            &q1,
+            &write_wr(&list, late.addr() as u64 + 32, late.rkey(), true)
+        )[0]
+        .status,
+        CompletionStatus::Success
+    );
+    assert_eq!(&bytes(&late)[32..], &bytes(&late)[..32]);
+}
+
+#[test]
+fn zero_length_requests_still_check_keys() {
+    let (a, b) = (fabric(), fabric());
+    let (qa, _qb) = connect(&a, &b);
+    let dst = b.alloc_region(64, Access::REMOTE_WRITE).unwrap();
+    assert_eq!(
+        post(&qa, &write_wr(&[], dst.addr() as u64, dst.rkey(), true))[0].byte_len,
+        0
+    );
+    assert_fails(
+        &qa,
+        &write_wr(&[], dst.addr() as u64, dst.rkey() ^ 0x10000, true),
+        CompletionStatus::RemoteAccessError,
+    );
+}
+
+#[test]
+fn invalid_requests_are_refused_synchronously() {
+    let (a, b) = (fabric(), fabric());
+    let (qa, _qb) = connect(&a, &b);
+    let dst = b.alloc_region(8 << 20, Access::REMOTE_WRITE).unwrap();
+    let src = a.alloc_region(8 << 20, Access::LOCAL_WRITE).unwrap();
+    let caps = qa.caps();
+    let many = vec![sge_of(&src, 0, 1); caps.max_sge + 1];
+    // SAFETY: refused before any memory is touched.
+    match unsafe { qa.post(&write_wr(&many, dst.addr() as u64, dst.rkey(), true)) } {
+        Err(FabricError::InvalidRequest(_)) => {}
+        other => panic!("expected InvalidRequest, got {other:?}"),
+    }
+    let long = [sge_of(&src, 0, caps.max_inline + 1)];
+    let wr = WorkRequest {
+        wr_id: 3,
+        opcode: Opcode::Write {
+            local: &long,
+            remote_addr: dst.addr() as u64,
+            rkey: dst.rkey(),
+            inline: true,
+        },
+        signaled: true,
+    };
+    // SAFETY: refused before any memory is touched.
+    assert!(matches!(
+        unsafe { qa.post(&wr) },
+        Err(FabricError::InvalidRequest(_))
+    ));
+    let mut out = [no_completion(); 4];
+    assert_eq!(
+        qa.poll(&mut out),
+        0,
+        "refused requests produce no completion"
+    );
+    assert_eq!(qa.state(), QpState::ReadyToSend);
+    // Exactly max_inline and max_sge are fine.
+    let exact = [sge_of(&src, 0, caps.max_inline)];
+    let wr = WorkRequest {
+        opcode: Opcode::Write {
+            local: &exact,
+            remote_addr: dst.addr() as u64,
+            rkey: dst.rkey(),
+            inline: true,
+        },
+        ..wr
+    };
+    assert_eq!(post(&qa, &wr)[0].status, CompletionStatus::Success);
+    let max = vec![sge_of(&src, 0, 1); caps.max_sge];
+    assert_eq!(
+        post(&qa, &write_wr(&max, dst.addr() as u64, dst.rkey(), true))[0].byte_len,
+        caps.max_sge as u64
+    );
+}
+
+/// A region registered in the middle of a canary-filled buffer, segment-backed or
+/// private; every bad request is tried on a fresh queue pair and must leave every
+/// canary byte intact.
+#[test]
+fn failed_requests_touch_nothing() {
+    const PAD: usize = 4096;
+    const LEN: usize = 4096;
+    for segment_backed in [true, false] {
+        let (a, b) = (fabric(), fabric());
+        let backing = b.alloc_region(PAD + LEN + PAD, Access::NONE).unwrap();
+        let mut heap = vec![CANARY; PAD + LEN + PAD];
+        let base = if segment_backed {
+            backing.addr()
+        } else {
+            heap.as_mut_ptr()
+        };
+        // SAFETY: base points PAD + LEN + PAD valid bytes (a live region or the vector).
+        unsafe { base.write_bytes(CANARY, PAD + LEN + PAD) };
+        let reg = |access| {
+            // SAFETY: the middle LEN bytes of the buffer, which outlives the region.
+            unsafe { b.register(base.add(PAD), LEN, access) }.unwrap()
+        };
+        let rw = reg(Access::REMOTE_WRITE | Access::REMOTE_READ);
+        let read_only = reg(Access::REMOTE_READ);
+        let write_only = reg(Access::REMOTE_WRITE);
+        let start = rw.addr() as u64;
+
+        let src = a.alloc_region(64, Access::LOCAL_WRITE).unwrap();
+        fill(&src, |_| 0x11);
+        let s8 = [sge_of(&src, 0, 8)];
+        let sink = a.alloc_region(64, Access::LOCAL_WRITE).unwrap();
+        let d8 = [sge_of(&sink, 0, 8)];
+        let unwritable_sink = a.alloc_region(64, Access::NONE).unwrap();
+        let unwritable = [sge_of(&unwritable_sink, 0, 8)];
+        let bad_local = [Sge {
+            lkey: src.lkey() ^ 0x10000,
+            ..s8[0]
+        }];
+        let outside_local = [Sge {
+            // SAFETY: one past the 64-byte region: out of it, which is the point.
+            addr: unsafe { src.addr().add(60) },
+            ..s8[0]
+        }];
+        let cases: Vec<(&str, WorkRequest<'_>, CompletionStatus)> = vec![
+            (
+                "stale generation",
+                write_wr(&s8, start, rw.rkey() ^ 0x10000, false),
+                CompletionStatus::RemoteAccessError,
+            ),
+            (
+                "unknown index",
+                write_wr(&s8, start, (rw.rkey() & !0xffff) | 0x1fff, false),
+                CompletionStatus::RemoteAccessError,
+            ),
+            (
+                "index beyond the table",
+                write_wr(&s8, start, 0xffff_ffff, false),
+                CompletionStatus::RemoteAccessError,
+            ),
+            (
+                "key zero",
+                write_wr(&s8, start, 0, false),
+                CompletionStatus::RemoteAccessError,
+            ),
+            (
+                "one byte past the end",
+                write_wr(&s8, start + LEN as u64 - 7, rw.rkey(), false),
+                CompletionStatus::RemoteAccessError,
+            ),
+            (
+                "one byte before the start",
+                write_wr(&s8, start - 1, rw.rkey(), false),
+                CompletionStatus::RemoteAccessError,
+            ),
+            (
+                "address overflow",
+                write_wr(&s8, u64::MAX - 3, rw.rkey(), false),
+                CompletionStatus::RemoteAccessError,
+            ),
+            (
+                "no REMOTE_WRITE",
+                write_wr(&s8, start, read_only.rkey(), false),
+                CompletionStatus::RemoteAccessError,
+            ),
+            (
+                "no REMOTE_READ",
+                read_wr(&d8, start, write_only.rkey()),
+                CompletionStatus::RemoteAccessError,
+            ),
+            (
+                "read past the end",
+                read_wr(&d8, start + LEN as u64 - 4, rw.rkey()),
+                CompletionStatus::RemoteAccessError,
+            ),
+            (
+                "wrong lkey",
+                write_wr(&bad_local, start, rw.rkey(), false),
+                CompletionStatus::LocalProtectionError,
+            ),
+            (
+                "local entry outside its region",
+                write_wr(&outside_local, start, rw.rkey(), false),
+                CompletionStatus::LocalProtectionError,
+            ),
+            (
+                "read into memory without LOCAL_WRITE",
+                read_wr(&unwritable, start, rw.rkey()),
+                CompletionStatus::LocalProtectionError,
+            ),
+        ];
+        for (what, wr, status) in &cases {
+            let (qa, _qb) = connect(&a, &b);
+            let c = post(&qa, wr);
+            assert_eq!(c.len(), 1, "{what}: {c:?}");
+            assert_eq!(c[0].status, *status, "{what}: {:?}", qa.last_error());
+            assert_eq!(qa.state(), QpState::Error, "{what}");
+            let again = post(&qa, &write_wr(&s8, start, rw.rkey(), true));
+            assert_eq!(again[0].status, CompletionStatus::Flushed, "{what}");
+            // SAFETY: base..base + PAD + LEN + PAD is valid (see above).
+            let all = unsafe { std::slice::from_raw_parts(base, PAD + LEN + PAD) };
+            if let Some(i) = all.iter().position(|&x| x != CANARY) {
+                panic!("{what} (segment-backed: {segment_backed}) changed byte {i}");
+            }
+            assert!(
+                bytes(&sink).iter().all(|&x| x == 0),
+                "{what} wrote into the sink"
+            );
+        }
+        // The good request does land, so the canary check above can see a write.
+        let (qa, _qb) = connect(&a, &b);
+        assert_eq!(
+            post(&qa, &write_wr(&s8, start, rw.rkey(), true))[0].status,
+            CompletionStatus::Success
+        );
+        // SAFETY: as above.
+        assert_eq!(unsafe { *base.add(PAD) }, 0x11);
+        drop((rw, read_only, write_only));
+        drop(heap);
+    }
+}
+
+#[test]
+fn deregistered_keys_fail_and_reused_entries_get_new_keys() {
+    let (a, b) = (fabric(), fabric());
+    let src = a.alloc_region(8, Access::NONE).unwrap();
+    let s8 = [sge_of(&src, 0, 8)];
+    let r = b.alloc_region(64, Access::REMOTE_WRITE).unwrap();
+    let (old_key, old_addr) = (r.rkey(), r.addr() as u64);
+    let (qa, _qb) = connect(&a, &b);
+    assert_eq!(
+        post(&qa, &write_wr(&s8, old_addr, old_key, true))[0].status,
+        CompletionStatus::Success
+    );
+    drop(r);
+    let again = b.alloc_region(64, Access::REMOTE_WRITE).unwrap();
+    assert_ne!(again.rkey(), old_key);
+    assert_fails(
+        &qa,
+        &write_wr(&s8, old_addr, old_key, true),
+        CompletionStatus::RemoteAccessError,
+    );
+    let keys: Vec<u32> = (0..100)
+        .map(|_| b.alloc_region(8, Access::NONE).unwrap().rkey())
+        .collect();
+    assert!(
+        !keys.contains(&old_key),
+        "a dead key must not come back soon"
+    );
+}
+
+/// Drops a private region while another thread keeps writing 4 MiB into it, then
+/// overwrites the memory: no write may land after `drop` returned.
+#[test]
+fn deregistration_fences_in_flight_private_writes() {
+    const LEN: usize = 4 << 20;
+    for round in 0..5 {
+        let (a, b) = (fabric(), fabric());
+        let (qa, _qb) = connect(&a, &b);
+        let src = a.alloc_region(LEN, Access::NONE).unwrap();
+        fill(&src, |_| 0x11);
+        let mut heap = vec![0u8; LEN];
+        // SAFETY: the vector outlives the region (dropped explicitly below first).
+        let target = unsafe { b.register(heap.as_mut_ptr(), LEN, Access::REMOTE_WRITE) }.unwrap();
+        let (addr, rkey) = (target.addr() as u64, target.rkey());
+        let started = Arc::new(AtomicU64::new(0));
+        let writer = {
+            let started = Arc::clone(&started);
+            std::thread::spawn(move || {
+                let list = [sge_of(&src, 0, LEN)];
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while qa.state() == QpState::ReadyToSend && Instant::now() < deadline {
+                    post(&qa, &write_wr(&list, addr, rkey, false));
+                    // Relaxed: a progress counter for the main thread's wait only.
+                    started.fetch_add(1, Ordering::Relaxed);
+                }
+                qa.last_error()
+            })
+        };
+        // Relaxed: see above.
+        while started.load(Ordering::Relaxed) < 2 + round {
+            std::thread::yield_now();
+        }
+        drop(target);
+        heap.fill(0x22);
+        let reason = writer.join().unwrap();
+        assert!(reason.unwrap_or_default().contains("rkey"));
+        if let Some(i) = heap.iter().position(|&x| x != 0x22) {
+            panic!("round {round}: byte {i} was written after deregistration");
+        }
+    }
+}
+
+/// A writer thread places 4 KiB blocks whose last word is a sequence number; a reader
+/// polls that word with Acquire and checks the rest of the block.
+#[test]
+fn the_last_word_of_a_write_is_placed_last() {
+    const BLOCK: usize = 4096;
+    const SLOTS: usize = 2;
+    const ROUNDS: u64 = 10_000;
+    for segment_backed in [true, false] {
+        let (a, b) = (fabric(), fabric());
+        let (qa, _qb) = connect(&a, &b);
+        let mut heap = vec![0u64; BLOCK * SLOTS / 8];
+        let target = if segment_backed {
+            b.alloc_region(BLOCK * SLOTS, Access::REMOTE_WRITE).unwrap()
+        } else {
+            // SAFETY: the vector outlives the region (dropped at the end of the loop body,
+            // after `target`).
+            unsafe {
+                b.register(
+                    heap.as_mut_ptr().cast(),
+                    BLOCK * SLOTS,
+                    Access::REMOTE_WRITE,
+                )
+            }
+            .unwrap()
+        };
+        let remote = target.remote();
+        let base = target.addr() as usize;
+        let acked = Arc::new(AtomicU64::new(0));
+        let reader = {
+            let acked = Arc::clone(&acked);
+            std::thread::spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                for seq in 1..=ROUNDS {
+                    let block = base + (seq as usize % SLOTS) * BLOCK;
+                    // SAFETY: the last word of a block inside the live region, 8-aligned.
+                    let last = unsafe { AtomicU64::from_ptr((block + BLOCK - 8) as *mut u64) };
+                    // Acquire: pairs with the fabric's Release store of the word.
+                    while last.load(Ordering::Acquire) != seq {
+                        assert!(Instant::now() < deadline, "reader timed out at {seq}");
+                        std::hint::spin_loop();
+                    }
+                    // SAFETY: the block minus its last word, inside the live region; the
+                    // writer does not touch this block again before we acknowledge it.
+                    let body =
+                        unsafe { std::slice::from_raw_parts(block as *const u64, BLOCK / 8 - 1) };
+                    if let Some(w) = body.iter().position(|&v| v != seq) {
+                        panic!("word {w} of block {seq} seen before it was written");
+                    }
+                    // Release: the writer may reuse the block after seeing this.
+                    acked.store(seq, Ordering::Release);
+                }
+            })
+        };
+        let src = a.alloc_region(BLOCK, Access::NONE).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for seq in 1..=ROUNDS {
+            // Acquire: pairs with the reader's Release, so its reads of the block are done.
+            while acked.load(Ordering::Acquire) + (SLOTS as u64) <= seq && !reader.is_finished() {
+                assert!(Instant::now() < deadline, "writer timed out at {seq}");
+                std::hint::spin_loop();
+            }
+            if reader.is_finished() {
+                break; // the reader failed; its panic is reported by join below
+            }
+            // SAFETY: the whole source region, which nothing else uses meanwhile.
+            unsafe { std::slice::from_raw_parts_mut(src.addr().cast::<u64>(), BLOCK / 8) }
+                .fill(seq);
+            // Split the gather list so the last word straddles two entries.
+            let list = [sge_of(&src, 0, BLOCK - 4), sge_of(&src, BLOCK - 4, 4)];
+            let at = remote.addr + (seq % SLOTS as u64) * BLOCK as u64;
+            assert!(post(&qa, &write_wr(&list, at, remote.rkey, false)).is_empty());
+        }
+        reader.join().unwrap();
+        drop(target);
+        drop(heap);
+    }
+}
+
+#[test]
+fn a_vanished_peer_is_a_transport_error() {
+    let (a, b) = (fabric(), fabric());
+    let dst = b.alloc_region(64, Access::REMOTE_WRITE).unwrap();
+    let src = a.alloc_region(8, Access::NONE).unwrap();
+    let s8 = [sge_of(&src, 0, 8)];
+    let remote = dst.remote();
+
+    // The peer queue pair is dropped.
+    let (qa, qb) = connect(&a, &b);
+    drop(qb);
+    assert_fails(
+        &qa,
+        &write_wr(&s8, remote.addr, remote.rkey, false),
+        CompletionStatus::TransportError,
+    );
+
+    // The whole peer domain goes away.
+    let (qa, qb) = connect(&a, &b);
+    assert_eq!(qa.state(), QpState::ReadyToSend);
+    drop((qb, dst, b));
+    assert_eq!(qa.state(), QpState::Error);
+    assert!(qa.last_error().unwrap().contains("no longer exists"));
+    let c = post(&qa, &write_wr(&s8, remote.addr, remote.rkey, true));
+    assert_eq!(c[0].status, CompletionStatus::Flushed);
+}
+
+#[test]
+fn malformed_cards_are_refused() {
+    let (a, b) = (fabric(), fabric());
+    let good = b.create_qp().unwrap().card().unwrap();
+    let mut bad = a.create_qp().unwrap().card().unwrap();
+    bad.bytes[0] ^= 0xff;
+    let e = a.create_qp().unwrap().connect(bad).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+    assert!(e.to_string().contains("magic"), "{e}");
+    let mut short = good;
+    short.bytes.truncate(20);
+    let e = a.create_qp().unwrap().connect(short).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+    let mut no_fds = b.create_qp().unwrap().card().unwrap();
+    no_fds.fds.clear();
+    assert_eq!(
+        a.create_qp().unwrap().connect(no_fds).unwrap_err().kind(),
+        std::io::ErrorKind::InvalidData
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Cross-process tests. The parent runs this binary again with `--exact xproc_child`;
+// the child finds its end of a socket pair in RDMA_EMU_CHILD_FD.
+// ---------------------------------------------------------------------------------
+
+const CHILD_FD: &str = "RDMA_EMU_CHILD_FD";
+const CHILD_MODE: &str = "RDMA_EMU_CHILD_MODE";
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn pattern_a(i: usize) -> u8 {
+    (i * 13 + 5) as u8
+}
+
+fn pattern_b(i: usize) -> u8 {
+    (i * 31 + 7) as u8
+}
+
+fn pattern_c(i: usize) -> u8 {
+    (i * 3 + 1) as u8
+}
+
+fn with_timeouts(s: UnixStream) -> UnixStream {
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    s.set_write_timeout(Some(TIMEOUT)).unwrap();
+    s
+}
+
+fn spawn_child(mode: &str) -> (Child, UnixStream) {
+    let (mine, theirs) = UnixStream::pair().unwrap();
+    let fd = theirs.as_raw_fd();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "xproc_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD_FD, fd.to_string())
+        .env(CHILD_MODE, mode)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: the hook only calls fcntl, which is async-signal-safe, on a descriptor
+    // that stays open in the parent until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Let exactly this descriptor survive exec in the child.
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    drop(theirs);
+    (child, with_timeouts(mine))
+}
+
+/// Waits for the child (killing it after the timeout) and returns its output on failure.
+fn finish_child(mut child: Child) {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "child failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn send_regions(sock: &UnixStream, regions: &[RemoteRegion]) {
+    let bytes: Vec<u8> = regions.iter().flat_map(|r| r.to_bytes()).collect();
+    oob::send_frame(sock, &bytes).unwrap();
+}
+
+fn recv_regions(sock: &UnixStream) -> Vec<RemoteRegion> {
+    let bytes = oob::recv_frame(sock).unwrap();
+    bytes
+        .chunks(20)
+        .map(|c| RemoteRegion::from_bytes(c).unwrap())
+        .collect()
+}
+
+/// Exchanges cards for one queue pair (the child sends first).
+fn exchange(fabric: &EmuFabric, sock: &UnixStream, child: bool) -> EmuQp {
+    let pending = fabric.create_qp().unwrap();
+    let card = pending.card().unwrap();
+    let peer = if child {
+        oob::send_card(sock, &card).unwrap();
+        oob::recv_card(sock).unwrap()
+    } else {
+        let peer = oob::recv_card(sock).unwrap();
+        oob::send_card(sock, &card).unwrap();
+        peer
+    };
+    pending.connect(peer).unwrap()
+}
+
+fn expect(sock: &UnixStream, what: &str) {
+    let got = oob::recv_frame(sock).unwrap();
+    assert_eq!(String::from_utf8_lossy(&got), what);
+}
+
+/// The child side of the cross-process tests; a no-op unless run by a parent test.
+#[test]
+fn xproc_child() {
+    let Ok(fd) = std::env::var(CHILD_FD) else {
+        return;
+    };
+    let fd: i32 = fd.parse().unwrap();
+    // SAFETY: the parent passed us this descriptor (our end of the socket pair) and
+    // nothing else in this process owns it.
+    let sock = with_timeouts(UnixStream::from(unsafe { OwnedFd::from_raw_fd(fd) }));
+    let mode = std::env::var(CHILD_MODE).unwrap();
+    let f = fabric();
+    match mode.as_str() {
+        "main" => child_main(&f, &sock),
+        "linger" => {
+            let _qp = exchange(&f, &sock, true);
+            oob::send_frame(&sock, b"ready").unwrap();
+            // The parent kills us; never outlive the test.
+            std::thread::sleep(TIMEOUT);
+        }
+        other => panic!("unknown child mode {other}"),
+    }
+}
+
+fn child_main(f: &EmuFabric, sock: &UnixStream) {
+    let rx = f
+        .alloc_region(64 << 10, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let mut private: Vec<u8> = (0..64 << 10).map(pattern_b).collect();
+    // SAFETY: the vector outlives the region (the region is dropped at the end of this
+    // function, before the vector).
+    let priv_region = unsafe {
+        f.register(
+            private.as_mut_ptr(),
+            private.len(),
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+    }
+    .unwrap();
+    let qp = exchange(f, sock, true);
+    let spare = exchange(f, sock, true);
+    send_regions(sock, &[rx.remote(), priv_region.remote()]);
+
+    // 1. The parent writes pattern A into rx (a segment sent with the card).
+    expect(sock, "wrote rx");
+    let ok = bytes(&rx)
+        .iter()
+        .enumerate()
+        .all(|(i, &x)| x == pattern_a(i));
+    oob::send_frame(sock, if ok { b"ok" } else { b"bad" }).unwrap();
+
+    // 2. The parent reads our private memory, then writes pattern C into its second half.
+    expect(sock, "wrote private");
+    let half = private.len() / 2;
+    let ok = private[..half]
+        .iter()
+        .enumerate()
+        .all(|(i, &x)| x == pattern_b(i))
+        && private[half..]
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| x == pattern_c(i));
+    oob::send_frame(sock, if ok { b"ok" } else { b"bad" }).unwrap();
+
+    // 3. A segment created after the cards were exchanged.
+    let late = f
+        .alloc_region(8192, Access::REMOTE_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    send_regions(sock, &[late.remote()]);
+    expect(sock, "wrote late");
+    let ok = bytes(&late)
+        .iter()
+        .enumerate()
+        .all(|(i, &x)| x == pattern_a(i));
+    oob::send_frame(sock, if ok { b"ok" } else { b"bad" }).unwrap();
+
+    // 4. We write pattern C into the parent's region.
+    let theirs = recv_regions(sock)[0];
+    let src = f.alloc_region(theirs.len as usize, Access::NONE).unwrap();
+    fill(&src, pattern_c);
+    let list = [sge_of(&src, 0, src.len())];
+    let c = post(&qp, &write_wr(&list, theirs.addr, theirs.rkey, true));
+    assert_eq!(
+        c[0].status,
+        CompletionStatus::Success,
+        "{:?}",
+        qp.last_error()
+    );
+    oob::send_frame(sock, b"wrote parent").unwrap();
+
+    // 5. Drop the spare queue pair; the parent must see a transport error on its end.
+    expect(sock, "drop spare");
+    drop(spare);
+    oob::send_frame(sock, b"dropped").unwrap();
+    expect(sock, "bye");
+    drop(priv_region);
+    drop(private);
+}
+
+#[test]
+fn cross_process_write_read_and_errors() {
+    let (child, sock) = spawn_child("main");
+    let f = fabric();
+    let mine = f
+        .alloc_region(4096, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
+        .unwrap();
+    let qp = exchange(&f, &sock, false);
+    let spare = exchange(&f, &sock, false);
+    assert!(!qp.peer_in_process());
+    assert_eq!(qp.peer_pid(), child.id());
+    let regions = recv_regions(&sock);
+    let (rx, private) = (regions[0], regions[1]);
+
+    // 1. Segment write (the child's alloc_region memory, mapped here).
+    let src = f.alloc_region(rx.len as usize, Access::NONE).unwrap();
+    fill(&src, pattern_a);
+    let list = [
+        sge_of(&src, 0, src.len() / 2),
+        sge_of(&src, src.len() / 2, src.len() / 2),
+    ];
+    let c = post(&qp, &write_wr(&list, rx.addr, rx.rkey, true));
+    assert_eq!(
+        c[0].status,
+        CompletionStatus::Success,
+        "{:?}",
+        qp.last_error()
+    );
+    oob::send_frame(&sock, b"wrote rx").unwrap();
+    expect(&sock, "ok");
+
+    // 2. Private memory: read it all (process_vm_readv), write the second half.
+    let back = f
+        .alloc_region(private.len as usize, Access::LOCAL_WRITE)
+        .unwrap();
+    let list = [sge_of(&back, 0, back.len())];
+    let c = post(&qp, &read_wr(&list, private.addr, private.rkey));
+    assert_eq!(
+        c[0].status,
+        CompletionStatus::Success,
+        "{:?}",
+        qp.last_error()
+    );
+    assert!(bytes(&back)
+        .iter()
+        .enumerate()
+        .all(|(i, &x)| x == pattern_b(i)));
+    let half = private.len as usize / 2;
+    let src_c = f.alloc_region(half, Access::NONE).unwrap();
+    fill(&src_c, pattern_c);
+    // Unaligned split of the gather list, so the last word straddles entries.
+    let list = [sge_of(&src_c, 0, half - 5), sge_of(&src_c, half - 5, 5)];
+    let c = post(
+        &qp,
+        &write_wr(&list, private.addr + half as u64, private.rkey, true),
+    );
+    assert_eq!(
+        c[0].status,
+        CompletionStatus::Success,
+        "{:?}",
+        qp.last_error()
+    );
+    oob::send_frame(&sock, b"wrote private").unwrap();
+    expect(&sock, "ok");
+
+    // 3. A segment the child created after the card: opened through /proc.
+    let late = recv_regions(&sock)[0];
+    let list = [sge_of(&src, 0, late.len as usize)];
+    let c = post(&qp, &write_wr(&list, late.addr, late.rkey, true));
+    assert_eq!(
+        c[0].status,
+        CompletionStatus::Success,
+        "{:?}",
+        qp.last_error()
+    );
+    oob::send_frame(&sock, b"wrote late").unwrap();
+    expect(&sock, "ok");
+
+    // 4. The child writes into our region.
+    send_regions(&sock, &[mine.remote()]);
+    expect(&sock, "wrote parent");
+    assert!(bytes(&mine)
+        .iter()
+        .enumerate()
+        .all(|(i, &x)| x == pattern_c(i)));
+
+    // 5. A bad key across processes, then a vanished peer queue pair.
+    let s8 = [sge_of(&src, 0, 8)];
+    assert_fails(
+        &qp,
+        &write_wr(&s8, rx.addr, rx.rkey ^ 0x10000, false),
+        CompletionStatus::RemoteAccessError,
+    );
+    assert_eq!(spare.state(), QpState::ReadyToSend);
+    oob::send_frame(&sock, b"drop spare").unwrap();
+    expect(&sock, "dropped");
+    assert_fails(
+        &spare,
+        &write_wr(&s8, rx.addr, rx.rkey, false),
+        CompletionStatus::TransportError,
+    );
+    oob::send_frame(&sock, b"bye").unwrap();
+    finish_child(child);
+}
+
+#[test]
+fn cross_process_peer_death_is_noticed() {
+    let (mut child, sock) = spawn_child("linger");
+    let f = fabric();
+    let qp = exchange(&f, &sock, false);
+    expect(&sock, "ready");
+    assert_eq!(qp.state(), QpState::ReadyToSend);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while qp.state() == QpState::ReadyToSend {
+        assert!(Instant::now() < deadline, "peer death not noticed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        qp.last_error().unwrap().contains("exited"),
+        "{:?}",
+        qp.last_error()
+    );
+    let src = f.alloc_region(8, Access::NONE).unwrap();
+    let c = post(&qp, &write_wr(&[sge_of(&src, 0, 8)], 0, 1, true));
+    assert_eq!(c[0].status, CompletionStatus::Flushed);
+}

@@ -1,0 +1,350 @@
+//! The emulated queue pair: executes work requests at post time.
+
+use super::copy;
+use super::peer::{Fault, Peer};
+use super::table::NO_SEGMENT;
+use super::{lock, QpSlot, CAPS};
+use crate::fabric::{
+    Access, Caps, CompletedOp, Completion, CompletionStatus, FabricError, Opcode, QpState,
+    QueuePair, Sge, WorkRequest,
+};
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// [`QpState::ReadyToSend`] in the state word.
+const RTS: u32 = 0;
+/// [`QpState::Error`] in the state word.
+const ERR: u32 = 1;
+
+/// A connected queue pair of the emulated fabric. Work requests execute inside
+/// [`post`](QueuePair::post), on the calling thread (see the [module
+/// documentation](super) for the guarantees).
+///
+/// ```
+/// use rdma_channel::fabric::emulated::EmuFabric;
+/// use rdma_channel::fabric::{Access, Fabric, MemoryRegion, Opcode, PendingQp, QueuePair, QpState, Sge, WorkRequest};
+/// let (a, b) = (EmuFabric::new()?, EmuFabric::new()?);
+/// let (pa, pb) = (a.create_qp()?, b.create_qp()?);
+/// let (ca, cb) = (pa.card()?, pb.card()?);
+/// let (qa, _qb) = (pa.connect(cb)?, pb.connect(ca)?);
+/// assert!(qa.peer_in_process());
+///
+/// // A write with a key the peer never handed out fails, and the queue pair stops.
+/// let data = [1u8; 8];
+/// let sge = [Sge { addr: data.as_ptr() as *mut u8, len: 8, lkey: 0 }];
+/// let wr = WorkRequest {
+///     wr_id: 9,
+///     opcode: Opcode::Write { local: &sge, remote_addr: 0x1000, rkey: 0x1234_5678, inline: true },
+///     signaled: false,
+/// };
+/// // SAFETY: inline data only needs to be valid during the call.
+/// unsafe { qa.post(&wr)? };
+/// assert_eq!(qa.state(), QpState::Error);
+/// assert!(qa.last_error().unwrap().contains("rkey"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct EmuQp {
+    slot: QpSlot,
+    peer: Peer,
+    state: AtomicU32,
+    cq: Mutex<VecDeque<Completion>>,
+    /// Length of `cq`, written under its lock, read without it by `poll`.
+    cq_len: AtomicUsize,
+    last_error: Mutex<Option<String>>,
+}
+
+impl fmt::Debug for EmuQp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EmuQp")
+            .field("key", &format_args!("{:#x}", self.slot.key))
+            .field("peer_pid", &self.peer.pid())
+            .field("peer_in_process", &self.peer.is_local())
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl EmuQp {
+    pub(super) fn new(slot: QpSlot, peer: Peer) -> EmuQp {
+        EmuQp {
+            slot,
+            peer,
+            state: AtomicU32::new(RTS),
+            cq: Mutex::new(VecDeque::with_capacity(64)),
+            cq_len: AtomicUsize::new(0),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    /// Why the queue pair went to the error state, in words (`None` while it has not).
+    ///
+    /// ```
+    /// # use rdma_channel::fabric::emulated::EmuFabric;
+    /// # use rdma_channel::fabric::{Fabric, PendingQp};
+    /// # let f = EmuFabric::new()?;
+    /// # let (p1, p2) = (f.create_qp()?, f.create_qp()?);
+    /// # let (c1, c2) = (p1.card()?, p2.card()?);
+    /// # let (q1, _q2) = (p1.connect(c2)?, p2.connect(c1)?);
+    /// assert_eq!(q1.last_error(), None);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn last_error(&self) -> Option<String> {
+        lock(&self.last_error).clone()
+    }
+
+    /// The peer's process id, as its card stated it.
+    ///
+    /// ```
+    /// # use rdma_channel::fabric::emulated::EmuFabric;
+    /// # use rdma_channel::fabric::{Fabric, PendingQp};
+    /// # let f = EmuFabric::new()?;
+    /// # let (p1, p2) = (f.create_qp()?, f.create_qp()?);
+    /// # let (c1, c2) = (p1.card()?, p2.card()?);
+    /// # let (q1, _q2) = (p1.connect(c2)?, p2.connect(c1)?);
+    /// assert_eq!(q1.peer_pid(), std::process::id());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn peer_pid(&self) -> u32 {
+        self.peer.pid()
+    }
+
+    /// True when the peer domain lives in this process (its memory is reached directly
+    /// rather than through a second mapping or `process_vm_*`).
+    ///
+    /// ```
+    /// # use rdma_channel::fabric::emulated::EmuFabric;
+    /// # use rdma_channel::fabric::{Fabric, PendingQp};
+    /// # let f = EmuFabric::new()?;
+    /// # let (p1, p2) = (f.create_qp()?, f.create_qp()?);
+    /// # let (c1, c2) = (p1.card()?, p2.card()?);
+    /// # let (q1, _q2) = (p1.connect(c2)?, p2.connect(c1)?);
+    /// assert!(q1.peer_in_process());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn peer_in_process(&self) -> bool {
+        self.peer.is_local()
+    }
+
+    fn complete(&self, c: Completion) {
+        let mut cq = lock(&self.cq);
+        cq.push_back(c);
+        // Release (under the lock, so the count is exact): `poll` seeing a non-zero
+        // count then takes the lock and finds the entry.
+        self.cq_len.store(cq.len(), Ordering::Release);
+    }
+
+    fn fail(&self, reason: String) {
+        *lock(&self.last_error) = Some(reason);
+        // Release: a thread that sees the error state also sees the reason.
+        self.state.store(ERR, Ordering::Release);
+    }
+
+    /// Checks that every non-empty local entry lies in a live registration of this
+    /// domain under its `lkey`, with rights `need`.
+    fn check_local(&self, sges: &[Sge], need: Access) -> Result<(), Fault> {
+        let table = &self.slot.domain.table;
+        for (i, s) in sges.iter().enumerate() {
+            if s.len == 0 {
+                continue;
+            }
+            let ok = table
+                .reg(s.lkey & 0xffff)
+                .and_then(|e| e.snapshot(s.lkey))
+                .is_some_and(|r| {
+                    Access::from_bits_truncate(r.access).contains(need)
+                        && r.contains(s.addr as u64, u64::from(s.len))
+                });
+            if !ok {
+                return Err(Fault::local(format!(
+                    "local entry {i} ({} bytes at {:p}, lkey {:#x}) is not inside a registered region with {need:?}",
+                    s.len, s.addr, s.lkey
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Executes an RDMA WRITE of the `n` bytes of `local`.
+    ///
+    /// # Safety
+    ///
+    /// `post`'s contract for `local`.
+    unsafe fn write(
+        &self,
+        local: &[Sge],
+        remote_addr: u64,
+        rkey: u32,
+        inline: bool,
+        n: u64,
+    ) -> Result<(), Fault> {
+        self.peer.check_alive()?;
+        let (entry, snap) = self.peer.lookup(rkey)?;
+        if !Access::from_bits_truncate(snap.access).contains(Access::REMOTE_WRITE) {
+            return Err(Fault::remote(format!(
+                "the peer region with rkey {rkey:#x} does not allow REMOTE_WRITE"
+            )));
+        }
+        if !snap.contains(remote_addr, n) {
+            return Err(Fault::remote(format!(
+                "write of {n} bytes at {remote_addr:#x} is outside the peer region {:#x}..+{:#x}",
+                snap.va, snap.len
+            )));
+        }
+        if !inline {
+            self.check_local(local, Access::NONE)?;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        if snap.seg_slot == NO_SEGMENT {
+            // SAFETY: forwarded contract; bounds checked above against this snapshot.
+            return unsafe { self.peer.write_private(entry, rkey, remote_addr, local, n) };
+        }
+        let dst = self.peer.segment_target(&snap, remote_addr, n)?;
+        // SAFETY: dst..dst + n lies inside our live view of the peer segment
+        // (segment_target), and `local` is readable (post's contract).
+        unsafe { copy::write_direct(dst, local, n) };
+        Ok(())
+    }
+
+    /// Executes an RDMA READ of `n` bytes into `local`.
+    ///
+    /// # Safety
+    ///
+    /// `post`'s contract for `local`.
+    unsafe fn read(&self, local: &[Sge], remote_addr: u64, rkey: u32, n: u64) -> Result<(), Fault> {
+        self.peer.check_alive()?;
+        let (entry, snap) = self.peer.lookup(rkey)?;
+        if !Access::from_bits_truncate(snap.access).contains(Access::REMOTE_READ) {
+            return Err(Fault::remote(format!(
+                "the peer region with rkey {rkey:#x} does not allow REMOTE_READ"
+            )));
+        }
+        if !snap.contains(remote_addr, n) {
+            return Err(Fault::remote(format!(
+                "read of {n} bytes at {remote_addr:#x} is outside the peer region {:#x}..+{:#x}",
+                snap.va, snap.len
+            )));
+        }
+        self.check_local(local, Access::LOCAL_WRITE)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if snap.seg_slot == NO_SEGMENT {
+            // SAFETY: forwarded contract; bounds checked above against this snapshot.
+            return unsafe { self.peer.read_private(entry, rkey, remote_addr, local, n) };
+        }
+        let src = self.peer.segment_target(&snap, remote_addr, n)?;
+        // SAFETY: src..src + n lies inside our live view of the peer segment, and
+        // `local` is writable registered memory (post's contract, checked above).
+        unsafe { copy::read_direct(src, local, n) };
+        Ok(())
+    }
+}
+
+impl QueuePair for EmuQp {
+    unsafe fn post(&self, wr: &WorkRequest<'_>) -> Result<(), FabricError> {
+        let (local, op) = match wr.opcode {
+            Opcode::Write { local, .. } => (local, CompletedOp::Write),
+            Opcode::Read { local, .. } => (local, CompletedOp::Read),
+        };
+        if local.len() > CAPS.max_sge {
+            return Err(FabricError::InvalidRequest(
+                "more gather/scatter entries than max_sge",
+            ));
+        }
+        let n: u64 = local.iter().map(|s| u64::from(s.len)).sum();
+        if matches!(wr.opcode, Opcode::Write { inline: true, .. }) && n > CAPS.max_inline as u64 {
+            return Err(FabricError::InvalidRequest(
+                "inline write longer than max_inline",
+            ));
+        }
+        let done = |status, byte_len| Completion {
+            wr_id: wr.wr_id,
+            status,
+            op,
+            byte_len,
+        };
+        // Acquire: pairs with the Release in `fail`, so an error set by another thread
+        // is seen together with its reason.
+        if self.state.load(Ordering::Acquire) != RTS {
+            self.complete(done(CompletionStatus::Flushed, 0));
+            return Ok(());
+        }
+        let result = match wr.opcode {
+            Opcode::Write {
+                local,
+                remote_addr,
+                rkey,
+                inline,
+            } => {
+                // SAFETY: post's contract covers `local`.
+                unsafe { self.write(local, remote_addr, rkey, inline, n) }
+            }
+            Opcode::Read {
+                local,
+                remote_addr,
+                rkey,
+            } => {
+                // SAFETY: post's contract covers `local`.
+                unsafe { self.read(local, remote_addr, rkey, n) }
+            }
+        };
+        match result {
+            Ok(()) => {
+                if wr.signaled {
+                    self.complete(done(CompletionStatus::Success, n));
+                }
+            }
+            Err(fault) => {
+                let what = match op {
+                    CompletedOp::Write => "RDMA WRITE",
+                    CompletedOp::Read => "RDMA READ",
+                };
+                self.fail(format!("{what} wr_id {}: {}", wr.wr_id, fault.reason));
+                self.complete(done(fault.status, 0));
+            }
+        }
+        Ok(())
+    }
+
+    fn poll(&self, out: &mut [Completion]) -> usize {
+        // Acquire: pairs with the Release store in `complete`; a zero lets the common
+        // empty poll skip the lock.
+        if out.is_empty() || self.cq_len.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let mut cq = lock(&self.cq);
+        let k = out.len().min(cq.len());
+        for (slot, c) in out.iter_mut().zip(cq.drain(..k)) {
+            *slot = c;
+        }
+        // Release, under the lock, as in `complete`.
+        self.cq_len.store(cq.len(), Ordering::Release);
+        k
+    }
+
+    fn state(&self) -> QpState {
+        // Acquire: as in `post`.
+        if self.state.load(Ordering::Acquire) != RTS {
+            return QpState::Error;
+        }
+        let gone = match self.peer.check_alive() {
+            Err(f) => Some(f.reason.into_owned()),
+            Ok(()) => self.peer.process_gone(),
+        };
+        match gone {
+            Some(reason) => {
+                self.fail(reason);
+                QpState::Error
+            }
+            None => QpState::ReadyToSend,
+        }
+    }
+
+    fn caps(&self) -> Caps {
+        CAPS
+    }
+}

@@ -11,7 +11,7 @@
 //! | --- | --- | --- |
 //! | 0 | receiver of our ring | its tail (explicit, delayed update) |
 //! | 8 | receiver of our ring | nonzero once it stopped reading |
-//! | 64 | sender into our ring | credit request: its head when it ran out of room |
+//! | 64 | sender into our ring | credit request: the tail it knows + 1, when out of room |
 //! | 72 | sender into our ring | end of stream: its final head + 1 |
 //!
 //! Tail updates (seed 001 sec. 4.3) travel piggybacked in every packet of the reverse
@@ -237,12 +237,16 @@ impl<F: Fabric> Link<F> {
     }
 
     /// Answers a pending credit request from the peer's sender (see module docs).
+    ///
+    /// A request carries the tail the sender already knows, plus one. It is answered
+    /// only once our tail has moved past that value, so the answer always frees room;
+    /// until then it stays pending, however many tails we piggyback meanwhile (the
+    /// stalled sender may not be reading them).
+    #[inline]
     fn serve_credit(&self) -> io::Result<()> {
         // Relaxed: only the value matters; publish_tail orders the data itself.
         let req = self.ctrl_word(CTRL_CREDIT).load(Ordering::Relaxed);
-        if req != self.credit_served.load(Ordering::Relaxed)
-            && self.rx_tail.load(Ordering::Acquire) > self.rx_explicit.load(Ordering::Relaxed)
-        {
+        if req != self.credit_served.load(Ordering::Relaxed) && self.rx_tail.load(Ordering::Acquire) >= req {
             self.publish_tail()?;
             self.credit_served.store(req, Ordering::Relaxed);
         }
@@ -479,7 +483,7 @@ pub struct Sender<F: Fabric> {
     inline_limit: usize,
     /// Payload entries a gather list may hold (the fabric's limit less three).
     max_pieces: usize,
-    /// Head value at our last credit request (so we ask once per stall).
+    /// Known tail at our last credit request (so we ask once per stall).
     credit_requested_at: u64,
     closed: bool,
 }
@@ -709,10 +713,12 @@ impl<F: Fabric> Sender<F> {
         link.check_health()
     }
 
+    /// Asks the receiver for an explicit tail update beyond the tail we know; once per
+    /// known tail, since the answer necessarily moves it.
     fn request_credit(&mut self) -> io::Result<()> {
-        if self.credit_requested_at != self.head {
-            self.link.post_ctrl(CTRL_CREDIT, self.head + 1)?;
-            self.credit_requested_at = self.head;
+        if self.credit_requested_at != self.tail {
+            self.link.post_ctrl(CTRL_CREDIT, self.tail + 1)?;
+            self.credit_requested_at = self.tail;
         }
         Ok(())
     }

@@ -106,7 +106,13 @@ pub fn latency(s: &mut RdmaStream, side: &Side, size: usize, iters: usize) -> io
 
 /// Windowed bandwidth (OSU style): the parent sends `window` messages back to back,
 /// the child acknowledges each window with 4 bytes. Returns bytes per second.
-pub fn bandwidth(s: &mut RdmaStream, side: &Side, size: usize, window: usize, iters: usize) -> io::Result<f64> {
+pub fn bandwidth(
+    s: &mut RdmaStream,
+    side: &Side,
+    size: usize,
+    window: usize,
+    iters: usize,
+) -> io::Result<f64> {
     let mut buf = vec![0xa5u8; size];
     let mut ack = [0u8; 4];
     let warm = (iters / 10).max(2);

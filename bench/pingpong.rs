@@ -79,7 +79,10 @@ fn main() -> io::Result<()> {
             cfg.chunk_size_bytes(),
             cfg.tail_threshold_bytes()
         );
-        println!("{:>10} {:>12} {:>12} {:>12}", "size", "latency_us", "bw_GB/s", "memcpy_GB/s");
+        println!(
+            "{:>10} {:>12} {:>12} {:>12}",
+            "size", "latency_us", "bw_GB/s", "memcpy_GB/s"
+        );
     }
     for &size in &sizes {
         let lat = latency(&mut s, &side, size, lat_iters(size))?;

@@ -124,7 +124,8 @@ impl Config {
         if let Some(v) = var("RCH_SLEEP_MAX_US") {
             c.sleep_max = Duration::from_micros(num("RCH_SLEEP_MAX_US", v)?);
         }
-        c.validate().map_err(|e| bad(format!("from RCH_* environment: {e}")))?;
+        c.validate()
+            .map_err(|e| bad(format!("from RCH_* environment: {e}")))?;
         Ok(c)
     }
 
@@ -202,7 +203,9 @@ impl Config {
     pub fn validate(&self) -> io::Result<()> {
         let r = self.ring_size;
         if !r.is_power_of_two() || !(4096..=1 << 30).contains(&r) {
-            return Err(bad(format!("ring size {r} must be a power of two from 4 KiB to 1 GiB")));
+            return Err(bad(format!(
+                "ring size {r} must be a power of two from 4 KiB to 1 GiB"
+            )));
         }
         let c = self.chunk_size;
         if c % 64 != 0 || c < 128 || c > r / 2 || c > crate::ring::wire::MAX_PAYLOAD {
@@ -213,7 +216,9 @@ impl Config {
         }
         let t = self.tail_threshold_bytes();
         if t == 0 || t > r - 64 {
-            return Err(bad(format!("tail threshold {t} must be from 1 to ring size - 64")));
+            return Err(bad(format!(
+                "tail threshold {t} must be from 1 to ring size - 64"
+            )));
         }
         if let Some(i) = self.max_inline {
             if i < 64 {
@@ -235,8 +240,18 @@ mod tests {
 
     #[test]
     fn threshold_must_leave_room_for_progress() {
-        assert!(Config::default().ring_size(4096).chunk_size(1024).tail_threshold(4096).validate().is_err());
-        assert!(Config::default().ring_size(4096).chunk_size(1024).tail_threshold(4032).validate().is_ok());
+        assert!(Config::default()
+            .ring_size(4096)
+            .chunk_size(1024)
+            .tail_threshold(4096)
+            .validate()
+            .is_err());
+        assert!(Config::default()
+            .ring_size(4096)
+            .chunk_size(1024)
+            .tail_threshold(4032)
+            .validate()
+            .is_ok());
     }
 
     #[test]

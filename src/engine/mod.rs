@@ -36,7 +36,8 @@ use crate::fabric::{
     RemoteRegion, Sge, WorkRequest,
 };
 use crate::ring::wire::{
-    cells_for, trailer_word, Header, PacketKind, CELL, HEADER_LEN, ONE_CELL_PAYLOAD, OVERHEAD, TRAILER_LEN,
+    cells_for, trailer_word, Header, PacketKind, CELL, HEADER_LEN, ONE_CELL_PAYLOAD, OVERHEAD,
+    TRAILER_LEN,
 };
 use crate::ring::{first_conflict, max_payload_now, PAYLOAD_OFFSET};
 
@@ -184,12 +185,20 @@ impl<F: Fabric> Link<F> {
     ///
     /// Non-inline gather entries must stay valid until retired (the staging buffer
     /// does: its bytes are only rewritten after the peer consumed them).
-    unsafe fn post_write(&self, local: &[Sge], remote_addr: u64, rkey: u32, inline: bool) -> io::Result<()> {
+    unsafe fn post_write(
+        &self,
+        local: &[Sge],
+        remote_addr: u64,
+        rkey: u32,
+        inline: bool,
+    ) -> io::Result<()> {
         let mut signaled = false;
         let mut wr_id = 0;
         if self.sq.depth != u64::MAX {
             let mut backoff = Backoff::new(1000, 100, std::time::Duration::from_micros(100));
-            while self.sq.posted.load(Ordering::Acquire) - self.sq.retired.load(Ordering::Acquire) >= self.sq.depth {
+            while self.sq.posted.load(Ordering::Acquire) - self.sq.retired.load(Ordering::Acquire)
+                >= self.sq.depth
+            {
                 self.check_health()?;
                 backoff.snooze();
             }
@@ -246,7 +255,9 @@ impl<F: Fabric> Link<F> {
     fn serve_credit(&self) -> io::Result<()> {
         // Relaxed: only the value matters; publish_tail orders the data itself.
         let req = self.ctrl_word(CTRL_CREDIT).load(Ordering::Relaxed);
-        if req != self.credit_served.load(Ordering::Relaxed) && self.rx_tail.load(Ordering::Acquire) >= req {
+        if req != self.credit_served.load(Ordering::Relaxed)
+            && self.rx_tail.load(Ordering::Acquire) >= req
+        {
             self.publish_tail()?;
             self.credit_served.store(req, Ordering::Relaxed);
         }
@@ -272,7 +283,10 @@ impl<F: Fabric> Prepared<F> {
     /// An invalid `cfg` or a fabric failure.
     pub fn new(fabric: F, cfg: Config) -> io::Result<Prepared<F>> {
         cfg.validate()?;
-        let ring = fabric.alloc_region(cfg.ring_size_bytes(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+        let ring = fabric.alloc_region(
+            cfg.ring_size_bytes(),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )?;
         let ctrl = fabric.alloc_region(CTRL_SIZE, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
         let pending = fabric.create_qp()?;
         Ok(Prepared {
@@ -311,14 +325,21 @@ impl<F: Fabric> Prepared<F> {
     /// `InvalidData` for a malformed card or one whose ring is unusable; fabric
     /// failures as they come.
     pub fn connect(self, peer: Card) -> io::Result<Channel<F>> {
-        let invalid = |m: &str| io::Error::new(io::ErrorKind::InvalidData, format!("bad connection card: {m}"));
+        let invalid = |m: &str| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad connection card: {m}"),
+            )
+        };
         let b = &peer.bytes;
         if b.len() < 10 || &b[0..4] != CARD_MAGIC {
             return Err(invalid("not an rdma-channel card"));
         }
         let version = u16::from_le_bytes([b[4], b[5]]);
         if version != CARD_VERSION {
-            return Err(invalid(&format!("version {version}, expected {CARD_VERSION}")));
+            return Err(invalid(&format!(
+                "version {version}, expected {CARD_VERSION}"
+            )));
         }
         let flen = u32::from_le_bytes(b[6..10].try_into().unwrap()) as usize;
         if b.len() != 10 + flen + 40 {
@@ -326,9 +347,15 @@ impl<F: Fabric> Prepared<F> {
         }
         let fabric_bytes = b[10..10 + flen].to_vec();
         let peer_ring = RemoteRegion::from_bytes(&b[10 + flen..]).ok_or_else(|| invalid("ring"))?;
-        let peer_ctrl = RemoteRegion::from_bytes(&b[30 + flen..]).ok_or_else(|| invalid("control"))?;
-        if !peer_ring.len.is_power_of_two() || peer_ring.len < 4096 || peer_ring.addr % CELL as u64 != 0 {
-            return Err(invalid("peer ring size must be a power of two of at least 4 KiB, cell aligned"));
+        let peer_ctrl =
+            RemoteRegion::from_bytes(&b[30 + flen..]).ok_or_else(|| invalid("control"))?;
+        if !peer_ring.len.is_power_of_two()
+            || peer_ring.len < 4096
+            || peer_ring.addr % CELL as u64 != 0
+        {
+            return Err(invalid(
+                "peer ring size must be a power of two of at least 4 KiB, cell aligned",
+            ));
         }
         if peer_ctrl.len < 128 || peer_ctrl.addr % 64 != 0 {
             return Err(invalid("peer control region too small or misaligned"));
@@ -341,13 +368,21 @@ impl<F: Fabric> Prepared<F> {
         if caps.max_sge < 4 {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                format!("fabric allows {} gather entries; the ring needs at least 4", caps.max_sge),
+                format!(
+                    "fabric allows {} gather entries; the ring needs at least 4",
+                    caps.max_sge
+                ),
             ));
         }
-        let inline_limit = caps.max_inline.min(self.cfg.max_inline_bytes().unwrap_or(usize::MAX));
+        let inline_limit = caps
+            .max_inline
+            .min(self.cfg.max_inline_bytes().unwrap_or(usize::MAX));
         let chunk = (self.cfg.chunk_size_bytes() as u64).min(peer_ring.len / 2);
         let staging = if (inline_limit as u64) < chunk {
-            Some(self.fabric.alloc_region(peer_ring.len as usize, Access::LOCAL_WRITE)?)
+            Some(
+                self.fabric
+                    .alloc_region(peer_ring.len as usize, Access::LOCAL_WRITE)?,
+            )
         } else {
             None
         };
@@ -447,6 +482,9 @@ impl<F: Fabric> Channel<F> {
     /// # Errors
     ///
     /// Returns the halves if they belong to different channels.
+    // The halves come back by value on a mismatch, as with tokio's `reunite`; boxing
+    // them would only move the size to the heap.
+    #[allow(clippy::result_large_err)]
     pub fn unsplit(rx: Receiver<F>, tx: Sender<F>) -> Result<Channel<F>, (Receiver<F>, Sender<F>)> {
         if Arc::ptr_eq(&rx.link, &tx.link) {
             Ok(Channel { tx, rx })
@@ -507,7 +545,10 @@ impl<F: Fabric> Sender<F> {
         }
         // Relaxed: a flag only; nothing is read on its strength.
         if link.ctrl_word(CTRL_RX_CLOSED).load(Ordering::Relaxed) != 0 {
-            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "the peer closed its reading side"));
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the peer closed its reading side",
+            ));
         }
         link.serve_credit()?;
         let total: usize = iov.iter().map(|s| s.len()).sum();
@@ -568,7 +609,12 @@ impl<F: Fabric> Sender<F> {
         }
         // Acquire: as in write_gathered.
         let ack = link.rx_tail.load(Ordering::Acquire);
-        Header::new_unchecked(&mut cell.0[..HEADER_LEN]).fill(self.head, PacketKind::Data, len as u32, ack);
+        Header::new_unchecked(&mut cell.0[..HEADER_LEN]).fill(
+            self.head,
+            PacketKind::Data,
+            len as u32,
+            ack,
+        );
         let end = self.head + CELL as u64;
         cell.0[CELL - TRAILER_LEN..].copy_from_slice(&trailer_word(end).to_le_bytes());
         let sge = [Sge {
@@ -588,7 +634,12 @@ impl<F: Fabric> Sender<F> {
 
     /// The general path: header, payload slices straight from `iov`, padding and
     /// trailer as one gather list.
-    fn write_gathered(&mut self, iov: &[IoSlice<'_>], skip: usize, want: usize) -> io::Result<usize> {
+    fn write_gathered(
+        &mut self,
+        iov: &[IoSlice<'_>],
+        skip: usize,
+        want: usize,
+    ) -> io::Result<usize> {
         let link = &*self.link;
         let mut len = first_conflict(iov, skip, want, self.head, self.ring_size);
         // Gather list: header, payload pieces, padding, trailer. Left uninitialised
@@ -670,7 +721,10 @@ impl<F: Fabric> Sender<F> {
     /// pre-registered send buffer, for fabrics whose inline limit is small).
     fn write_staged(&self, sges: &[Sge], remote: u64, bytes: usize) -> io::Result<()> {
         let link = &*self.link;
-        let staging = link.staging.as_ref().expect("staging buffer exists when inline is limited");
+        let staging = link
+            .staging
+            .as_ref()
+            .expect("staging buffer exists when inline is limited");
         let at = (self.head & (self.ring_size - 1)) as usize;
         debug_assert!(at + bytes <= staging.len());
         let mut dst = at;
@@ -678,7 +732,9 @@ impl<F: Fabric> Sender<F> {
             // SAFETY: `s` describes readable memory (see write_packet); the staging
             // range [at, at + bytes) lies inside the region and is not in flight: its
             // previous contents were consumed by the peer before the tail let us here.
-            unsafe { std::ptr::copy_nonoverlapping(s.addr, staging.addr().add(dst), s.len as usize) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(s.addr, staging.addr().add(dst), s.len as usize)
+            };
             dst += s.len as usize;
         }
         let sge = [Sge {
@@ -704,7 +760,10 @@ impl<F: Fabric> Sender<F> {
         if t > self.head || t % CELL as u64 != 0 {
             return Err(link.fail(
                 io::ErrorKind::InvalidData,
-                format!("protocol error: peer announced tail {t} beyond head {}", self.head),
+                format!(
+                    "protocol error: peer announced tail {t} beyond head {}",
+                    self.head
+                ),
             ));
         }
         if t > self.tail {
@@ -768,7 +827,10 @@ impl<F: Fabric> Sender<F> {
         let mut b = Backoff::new(s, y, m);
         loop {
             if self.link.ctrl_word(CTRL_RX_CLOSED).load(Ordering::Relaxed) != 0 {
-                return Err(io::Error::new(io::ErrorKind::BrokenPipe, "the peer closed its reading side"));
+                return Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "the peer closed its reading side",
+                ));
             }
             self.link.serve_credit()?;
             if self.can_put()? {
@@ -832,7 +894,10 @@ impl<F: Fabric> Receiver<F> {
             if (self.read_pos & (self.ring_size - 1)) + (cells * CELL) as u64 > self.ring_size {
                 return Err(self.link.fail(
                     io::ErrorKind::InvalidData,
-                    format!("protocol error: packet of {len} bytes at {} overruns the ring", self.read_pos),
+                    format!(
+                        "protocol error: packet of {len} bytes at {} overruns the ring",
+                        self.read_pos
+                    ),
                 ));
             }
             // Acquire pairs with the fabric's Release store of the last word of the
@@ -850,7 +915,8 @@ impl<F: Fabric> Receiver<F> {
             hbytes[8..].copy_from_slice(&ack.to_le_bytes());
             let header = Header::new_unchecked(&hbytes[..]);
             let kind = header.kind().map_err(|e| {
-                self.link.fail(io::ErrorKind::InvalidData, format!("protocol error: {e}"))
+                self.link
+                    .fail(io::ErrorKind::InvalidData, format!("protocol error: {e}"))
             })?;
             self.take_ack(header.ack())?;
             self.cur_cells = cells;
@@ -876,7 +942,10 @@ impl<F: Fabric> Receiver<F> {
         let link = &*self.link;
         if ack > link.tx_tail_piggy.load(Ordering::Relaxed) {
             if ack % CELL as u64 != 0 {
-                return Err(link.fail(io::ErrorKind::InvalidData, format!("protocol error: bad ack {ack}")));
+                return Err(link.fail(
+                    io::ErrorKind::InvalidData,
+                    format!("protocol error: bad ack {ack}"),
+                ));
             }
             // Release: the sender half's Acquire load then sees a position the peer
             // finished reading (we observed the ack after the peer's Release trailer).
@@ -914,7 +983,11 @@ impl<F: Fabric> Receiver<F> {
                 // the packet fits) and the whole packet is visible and will not be
                 // rewritten until we publish a tail beyond it; `buf` is exclusively ours.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(self.ring_base.add(self.cur_off), buf[at..].as_mut_ptr(), n);
+                    std::ptr::copy_nonoverlapping(
+                        self.ring_base.add(self.cur_off),
+                        buf[at..].as_mut_ptr(),
+                        n,
+                    );
                 }
                 at += n;
                 self.cur_off += n;
@@ -935,7 +1008,10 @@ impl<F: Fabric> Receiver<F> {
     /// Delayed tail update and credit service, run after every `get`.
     fn maintain(&mut self) -> io::Result<()> {
         let link = &*self.link;
-        let told = link.rx_explicit.load(Ordering::Relaxed).max(link.rx_piggy.load(Ordering::Relaxed));
+        let told = link
+            .rx_explicit
+            .load(Ordering::Relaxed)
+            .max(link.rx_piggy.load(Ordering::Relaxed));
         if self.read_pos.saturating_sub(told) >= self.threshold {
             link.publish_tail()?;
         }
@@ -954,7 +1030,10 @@ impl<F: Fabric> Receiver<F> {
     /// of the connection.
     fn idle(&mut self) -> io::Result<()> {
         if self.at_end() {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the connection"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the peer closed the connection",
+            ));
         }
         self.empty_polls += 1;
         if self.empty_polls >= HEALTH_EVERY {

@@ -454,7 +454,12 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     /// # Errors
     ///
     /// Registration table full, `len == 0`, or the operating system refused.
-    unsafe fn register(&self, addr: *mut u8, len: usize, access: Access) -> io::Result<Self::Region>;
+    unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> io::Result<Self::Region>;
 
     /// The fabric's limits.
     fn caps(&self) -> Caps;

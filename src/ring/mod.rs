@@ -69,7 +69,12 @@ pub fn max_payload_now(size: u64, head: u64, tail: u64, chunk: u64) -> usize {
 /// Reads the 8 bytes at offset `off` of the concatenation of `slices`, joining slices
 /// where the word straddles them. `idx`/`base` is a cursor (slice index and the offset
 /// of its first byte) that only moves forward; the updated cursor is returned.
-fn word_at(slices: &[IoSlice<'_>], mut idx: usize, mut base: usize, off: usize) -> (u64, usize, usize) {
+fn word_at(
+    slices: &[IoSlice<'_>],
+    mut idx: usize,
+    mut base: usize,
+    off: usize,
+) -> (u64, usize, usize) {
     // Advance to the slice holding byte `off` (`base` = payload offset of slices[idx][0]).
     while off >= base + slices[idx].len() {
         base += slices[idx].len();
@@ -119,7 +124,13 @@ fn word_at(slices: &[IoSlice<'_>], mut idx: usize, mut base: usize, off: usize) 
 /// assert_eq!(first_conflict(&[IoSlice::new(&data)], 0, 200, 0, size), 40);
 /// ```
 #[inline]
-pub fn first_conflict(slices: &[IoSlice<'_>], skip: usize, len: usize, head: u64, size: u64) -> usize {
+pub fn first_conflict(
+    slices: &[IoSlice<'_>],
+    skip: usize,
+    len: usize,
+    head: u64,
+    size: u64,
+) -> usize {
     // A one-cell packet has no inner boundary to inspect: the common small message.
     if len < CELL - OVERHEAD + 8 {
         return len;
@@ -148,15 +159,24 @@ fn scan_boundaries(slices: &[IoSlice<'_>], skip: usize, len: usize, head: u64, s
         let start = abs - base;
         // Fast path: as many boundaries as have both words inside this slice and inside
         // the payload, read straight from the slice.
-        let in_slice = if start + 16 <= s.len() { (s.len() - start - 16) / CELL + 1 } else { 0 };
-        let in_payload = if before + 16 <= len { (len - before - 16) / CELL + 1 } else { 0 };
+        let in_slice = if start + 16 <= s.len() {
+            (s.len() - start - 16) / CELL + 1
+        } else {
+            0
+        };
+        let in_payload = if before + 16 <= len {
+            (len - before - 16) / CELL + 1
+        } else {
+            0
+        };
         let run = in_slice.min(in_payload);
         if run > 0 {
             let mut boundary = head + (k * CELL) as u64 + size;
             for (i, pair) in s[start..].chunks(CELL).take(run).enumerate() {
                 let w0 = u64::from_le_bytes(pair[0..8].try_into().unwrap());
                 let w1 = u64::from_le_bytes(pair[8..16].try_into().unwrap());
-                if w0 == trailer_word(boundary) || w1 & HEADER_MATCH_MASK == header_match(boundary) {
+                if w0 == trailer_word(boundary) || w1 & HEADER_MATCH_MASK == header_match(boundary)
+                {
                     return (k + i) * CELL - OVERHEAD;
                 }
                 boundary += CELL as u64;
@@ -219,7 +239,10 @@ mod tests {
                 c.copy_from_slice(&header_match(64).to_le_bytes());
             }
         }
-        assert_eq!(first_conflict(&[IoSlice::new(&data)], 0, 1000, 64 * 7, size), 1000);
+        assert_eq!(
+            first_conflict(&[IoSlice::new(&data)], 0, 1000, 64 * 7, size),
+            1000
+        );
     }
 
     #[test]
@@ -244,7 +267,8 @@ mod tests {
             if word(before) == trailer_word(boundary) {
                 return before;
             }
-            if before + 16 <= len && word(before + 8) & HEADER_MATCH_MASK == header_match(boundary) {
+            if before + 16 <= len && word(before + 8) & HEADER_MATCH_MASK == header_match(boundary)
+            {
                 return before;
             }
             k += 1;

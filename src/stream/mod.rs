@@ -64,8 +64,12 @@ impl RdmaStream<EmuFabric> {
         let b = Prepared::new(EmuFabric::new()?, cfg)?;
         let (ca, cb) = (a.card()?, b.card()?);
         Ok((
-            RdmaStream { chan: a.connect(cb)? },
-            RdmaStream { chan: b.connect(ca)? },
+            RdmaStream {
+                chan: a.connect(cb)?,
+            },
+            RdmaStream {
+                chan: b.connect(ca)?,
+            },
         ))
     }
 
@@ -87,7 +91,13 @@ impl RdmaStream<EmuFabric> {
     pub fn connect_with<P: AsRef<Path>>(path: P, cfg: Config) -> io::Result<RdmaStream> {
         let path = path.as_ref();
         let sock = UnixStream::connect(path).map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot reach rdma-channel listener at {}: {e}", path.display()))
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot reach rdma-channel listener at {}: {e}",
+                    path.display()
+                ),
+            )
         })?;
         Self::handshake(EmuFabric::new()?, &sock, cfg)
     }
@@ -117,7 +127,10 @@ impl<F: Fabric> RdmaStream<F> {
         if answer != b"OK" {
             return Err(io::Error::new(
                 io::ErrorKind::ConnectionRefused,
-                format!("peer failed to connect: {}", String::from_utf8_lossy(&answer)),
+                format!(
+                    "peer failed to connect: {}",
+                    String::from_utf8_lossy(&answer)
+                ),
             ));
         }
         Ok(RdmaStream { chan })
@@ -171,7 +184,13 @@ impl<F: Fabric> RdmaStream<F> {
     /// # Errors
     ///
     /// Gives the halves back when they come from different streams.
-    pub fn reunite(r: ReadHalf<F>, w: WriteHalf<F>) -> Result<RdmaStream<F>, (ReadHalf<F>, WriteHalf<F>)> {
+    // The halves come back by value on a mismatch, as with tokio's `reunite`; boxing
+    // them would only move the size to the heap.
+    #[allow(clippy::result_large_err)]
+    pub fn reunite(
+        r: ReadHalf<F>,
+        w: WriteHalf<F>,
+    ) -> Result<RdmaStream<F>, (ReadHalf<F>, WriteHalf<F>)> {
         Channel::unsplit(r.rx, w.tx)
             .map(|chan| RdmaStream { chan })
             .map_err(|(rx, tx)| (ReadHalf { rx }, WriteHalf { tx }))
@@ -197,7 +216,10 @@ impl<F: Fabric> RdmaStream<F> {
     }
 }
 
-fn blocking_read<F: Fabric>(rx: &mut Receiver<F>, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+fn blocking_read<F: Fabric>(
+    rx: &mut Receiver<F>,
+    bufs: &mut [IoSliceMut<'_>],
+) -> io::Result<usize> {
     if bufs.iter().all(|b| b.is_empty()) {
         return Ok(0);
     }
@@ -365,8 +387,12 @@ impl RdmaListener {
                 std::fs::remove_file(path)?;
             }
         }
-        let listener = UnixListener::bind(path)
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot listen at {}: {e}", path.display())))?;
+        let listener = UnixListener::bind(path).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot listen at {}: {e}", path.display()),
+            )
+        })?;
         Ok(RdmaListener { listener, cfg })
     }
 

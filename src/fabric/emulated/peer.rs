@@ -17,9 +17,9 @@ use super::card::CardInfo;
 use super::copy;
 use super::remote;
 use super::shm::{self, Mapping};
-use super::table::{RegEntry, RegSnapshot, Table, LAYOUT_SIZE, SEG_CAPACITY};
+use super::table::{RegEntry, RegSnapshot, Table, LAYOUT_SIZE, NO_SEGMENT, SEG_CAPACITY};
 use super::{current_pid, lock, DomainInner};
-use crate::fabric::{Card, CompletionStatus, Sge};
+use crate::fabric::{Access, Card, CompletionStatus, Sge};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io;
@@ -299,6 +299,42 @@ impl Peer {
     /// True when the peer domain lives in this process.
     pub(crate) fn is_local(&self) -> bool {
         matches!(self.kind, Kind::Local(_))
+    }
+
+    /// The checks of [`check_alive`](Self::check_alive), [`lookup`](Self::lookup) and
+    /// [`segment_target`](Self::segment_target) for a write into a segment-backed peer
+    /// region, with no error reporting: `None` means "take the slow path", which repeats
+    /// the checks and says what failed.
+    #[inline(always)]
+    pub(crate) fn fast_write_target(&self, rkey: u32, addr: u64, n: u64) -> Option<*mut u8> {
+        if !self.table.alive() {
+            return None;
+        }
+        // Acquire: as in check_alive.
+        if self.table.qp(self.qp_key & 0xffff)?.load(Ordering::Acquire) != self.qp_key {
+            return None;
+        }
+        let snap = self.table.reg(rkey & 0xffff)?.snapshot(rkey)?;
+        if !Access::from_bits_truncate(snap.access).contains(Access::REMOTE_WRITE)
+            || !snap.contains(addr, n)
+            || snap.seg_slot == NO_SEGMENT
+        {
+            return None;
+        }
+        let cell = self.segs.cells.get(snap.seg_slot as usize)?;
+        // Acquire: as in `segment`.
+        let p = cell.load(Ordering::Acquire);
+        // SAFETY: as in `segment`: non-null cell pointers stay valid while `self` lives.
+        let view = unsafe { p.as_ref() }?;
+        if view.gen != snap.seg_gen {
+            return None;
+        }
+        let off = snap.seg_off.checked_add(addr - snap.va)?;
+        if off.checked_add(n)? > view.map.len() as u64 {
+            return None;
+        }
+        // wrapping_add: off + n <= len, so the result lies inside the mapping.
+        Some(view.map.ptr().wrapping_add(off as usize))
     }
 
     /// Fails when the peer domain or queue pair no longer exists (two Acquire loads).

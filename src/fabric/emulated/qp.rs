@@ -246,6 +246,36 @@ impl EmuQp {
 
 impl QueuePair for EmuQp {
     unsafe fn post(&self, wr: &WorkRequest<'_>) -> Result<(), FabricError> {
+        // Fast path for the ring's traffic: an unsignalled inline write into a mapped peer
+        // segment, with every check of the general path. Anything else, including any
+        // failed check, goes the general way, which reports it.
+        if let WorkRequest {
+            opcode:
+                Opcode::Write {
+                    local,
+                    remote_addr,
+                    rkey,
+                    inline: true,
+                },
+            signaled: false,
+            ..
+        } = *wr
+        {
+            if local.len() <= CAPS.max_sge {
+                let n: u64 = local.iter().map(|s| u64::from(s.len)).sum();
+                // Acquire: as below.
+                if n <= CAPS.max_inline as u64 && n > 0 && self.state.load(Ordering::Acquire) == RTS
+                {
+                    if let Some(dst) = self.peer.fast_write_target(rkey, remote_addr, n) {
+                        // SAFETY: dst..dst + n lies inside our live view of the peer
+                        // segment (fast_write_target), and `local` is readable for this
+                        // call (post's contract for inline writes).
+                        unsafe { copy::write_direct(dst, local, n) };
+                        return Ok(());
+                    }
+                }
+            }
+        }
         let (local, op) = match wr.opcode {
             Opcode::Write { local, .. } => (local, CompletedOp::Write),
             Opcode::Read { local, .. } => (local, CompletedOp::Read),

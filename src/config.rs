@@ -4,8 +4,8 @@
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `RCH_RING_SIZE` | bytes of each receive ring (power of two, 4 KiB ..= 1 GiB) | 256 KiB |
-//! | `RCH_CHUNK_SIZE` | largest packet in bytes (multiple of 64, 128 ..= ring/2) | 16 KiB |
+//! | `RCH_RING_SIZE` | bytes of each receive ring (power of two, 4 KiB ..= 1 GiB) | 4 MiB |
+//! | `RCH_CHUNK_SIZE` | largest packet in bytes (multiple of 64, 128 ..= ring/2) | 64 KiB |
 //! | `RCH_TAIL_THRESHOLD` | consumed bytes before an explicit tail update | ring/4 |
 //! | `RCH_MAX_INLINE` | cap on inline writes (smaller forces the staging copy) | fabric's |
 //! | `RCH_SPIN` | busy polls before a blocking wait yields | 20000 |
@@ -36,10 +36,11 @@ pub struct Config {
     sleep_max: Duration,
 }
 
-/// Default receive ring size (chosen by `bench/pingpong` sweeps, see README).
-pub const DEFAULT_RING_SIZE: usize = 256 << 10;
+/// Default receive ring size, chosen with `bench/sweep.sh` (see README): rings that hold
+/// a whole 64-message window let sender and receiver run decoupled.
+pub const DEFAULT_RING_SIZE: usize = 4 << 20;
 /// Default largest packet (chosen by measurement, see README).
-pub const DEFAULT_CHUNK_SIZE: usize = 16 << 10;
+pub const DEFAULT_CHUNK_SIZE: usize = 64 << 10;
 
 impl Default for Config {
     fn default() -> Self {
@@ -103,17 +104,29 @@ impl Config {
                 .parse::<u64>()
                 .map_err(|_| bad(format!("{name}: not a number: {v:?}")))
         };
+        // Each variable is applied and validated on its own, so an error names the
+        // variable that caused it.
+        let check = |c: &Config, name: &str| c.validate().map_err(|e| bad(format!("{name}: {e}")));
         if let Some(v) = var("RCH_RING_SIZE") {
             c.ring_size = size("RCH_RING_SIZE", v)?;
+            // A smaller ring may not hold the default chunk twice: shrink the chunk along
+            // (an explicit RCH_CHUNK_SIZE is still checked below).
+            if c.chunk_size > c.ring_size / 2 {
+                c.chunk_size = (c.ring_size / 2).max(128);
+            }
+            check(&c, "RCH_RING_SIZE")?;
         }
         if let Some(v) = var("RCH_CHUNK_SIZE") {
             c.chunk_size = size("RCH_CHUNK_SIZE", v)?;
+            check(&c, "RCH_CHUNK_SIZE")?;
         }
         if let Some(v) = var("RCH_TAIL_THRESHOLD") {
             c.tail_threshold = Some(size("RCH_TAIL_THRESHOLD", v)?);
+            check(&c, "RCH_TAIL_THRESHOLD")?;
         }
         if let Some(v) = var("RCH_MAX_INLINE") {
             c.max_inline = Some(size("RCH_MAX_INLINE", v)?);
+            check(&c, "RCH_MAX_INLINE")?;
         }
         if let Some(v) = var("RCH_SPIN") {
             c.spin = num("RCH_SPIN", v)?.min(u32::MAX as u64) as u32;
@@ -124,8 +137,6 @@ impl Config {
         if let Some(v) = var("RCH_SLEEP_MAX_US") {
             c.sleep_max = Duration::from_micros(num("RCH_SLEEP_MAX_US", v)?);
         }
-        c.validate()
-            .map_err(|e| bad(format!("from RCH_* environment: {e}")))?;
         Ok(c)
     }
 

@@ -1,0 +1,570 @@
+//! Tests across processes. The test binary re-executes itself as the child
+//! (`current_exe() --exact <child test> --nocapture --test-threads=1`) with
+//! `RCH_TEST_CHILD_ROLE` set; the child tests return at once when that variable is
+//! absent, so in a normal run they are no-ops.
+//!
+//! * `two_processes_exchange_both_ways`: parent listens, child connects, both send
+//!   `RCH_TEST_BYTES` (default 1 GiB) each way at once in random message sizes (some
+//!   vectored); every received byte is checked against the regenerated stream
+//!   (`RCH_TEST_SEED` picks other content). Throughput is printed, not asserted. A
+//!   watchdog kills the child and fails the test after 300 s.
+//! * `config_from_env_rejects_bad_ring_size`: `Config::from_env` in a child whose
+//!   `RCH_RING_SIZE` is bad must fail with `InvalidInput` naming the variable.
+//! * in-process listener tests: mismatched configurations, missing listener, rebinding.
+
+mod common;
+
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rdma_channel::{Config, RdmaListener, RdmaStream};
+
+const ROLE: &str = "RCH_TEST_CHILD_ROLE";
+const SOCKET: &str = "RCH_TEST_SOCKET";
+const SEED_PARENT: &str = "RCH_TEST_SEED_PARENT";
+const SEED_CHILD: &str = "RCH_TEST_SEED_CHILD";
+const BYTES: &str = "RCH_TEST_BYTES";
+const DEFAULT_BYTES: u64 = 1 << 30;
+const CHILD_LIMIT: Duration = Duration::from_secs(300);
+
+fn role() -> Option<String> {
+    std::env::var(ROLE).ok().filter(|r| !r.is_empty())
+}
+
+/// A unique scratch directory under the system temp dir.
+fn scratch_dir(tag: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let dir = std::env::temp_dir().join(format!("rch-{tag}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+struct RemoveOnDrop(PathBuf);
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running child (this test binary, one test) with its output collected in threads.
+struct ChildRun {
+    child: Child,
+    out: std::thread::JoinHandle<String>,
+    err: std::thread::JoinHandle<String>,
+}
+
+fn spawn_self(test: &str, envs: &[(&str, String)]) -> ChildRun {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut cmd = Command::new(exe);
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"]);
+    // The child's configuration must not depend on the caller's RCH_* environment.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("RCH_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn child test process");
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    ChildRun { child, out, err }
+}
+
+impl ChildRun {
+    /// Waits until the child exits or `deadline` passes (then kills it). Returns the
+    /// exit status (None on timeout) and the child's stdout and stderr.
+    fn wait(mut self, deadline: Instant) -> (Option<ExitStatus>, String, String) {
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) => break Some(st),
+                Ok(None) => {}
+                Err(e) => panic!("waiting for child: {e}"),
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let out = self.out.join().unwrap_or_default();
+        let err = self.err.join().unwrap_or_default();
+        (status, out, err)
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+}
+
+fn transfer_bytes() -> u64 {
+    match std::env::var(BYTES) {
+        Ok(v) if !v.is_empty() => rdma_channel::config::parse_size(&v)
+            .unwrap_or_else(|e| panic!("{BYTES}={v:?}: {e}"))
+            as u64,
+        _ => DEFAULT_BYTES,
+    }
+}
+
+#[derive(Debug)]
+struct SideStats {
+    sent: u64,
+    received: u64,
+    send_secs: f64,
+    recv_secs: f64,
+}
+
+/// One side of the exchange: a writer thread sends `bytes` of stream `my_seed` in
+/// random messages (log-uniform 1 B ..= 1 MiB, a quarter of them vectored), then shuts
+/// down; this thread reads (random sizes, some vectored) and checks every byte against
+/// stream `peer_seed` until end of stream.
+fn exchange(
+    stream: RdmaStream,
+    name: &str,
+    my_seed: u64,
+    peer_seed: u64,
+    bytes: u64,
+) -> Result<SideStats, String> {
+    let (mut r, mut w) = stream.split();
+    let wname = name.to_string();
+    let writer = std::thread::spawn(move || -> Result<(u64, f64), String> {
+        let start = Instant::now();
+        let mut rng = Rng::new(my_seed ^ 0x3141_5926);
+        let mut buf = vec![0u8; 1 << 20];
+        let mut off = 0u64;
+        let mut messages = 0u64;
+        while off < bytes {
+            let n = (rng.log_uniform(1, 1 << 20) as u64).min(bytes - off) as usize;
+            stream_fill(my_seed, off, &mut buf[..n]);
+            let r = if rng.chance(1, 4) {
+                let shape = random_shape(&mut rng, n, 8);
+                write_all_vectored(&mut w, &buf[..n], &shape)
+            } else {
+                w.write_all(&buf[..n])
+            };
+            r.map_err(|e| {
+                format!(
+                    "{wname} writer: after {off} bytes ({messages} messages): {}",
+                    ioe(&e)
+                )
+            })?;
+            off += n as u64;
+            messages += 1;
+        }
+        w.shutdown()
+            .map_err(|e| format!("{wname} writer: shutdown: {}", ioe(&e)))?;
+        Ok((off, start.elapsed().as_secs_f64()))
+    });
+    let start = Instant::now();
+    let mut rng = Rng::new(my_seed ^ 0x2718_2818);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut scratch = Vec::with_capacity(1 << 20);
+    let mut got = 0u64;
+    let read_result: Result<(), String> = loop {
+        let cap = rng.log_uniform(1, buf.len());
+        let n = if rng.chance(1, 4) {
+            let shape = random_shape(&mut rng, cap, 6);
+            r.read_vectored(&mut iovecs_mut(&mut buf[..cap], &shape))
+        } else {
+            r.read(&mut buf[..cap])
+        };
+        let n = match n {
+            Ok(n) => n,
+            Err(e) => break Err(format!("{name} reader: after {got} bytes: {}", ioe(&e))),
+        };
+        if n == 0 {
+            break if got == bytes {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{name} reader: end of stream after {got} of {bytes} bytes"
+                ))
+            };
+        }
+        if n > cap {
+            break Err(format!("{name} reader: read returned {n} > {cap}"));
+        }
+        if let Err(e) = stream_check(peer_seed, got, &buf[..n], &mut scratch) {
+            break Err(format!("{name} reader: {e}"));
+        }
+        got += n as u64;
+        if got > bytes {
+            break Err(format!("{name} reader: received more than {bytes} bytes"));
+        }
+    };
+    let recv_secs = start.elapsed().as_secs_f64();
+    let wres = join(writer, &format!("{name} writer"));
+    let (sent, send_secs) = match (read_result, wres) {
+        (Ok(()), Ok(w)) => w,
+        (r, w) => return Err(format!("{:?} / {:?}", r.err(), w.err())),
+    };
+    let mb = |b: u64, s: f64| b as f64 / 1e6 / s.max(1e-9);
+    println!(
+        "{name}: sent {} MiB in {send_secs:.2} s ({:.0} MB/s), received {} MiB in {recv_secs:.2} s ({:.0} MB/s), all bytes checked",
+        sent >> 20,
+        mb(sent, send_secs),
+        got >> 20,
+        mb(got, recv_secs)
+    );
+    Ok(SideStats {
+        sent,
+        received: got,
+        send_secs,
+        recv_secs,
+    })
+}
+
+fn exchange_config() -> Config {
+    Config::default()
+}
+
+#[test]
+fn two_processes_exchange_both_ways() {
+    if role().is_some() {
+        return;
+    }
+    let bytes = transfer_bytes();
+    let dir = scratch_dir("two-process");
+    let _cleanup = RemoveOnDrop(dir.clone());
+    let path = dir.join("sock");
+    let listener = RdmaListener::bind_with(&path, exchange_config()).expect("bind");
+    // Deterministic content; RCH_TEST_SEED picks another stream.
+    let seed: u64 = std::env::var("RCH_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x00C0_FFEE);
+    let (seed_parent, seed_child) = (mix64(seed), mix64(seed ^ 1));
+    println!(
+        "two processes: {} MiB each way, seed {seed} (RCH_TEST_SEED)",
+        bytes >> 20
+    );
+    let start = Instant::now();
+    let deadline = start + CHILD_LIMIT;
+    let mut child = spawn_self(
+        "two_process_child_peer",
+        &[
+            (ROLE, "peer".into()),
+            (SOCKET, path.to_str().unwrap().into()),
+            (BYTES, bytes.to_string()),
+            (SEED_PARENT, seed_parent.to_string()),
+            (SEED_CHILD, seed_child.to_string()),
+        ],
+    );
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let r = (|| {
+            let s = listener
+                .accept()
+                .map_err(|e| format!("accept: {}", ioe(&e)))?;
+            exchange(s, "parent", seed_parent, seed_child, bytes)
+        })();
+        let _ = tx.send(r);
+    });
+    // Wait for our side, watching the child and the clock.
+    let parent_result = loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(r) => break Some(r),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                break Some(Err("parent side thread vanished".into()))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if child.exited().is_some() {
+            // The child is done (or died): our side must finish promptly too (it has
+            // all the data, or notices the lost peer).
+            break rx.recv_timeout(Duration::from_secs(30)).ok();
+        }
+        if Instant::now() >= deadline {
+            break None;
+        }
+    };
+    let (status, out, err) = child.wait(deadline);
+    let elapsed = start.elapsed();
+    let child_report = format!("--- child stdout ---\n{out}\n--- child stderr ---\n{err}");
+    match &parent_result {
+        None => panic!("watchdog: the exchange did not finish within {CHILD_LIMIT:?} (child status {status:?})\n{child_report}"),
+        Some(Err(e)) => panic!("parent side failed: {e}\nchild status {status:?}\n{child_report}"),
+        Some(Ok(_)) => {}
+    }
+    let status = status
+        .unwrap_or_else(|| panic!("watchdog: child killed after {CHILD_LIMIT:?}\n{child_report}"));
+    assert!(
+        status.success(),
+        "child failed with {status}\n{child_report}"
+    );
+    assert!(
+        out.contains("child: sent") && out.contains("test result: ok. 1 passed"),
+        "the child did not run the exchange (did the test filter match?)\n{child_report}"
+    );
+    let stats = parent_result.unwrap().unwrap();
+    assert_eq!((stats.sent, stats.received), (bytes, bytes));
+    let total = 2 * bytes;
+    println!(
+        "{}",
+        out.lines()
+            .filter_map(|l| l.find("child: sent").map(|i| &l[i..]))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    println!(
+        "two processes: {} MiB each way in {:.2} s, {:.0} MB/s aggregate (parent send {:.2} s, recv {:.2} s)",
+        bytes >> 20,
+        elapsed.as_secs_f64(),
+        total as f64 / 1e6 / elapsed.as_secs_f64(),
+        stats.send_secs,
+        stats.recv_secs
+    );
+}
+
+/// The child side of `two_processes_exchange_both_ways` (a no-op unless spawned by it).
+#[test]
+fn two_process_child_peer() {
+    if role().as_deref() != Some("peer") {
+        return;
+    }
+    let env = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("child: {k} not set"));
+    let path = PathBuf::from(env(SOCKET));
+    let bytes: u64 = env(BYTES).parse().unwrap();
+    let seed_parent: u64 = env(SEED_PARENT).parse().unwrap();
+    let seed_child: u64 = env(SEED_CHILD).parse().unwrap();
+    let s = RdmaStream::connect_with(&path, exchange_config())
+        .unwrap_or_else(|e| panic!("child: connect: {}", ioe(&e)));
+    let stats = exchange(s, "child", seed_child, seed_parent, bytes)
+        .unwrap_or_else(|e| panic!("child: {e}"));
+    assert_eq!((stats.sent, stats.received), (bytes, bytes));
+}
+
+// -------------------------------------------------------------------------------------
+// Config::from_env in a child process (environment variables are process-global)
+// -------------------------------------------------------------------------------------
+
+/// Runs `Config::from_env`, `RdmaStream::pair` and `RdmaListener::bind` in a child whose
+/// environment holds `vars`, and returns its report lines (`KEY: ok ...` or
+/// `KEY: err <kind> <message>`).
+fn from_env_in_child(vars: &[(&str, &str)]) -> Vec<String> {
+    let mut envs: Vec<(&str, String)> = vars.iter().map(|(k, v)| (*k, v.to_string())).collect();
+    envs.push((ROLE, "from_env".into()));
+    let run = spawn_self("from_env_child", &envs);
+    let (status, out, err) = run.wait(Instant::now() + Duration::from_secs(60));
+    let status = status.unwrap_or_else(|| panic!("from_env child hung\n{out}\n{err}"));
+    assert!(
+        status.success(),
+        "from_env child failed: {status}\n{out}\n{err}"
+    );
+    // (libtest may print "test from_env_child ... " in front of the first line.)
+    let lines: Vec<String> = out
+        .lines()
+        .filter_map(|l| l.find("REPORT ").map(|i| l[i + 7..].to_string()))
+        .collect();
+    assert_eq!(lines.len(), 3, "child output:\n{out}\n{err}");
+    lines
+}
+
+#[test]
+fn from_env_child() {
+    if role().as_deref() != Some("from_env") {
+        return;
+    }
+    let fmt = |key: &str, r: io::Result<String>| match r {
+        Ok(s) => println!("REPORT {key}: ok {s}"),
+        Err(e) => println!(
+            "REPORT {key}: err {:?} {}",
+            e.kind(),
+            e.to_string().replace('\n', " ")
+        ),
+    };
+    fmt(
+        "from_env",
+        Config::from_env().map(|c| {
+            format!(
+                "ring={} chunk={}",
+                c.ring_size_bytes(),
+                c.chunk_size_bytes()
+            )
+        }),
+    );
+    fmt("pair", RdmaStream::pair().map(|_| String::new()));
+    let dir = scratch_dir("from-env");
+    let _cleanup = RemoveOnDrop(dir.clone());
+    fmt(
+        "bind",
+        RdmaListener::bind(dir.join("sock")).map(|_| String::new()),
+    );
+}
+
+#[test]
+fn config_from_env_rejects_bad_ring_size() {
+    if role().is_some() {
+        return;
+    }
+    // Malformed and out-of-range values: InvalidInput with a message naming the variable
+    // (as `Config::from_env` documents), from every constructor that reads the environment.
+    let mut failures = Vec::new();
+    for bad in ["5000", "lots", "2048", "2g", "0", "-4096", "3m", "64kb"] {
+        let lines = from_env_in_child(&[("RCH_RING_SIZE", bad)]);
+        for line in &lines {
+            let ok = line.contains(": err InvalidInput ") && line.contains("RCH_RING_SIZE");
+            if !ok {
+                failures.push(format!("RCH_RING_SIZE={bad:?}: {line}"));
+            }
+        }
+    }
+    // A good value is applied.
+    let lines = from_env_in_child(&[("RCH_RING_SIZE", "64k")]);
+    assert!(
+        lines[0].starts_with("from_env: ok ring=65536 "),
+        "{lines:?}"
+    );
+    assert!(lines[1].starts_with("pair: ok"), "{lines:?}");
+    assert!(lines[2].starts_with("bind: ok"), "{lines:?}");
+    // Empty means unset.
+    let lines = from_env_in_child(&[("RCH_RING_SIZE", "")]);
+    let default = format!(
+        "from_env: ok ring={} ",
+        rdma_channel::config::DEFAULT_RING_SIZE
+    );
+    assert!(lines[0].starts_with(&default), "{lines:?}");
+    assert!(
+        failures.is_empty(),
+        "bad RCH_RING_SIZE not rejected with InvalidInput naming the variable:\n  {}",
+        failures.join("\n  ")
+    );
+}
+
+// -------------------------------------------------------------------------------------
+// Listener tests inside one process
+// -------------------------------------------------------------------------------------
+
+fn bounded(name: &str, f: impl FnOnce() + Send + 'static) {
+    with_watchdog(name, Duration::from_secs(120), f)
+}
+
+/// Exchanges `bytes` each way between two connected streams with blocking I/O.
+fn blocking_exchange(a: RdmaStream, b: RdmaStream, bytes: u64) {
+    let h = std::thread::spawn(move || exchange(b, "b", 2, 1, bytes));
+    let ra = exchange(a, "a", 1, 2, bytes);
+    let rb = join(h, "b");
+    assert!(ra.is_ok() && rb.is_ok(), "a: {ra:?}\nb: {rb:?}");
+}
+
+fn connect_pair(path: &Path, server: Config, client: Config) -> (RdmaStream, RdmaStream) {
+    let listener = RdmaListener::bind_with(path, server).expect("bind");
+    let p = path.to_path_buf();
+    let h = std::thread::spawn(move || RdmaStream::connect_with(&p, client));
+    let s = listener.accept().expect("accept");
+    let c = h.join().unwrap().expect("connect");
+    (s, c)
+}
+
+#[test]
+fn listener_with_mismatched_configurations() {
+    if role().is_some() {
+        return;
+    }
+    bounded("listener_with_mismatched_configurations", || {
+        let dir = scratch_dir("mismatch");
+        let _cleanup = RemoveOnDrop(dir.clone());
+        let small = Config::default()
+            .ring_size(4096)
+            .chunk_size(128)
+            .tail_threshold(1)
+            .max_inline(64);
+        let large = Config::default()
+            .ring_size(1 << 20)
+            .chunk_size(256 << 10)
+            .tail_threshold((1 << 20) - 64);
+        let (s, c) = connect_pair(&dir.join("a"), small.clone(), large.clone());
+        blocking_exchange(s, c, 4 << 20);
+        let (s, c) = connect_pair(&dir.join("b"), large, small);
+        blocking_exchange(s, c, 4 << 20);
+    });
+}
+
+#[test]
+fn listener_accepts_sequential_connections_and_try_calls_work() {
+    if role().is_some() {
+        return;
+    }
+    bounded("listener_accepts_sequential_connections", || {
+        let dir = scratch_dir("seq");
+        let _cleanup = RemoveOnDrop(dir.clone());
+        let path = dir.join("sock");
+        let cfg = Config::default().ring_size(8192).chunk_size(1024);
+        let listener = RdmaListener::bind_with(&path, cfg.clone()).unwrap();
+        for i in 0..5u8 {
+            let p = path.clone();
+            let c2 = cfg.clone();
+            let h = std::thread::spawn(move || {
+                let mut c = RdmaStream::connect_with(&p, c2).unwrap();
+                c.write_all(&[i; 10_000]).unwrap();
+                let mut back = [0u8; 3];
+                c.read_exact(&mut back).unwrap();
+                back
+            });
+            let mut s = listener.accept().unwrap();
+            let mut got = vec![0u8; 10_000];
+            s.read_exact(&mut got).unwrap();
+            assert!(got.iter().all(|&b| b == i));
+            let mut off = 0;
+            while off < 3 {
+                off += s.try_put(&[io::IoSlice::new(&[i, i, i][off..])]).unwrap();
+            }
+            assert_eq!(h.join().unwrap(), [i, i, i]);
+        }
+    });
+}
+
+#[test]
+fn connect_without_listener_fails_with_the_path() {
+    if role().is_some() {
+        return;
+    }
+    bounded("connect_without_listener", || {
+        let dir = scratch_dir("nolisten");
+        let _cleanup = RemoveOnDrop(dir.clone());
+        let path = dir.join("nobody-here");
+        let e = RdmaStream::connect_with(&path, Config::default())
+            .err()
+            .expect("connect to nothing must fail");
+        assert!(
+            e.to_string().contains("nobody-here"),
+            "message should name the path: {e}"
+        );
+        // A stale socket file (listener gone) is replaced by a new bind.
+        let l = RdmaListener::bind_with(&path, Config::default()).unwrap();
+        drop(l);
+        let e = RdmaStream::connect_with(&path, Config::default())
+            .err()
+            .expect("listener is gone");
+        let _ = e;
+        let _l = RdmaListener::bind_with(&path, Config::default())
+            .expect("rebinding over a stale socket");
+        // An invalid configuration is refused at bind time.
+        let e = RdmaListener::bind_with(dir.join("x"), Config::default().ring_size(1000))
+            .err()
+            .expect("bad config");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    });
+}

@@ -1891,6 +1891,31 @@ fn flag_payloads_at_every_start_cell() {
 // Credit requests and delayed tail updates
 // -------------------------------------------------------------------------------------
 
+/// Common start of the credit scenarios: A sends one 1000-byte packet that B reads
+/// whole (B's tail moves but is not announced, being below the threshold), B answers
+/// with 3 bytes that A reads (so A learns B's tail through the piggyback), then A fills
+/// the ring until `put` takes nothing (and asks for credit). Returns A, B, and the
+/// bytes A has sent.
+fn stall_sender_with_known_tail(t: &Tun, fill: u8) -> (RdmaStream, RdmaStream, usize) {
+    let (mut a, mut b) = t.pair();
+    let pkt = vec![fill; 1000]; // one chunk = one 1024-byte packet
+    let mut buf = vec![0u8; 1000];
+    assert_eq!(a.try_put(&[IoSlice::new(&pkt)]).unwrap(), 1000);
+    assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 1000);
+    assert_eq!(b.try_put(&[IoSlice::new(b"ack")]).unwrap(), 3);
+    let mut g = [0u8; 3];
+    assert_eq!(a.try_get(&mut [IoSliceMut::new(&mut g)]).unwrap(), 3);
+    let mut sent = 1000usize;
+    loop {
+        let n = a.try_put(&[IoSlice::new(&pkt)]).unwrap();
+        if n == 0 {
+            break;
+        }
+        sent += n;
+    }
+    (a, b, sent)
+}
+
 /// Deterministic scenario: the sender already knows (through a piggybacked ack) the
 /// tail the receiver will answer its credit request with, so that answer frees nothing;
 /// the receiver then reads everything without reaching the threshold. The sender must
@@ -1902,26 +1927,11 @@ fn credit_answer_that_frees_nothing_does_not_strand_the_sender() {
         "credit_answer_that_frees_nothing_does_not_strand_the_sender",
         || {
             let t = Tun::new(4096, 1024).threshold(4096 - 64);
-            let (mut a, mut b) = t.pair();
-            let pkt = vec![0xABu8; 1000]; // one chunk = one 1024-byte packet
+            // 1.-3. A's packet read by B, B's ack read by A, A fills the ring.
+            let (mut a, mut b, sent) = stall_sender_with_known_tail(&t, 0xAB);
+            let pkt = vec![0xABu8; 1000];
             let mut one = [0u8; 1];
             let mut buf = vec![0u8; 1000];
-            // 1. A sends one packet; B reads it whole (B's tail 1024, not announced: below threshold).
-            assert_eq!(a.try_put(&[IoSlice::new(&pkt)]).unwrap(), 1000);
-            assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 1000);
-            // 2. B sends to A, piggybacking its tail 1024; A reads it and so learns tail 1024.
-            assert_eq!(b.try_put(&[IoSlice::new(b"ack")]).unwrap(), 3);
-            let mut g = [0u8; 3];
-            assert_eq!(a.try_get(&mut [IoSliceMut::new(&mut g)]).unwrap(), 3);
-            // 3. A fills the ring (and asks for credit).
-            let mut sent = 1000usize;
-            loop {
-                let n = a.try_put(&[IoSlice::new(&pkt)]).unwrap();
-                if n == 0 {
-                    break;
-                }
-                sent += n;
-            }
             // 4. B reads one byte: no packet completes, but B answers the credit request with
             //    its tail, which A already knows.
             assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut one)]).unwrap(), 1);
@@ -2000,22 +2010,8 @@ fn credit_answered_by_an_empty_put_does_not_strand_the_sender() {
 fn blocking_writer_with_unread_incoming_data_finishes() {
     bounded("blocking_writer_with_unread_incoming_data_finishes", || {
         let t = Tun::new(4096, 1024).threshold(4096 - 64);
-        let (mut a, mut b) = t.pair();
-        let pkt = vec![0xCDu8; 1000];
+        let (mut a, mut b, sent) = stall_sender_with_known_tail(&t, 0xCD);
         let mut buf = vec![0u8; 1000];
-        assert_eq!(a.try_put(&[IoSlice::new(&pkt)]).unwrap(), 1000);
-        assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 1000);
-        assert_eq!(b.try_put(&[IoSlice::new(b"ack")]).unwrap(), 3);
-        let mut g = [0u8; 3];
-        assert_eq!(a.try_get(&mut [IoSliceMut::new(&mut g)]).unwrap(), 3);
-        let mut sent = 1000usize;
-        loop {
-            let n = a.try_put(&[IoSlice::new(&pkt)]).unwrap();
-            if n == 0 {
-                break;
-            }
-            sent += n;
-        }
         let mut one = [0u8; 1];
         assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut one)]).unwrap(), 1);
         assert_eq!(

@@ -267,6 +267,25 @@ impl<F: Fabric> Link<F> {
 
 /// A connection being set up: create it, send [`card`](Prepared::card) to the peer,
 /// then [`connect`](Prepared::connect) with the peer's card.
+///
+/// ```
+/// use std::io::{IoSlice, IoSliceMut};
+/// use rdma_channel::fabric::emulated::EmuFabric;
+/// use rdma_channel::{Config, Prepared};
+///
+/// // Two ends in one process; across processes the cards travel over a Unix socket
+/// // (see `rdma_channel::oob` and `RdmaStream::handshake`).
+/// let a = Prepared::new(EmuFabric::new()?, Config::default())?;
+/// let b = Prepared::new(EmuFabric::new()?, Config::default())?;
+/// let (card_a, card_b) = (a.card()?, b.card()?);
+/// let mut a = a.connect(card_b)?;
+/// let mut b = b.connect(card_a)?;
+/// assert_eq!(a.put(&[IoSlice::new(b"pipe")])?, 4);
+/// let mut buf = [0u8; 4];
+/// assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)])?, 4);
+/// assert_eq!(&buf, b"pipe");
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub struct Prepared<F: Fabric> {
     fabric: F,
     pending: F::Pending,
@@ -473,6 +492,22 @@ impl<F: Fabric> Channel<F> {
     }
 
     /// Splits into the two directions, usable from different threads.
+    ///
+    /// ```
+    /// use std::io::{IoSlice, IoSliceMut};
+    /// use rdma_channel::fabric::emulated::EmuFabric;
+    /// use rdma_channel::{Channel, Config, Prepared};
+    /// let a = Prepared::new(EmuFabric::new()?, Config::default())?;
+    /// let b = Prepared::new(EmuFabric::new()?, Config::default())?;
+    /// let (ca, cb) = (a.card()?, b.card()?);
+    /// let (a, mut b) = (a.connect(cb)?, b.connect(ca)?);
+    /// let (rx, mut tx) = a.split();
+    /// std::thread::spawn(move || tx.put(&[IoSlice::new(b"x")])).join().unwrap()?;
+    /// let mut buf = [0u8; 1];
+    /// while b.get(&mut [IoSliceMut::new(&mut buf)])? == 0 {}
+    /// assert!(Channel::unsplit(rx, b.split().1).is_err()); // halves of different channels
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn split(self) -> (Receiver<F>, Sender<F>) {
         (self.rx, self.tx)
     }
@@ -530,6 +565,22 @@ impl<F: Fabric> Sender<F> {
     /// Writes as much of `iov` as the ring has room for, in order, and returns the
     /// number of bytes taken (0 when the ring is full). The caller may reuse the
     /// buffers as soon as this returns and must offer the rest again later.
+    ///
+    /// ```
+    /// use std::io::{IoSlice, IoSliceMut};
+    /// use rdma_channel::{Config, RdmaStream};
+    /// let cfg = Config::default().ring_size(4096).chunk_size(1024);
+    /// let (mut a, mut b) = RdmaStream::pair_with(cfg)?;
+    /// let data = vec![1u8; 10_000];
+    /// // A 4 KiB ring cannot take 10,000 bytes at once: put takes part, retry the rest.
+    /// let first = a.try_put(&[IoSlice::new(&data)])?;
+    /// assert!(first > 0 && first < data.len());
+    /// assert_eq!(a.try_put(&[IoSlice::new(&data[first..])])?, 0); // still full
+    /// let mut sink = vec![0u8; 10_000];
+    /// let got = b.try_get(&mut [IoSliceMut::new(&mut sink)])?;
+    /// assert_eq!(got, first);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -964,6 +1015,24 @@ impl<F: Fabric> Receiver<F> {
 
     /// Reads up to the total length of `iov` bytes, in order, and returns how many
     /// (0 when nothing has arrived).
+    ///
+    /// ```
+    /// use std::io::{ErrorKind, IoSlice, IoSliceMut};
+    /// let (mut a, mut b) = rdma_channel::RdmaStream::pair()?;
+    /// let mut two = [0u8; 2];
+    /// assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut two)])?, 0); // nothing yet
+    /// a.try_put(&[IoSlice::new(b"abc")])?;
+    /// a.shutdown_write()?;
+    /// // A message can be taken in parts; FIFO order holds across calls.
+    /// assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut two)])?, 2);
+    /// assert_eq!(&two, b"ab");
+    /// assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut two)])?, 1);
+    /// assert_eq!(two[0], b'c');
+    /// // Then end of stream.
+    /// let e = b.try_get(&mut [IoSliceMut::new(&mut two)]).unwrap_err();
+    /// assert_eq!(e.kind(), ErrorKind::UnexpectedEof);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     ///
     /// # Errors
     ///

@@ -10,6 +10,8 @@
 //!   watchdog kills the child and fails the test after 300 s.
 //! * `config_from_env_rejects_bad_ring_size`: `Config::from_env` in a child whose
 //!   `RCH_RING_SIZE` is bad must fail with `InvalidInput` naming the variable.
+//! * `peer_process_death_is_an_error_not_a_hang`: the child aborts mid-stream; the
+//!   parent's blocked reader and blocked writer must fail with `ConnectionReset`.
 //! * in-process listener tests: mismatched configurations, missing listener, rebinding.
 
 mod common;
@@ -567,4 +569,79 @@ fn connect_without_listener_fails_with_the_path() {
             .expect("bad config");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     });
+}
+
+// -------------------------------------------------------------------------------------
+// A peer process that dies without closing anything
+// -------------------------------------------------------------------------------------
+
+/// The child side of `peer_process_death_is_an_error_not_a_hang`: connects, sends 100
+/// bytes, waits until the parent has read them, then aborts (no destructor runs, so no
+/// end-of-stream or reader-closed notice is ever written).
+#[test]
+fn crashing_child_peer() {
+    if role().as_deref() != Some("crash") {
+        return;
+    }
+    let path = PathBuf::from(std::env::var(SOCKET).unwrap());
+    let mut s = RdmaStream::connect_with(&path, Config::default()).unwrap();
+    s.write_all(&[7u8; 100]).unwrap();
+    let mut go = [0u8; 1];
+    s.read_exact(&mut go).unwrap();
+    std::process::abort();
+}
+
+/// A peer process killed mid-stream: the parent's blocked reader and blocked writer
+/// (the ring is full: the child never reads) both fail with `ConnectionReset` within
+/// seconds, instead of waiting forever.
+#[test]
+fn peer_process_death_is_an_error_not_a_hang() {
+    if role().is_some() {
+        return;
+    }
+    let dir = scratch_dir("crash");
+    let _cleanup = RemoveOnDrop(dir.clone());
+    let path = dir.join("sock");
+    let listener = RdmaListener::bind_with(&path, Config::default()).unwrap();
+    let child = spawn_self(
+        "crashing_child_peer",
+        &[(ROLE, "crash".into()), (SOCKET, path.display().to_string())],
+    );
+    let mut s = listener.accept().unwrap();
+    let mut first = [0u8; 100];
+    s.read_exact(&mut first).unwrap();
+    assert_eq!(first, [7u8; 100]);
+    let (mut r, mut w) = s.split();
+    // Start both blocking calls, then let the child die.
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 20];
+        let t = Instant::now();
+        (r.read_exact(&mut buf), t.elapsed())
+    });
+    let writer = std::thread::spawn(move || {
+        let t = Instant::now();
+        let go = w.write_all(&[1u8]);
+        let rest = w.write_all(&vec![0u8; 64 << 20]);
+        (go.and(rest), t.elapsed())
+    });
+    let (status, out, err) = child.wait(Instant::now() + Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "child should have aborted: {status:?}\n{out}\n{err}"
+    );
+    let (rres, rtime) = with_watchdog(
+        "reader after peer death",
+        Duration::from_secs(30),
+        move || reader.join().unwrap(),
+    );
+    let (wres, wtime) = with_watchdog(
+        "writer after peer death",
+        Duration::from_secs(30),
+        move || writer.join().unwrap(),
+    );
+    let re = rres.expect_err("read from a dead peer must fail");
+    let we = wres.expect_err("write to a dead peer must fail");
+    assert_eq!(re.kind(), io::ErrorKind::ConnectionReset, "reader: {re}");
+    assert_eq!(we.kind(), io::ErrorKind::ConnectionReset, "writer: {we}");
+    println!("reader failed after {rtime:?} ({re}); writer after {wtime:?} ({we})");
 }

@@ -39,7 +39,7 @@ use crate::ring::wire::{
     cells_for, trailer_word, Header, PacketKind, CELL, HEADER_LEN, ONE_CELL_PAYLOAD, OVERHEAD,
     TRAILER_LEN,
 };
-use crate::ring::{first_conflict, max_payload_now, PAYLOAD_OFFSET};
+use crate::ring::{boundary_offsets, max_payload_now, PAYLOAD_OFFSET};
 
 const CTRL_SIZE: usize = 4096;
 const CTRL_TAIL: u64 = 0;
@@ -692,7 +692,7 @@ impl<F: Fabric> Sender<F> {
         want: usize,
     ) -> io::Result<usize> {
         let link = &*self.link;
-        let mut len = first_conflict(iov, skip, want, self.head, self.ring_size);
+        let mut len = want;
         // Gather list: header, payload pieces, padding, trailer. Left uninitialised
         // because zeroing 32 entries costs more than a small message's whole write.
         let mut sges = [const { MaybeUninit::<Sge>::uninit() }; MAX_SGE];
@@ -1006,6 +1006,15 @@ impl<F: Fabric> Receiver<F> {
     }
 
     fn finish_packet(&mut self) {
+        // Zero the words where a later header or trailer may stand, before the tail
+        // below lets the sender reuse these cells (ring module docs).
+        let start = (self.read_pos & (self.ring_size - 1)) as usize;
+        for off in boundary_offsets(start, self.cur_cells) {
+            // SAFETY: the packet's cells lie inside the ring (next_packet checked it),
+            // off is 8-aligned, and the sender does not touch these cells until it sees
+            // the tail stored below. Relaxed: that Release store orders these.
+            unsafe { (*(self.ring_base.add(off) as *const AtomicU64)).store(0, Ordering::Relaxed) };
+        }
         self.read_pos += (self.cur_cells * CELL) as u64;
         self.in_packet = false;
         // Release: our copies out of the packet happen before anyone who reads this tail

@@ -19,8 +19,9 @@
 //!   (the fabric's ordering guarantee 2).
 //!
 //! Payload bytes are the user's and can hold any value, including a valid-looking
-//! header or trailer for a future lap; [`crate::ring::first_conflict`] finds such words
-//! before the sender writes them, so the receiver is never fooled.
+//! header or trailer; the receiver zeroes the words where headers and trailers can
+//! stand before it frees space ([`crate::ring::boundary_offsets`]), so neither stale
+//! bytes nor such payload can fool it.
 
 use std::fmt;
 

@@ -205,6 +205,25 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+impl Sge {
+    /// Describes `buf` under local key `lkey`. The entry borrows nothing: keeping `buf`
+    /// valid until the request completes is the poster's promise (see
+    /// [`QueuePair::post`]).
+    ///
+    /// ```
+    /// let mut buf = [0u8; 16];
+    /// let sge = rdma_channel::fabric::Sge::from_slice(&mut buf, 7);
+    /// assert_eq!((sge.len, sge.lkey), (16, 7));
+    /// ```
+    pub fn from_slice(buf: &mut [u8], lkey: u32) -> Sge {
+        Sge {
+            addr: buf.as_mut_ptr(),
+            len: buf.len() as u32,
+            lkey,
+        }
+    }
+}
+
 // SAFETY: an Sge is a plain description of memory; whoever posts it promises validity.
 unsafe impl Send for Sge {}
 // SAFETY: as above, the struct itself holds no shared state.

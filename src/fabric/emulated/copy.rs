@@ -154,11 +154,7 @@ mod tests {
     use super::*;
 
     fn sge(buf: &mut [u8]) -> Sge {
-        Sge {
-            addr: buf.as_mut_ptr(),
-            len: buf.len() as u32,
-            lkey: 0,
-        }
+        Sge::from_slice(buf, 0)
     }
 
     #[test]

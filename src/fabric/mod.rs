@@ -22,6 +22,8 @@
 //! 3. an 8-byte aligned word is never seen torn.
 
 pub mod emulated;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 use std::fmt;
 use std::io;

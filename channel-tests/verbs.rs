@@ -1,0 +1,520 @@
+//! Tests of the verbs fabric on a real RDMA device (Soft-RoCE `rxe0` inside
+//! `softroce-vm`). Without a device each test prints "no RDMA device: skipped" and
+//! passes, unless `SOFTROCE_VM=1` says a device must be there, in which case it fails.
+
+mod common;
+
+use common::Rng;
+use rdma_channel::fabric::verbs::{device_names, VerbsConfig, VerbsFabric, VerbsQp, VerbsRegion};
+use rdma_channel::fabric::{
+    Access, CompletedOp, Completion, CompletionStatus, Fabric, FabricError, MemoryRegion, Opcode,
+    PendingQp, QpState, QueuePair, Sge, WorkRequest,
+};
+use rdma_channel::{Config, Prepared, RdmaStream};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// Opens the fabric, or returns `None` (after saying so) on a host without RDMA.
+fn fabric() -> Option<VerbsFabric> {
+    match VerbsFabric::open() {
+        Ok(f) => Some(f),
+        Err(e)
+            if e.kind() == io::ErrorKind::NotFound && e.to_string().contains("no RDMA device") =>
+        {
+            if std::env::var("SOFTROCE_VM").as_deref() == Ok("1") {
+                panic!("SOFTROCE_VM=1 but there is no RDMA device: {e}");
+            }
+            println!("no RDMA device: skipped ({e})");
+            None
+        }
+        Err(e) => panic!("opening the verbs fabric failed: {e}"),
+    }
+}
+
+macro_rules! fabric_or_skip {
+    () => {
+        match fabric() {
+            Some(f) => f,
+            None => return,
+        }
+    };
+}
+
+fn connect(a: &VerbsFabric, b: &VerbsFabric) -> (VerbsQp, VerbsQp) {
+    let (pa, pb) = (a.create_qp().unwrap(), b.create_qp().unwrap());
+    let (ca, cb) = (pa.card().unwrap(), pb.card().unwrap());
+    assert!(ca.fds.is_empty() && cb.fds.is_empty());
+    (pa.connect(cb).unwrap(), pb.connect(ca).unwrap())
+}
+
+fn sge_of(r: &VerbsRegion, off: usize, len: usize) -> Sge {
+    assert!(off + len <= r.len());
+    Sge {
+        // SAFETY: inside the region (asserted above).
+        addr: unsafe { r.addr().add(off) },
+        len: len as u32,
+        lkey: r.lkey(),
+    }
+}
+
+fn bytes(r: &VerbsRegion) -> &[u8] {
+    // SAFETY: the region is mapped for its length; tests read it only when no request
+    // targeting it is in flight.
+    unsafe { std::slice::from_raw_parts(r.addr(), r.len()) }
+}
+
+fn fill(r: &VerbsRegion, seed: u64) {
+    let mut rng = Rng::new(seed);
+    // SAFETY: as in `bytes`, and nothing else writes the region meanwhile.
+    let s = unsafe { std::slice::from_raw_parts_mut(r.addr(), r.len()) };
+    for b in s {
+        *b = rng.next_u64() as u8;
+    }
+}
+
+const EMPTY: Completion = Completion {
+    wr_id: u64::MAX,
+    status: CompletionStatus::Success,
+    op: CompletedOp::Write,
+    byte_len: 0,
+};
+
+/// Polls until one completion arrives.
+fn wait_one(qp: &VerbsQp) -> Completion {
+    let start = Instant::now();
+    let mut out = [EMPTY; 1];
+    loop {
+        if qp.poll(&mut out) == 1 {
+            return out[0];
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "no completion within {DEADLINE:?}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+fn write_wr<'a>(
+    wr_id: u64,
+    local: &'a [Sge],
+    remote: &VerbsRegion,
+    off: u64,
+    inline: bool,
+) -> WorkRequest<'a> {
+    WorkRequest {
+        wr_id,
+        opcode: Opcode::Write {
+            local,
+            remote_addr: remote.remote().addr + off,
+            rkey: remote.rkey(),
+            inline,
+        },
+        signaled: true,
+    }
+}
+
+#[test]
+fn open_and_caps() {
+    let f = fabric_or_skip!();
+    let caps = f.caps();
+    println!(
+        "device {} port {} gid[{}] = {:02x?} roce={} caps {caps:?}",
+        f.device_name(),
+        f.port(),
+        f.gid_index(),
+        f.gid(),
+        f.is_roce()
+    );
+    assert_eq!(f.name(), "verbs");
+    assert!(device_names().unwrap().iter().any(|n| n == f.device_name()));
+    assert!(caps.max_send_wr >= 2 && caps.max_send_wr < usize::MAX);
+    assert!(caps.max_sge >= 4 && caps.max_sge <= 30, "{caps:?}");
+    assert!(caps.max_rd_atomic >= 1);
+    if let Ok(i) = std::env::var("SOFTROCE_GID_INDEX") {
+        assert_eq!(f.gid_index().to_string(), i);
+    }
+    // Inside the VM the GID in use (given or chosen automatically) holds SOFTROCE_IP.
+    if let Some(ip) = std::env::var("SOFTROCE_IP")
+        .ok()
+        .and_then(|s| s.parse::<std::net::Ipv4Addr>().ok())
+    {
+        assert_eq!(f.gid(), ip.to_ipv6_mapped().octets(), "GID of {ip}");
+    }
+
+    // Clear errors for a device or port that does not exist.
+    let e = VerbsFabric::open_with(VerbsConfig {
+        device: Some("no-such-dev9".into()),
+        ..VerbsConfig::default()
+    })
+    .unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    assert!(e.to_string().contains("no-such-dev9"), "{e}");
+    assert!(e.to_string().contains(f.device_name()), "{e}");
+    let e = VerbsFabric::open_with(VerbsConfig {
+        device: Some(f.device_name().into()),
+        port: 9,
+        ..VerbsConfig::default()
+    })
+    .unwrap_err();
+    println!("port 9: {e}");
+    assert!(e.to_string().contains("ibv_query_port"), "{e}");
+
+    let r = f
+        .alloc_region(10_000, Access::REMOTE_WRITE)
+        .expect("alloc_region");
+    assert_eq!(r.len(), 10_000);
+    assert_eq!(r.addr() as usize % 4096, 0, "page aligned");
+    assert!(bytes(&r).iter().all(|&b| b == 0), "zeroed");
+    assert!(r
+        .access()
+        .contains(Access::REMOTE_WRITE | Access::LOCAL_WRITE));
+    assert_ne!(r.rkey(), 0);
+    let e = f.alloc_region(0, Access::LOCAL_WRITE).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+
+    // A queue pair reports the same caps as the fabric (it asked for the same).
+    let (qa, _qb) = connect(&f, &f);
+    assert_eq!(qa.caps().max_inline, caps.max_inline);
+    assert_eq!(qa.caps().max_send_wr, caps.max_send_wr);
+    assert_eq!(qa.state(), QpState::ReadyToSend);
+
+    // A card from another fabric is refused with InvalidData.
+    let p = f.create_qp().unwrap();
+    let e = p
+        .connect(rdma_channel::fabric::Card {
+            bytes: b"EMUL-not-a-verbs-card".to_vec(),
+            fds: Vec::new(),
+        })
+        .unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+}
+
+#[test]
+fn write_and_read_round_trip() {
+    let a = fabric_or_skip!();
+    let b = VerbsFabric::open().unwrap();
+    let (qa, _qb) = connect(&a, &b);
+    let max_inline = qa.caps().max_inline;
+
+    // Source: caller memory registered with `register`.
+    let mut src = vec![0u8; 256 << 10];
+    let mut rng = Rng::new(1);
+    src.iter_mut().for_each(|x| *x = rng.next_u64() as u8);
+    // SAFETY: `src` outlives the region (dropped at the end of the test, after it).
+    let src_mr = unsafe { a.register(src.as_mut_ptr(), src.len(), Access::LOCAL_WRITE) }.unwrap();
+    let target = b
+        .alloc_region(512 << 10, Access::REMOTE_WRITE | Access::REMOTE_READ)
+        .unwrap();
+
+    // Gather write of three pieces, signalled.
+    let sges = [
+        sge_of(&src_mr, 0, 1000),
+        sge_of(&src_mr, 5000, 100_000),
+        sge_of(&src_mr, 200_000, 56_000),
+    ];
+    // SAFETY: the gather list lies in `src_mr`, which outlives the request.
+    unsafe { qa.post(&write_wr(7, &sges, &target, 64, false)) }.unwrap();
+    let c = wait_one(&qa);
+    assert_eq!(
+        (c.wr_id, c.status, c.op),
+        (7, CompletionStatus::Success, CompletedOp::Write)
+    );
+    assert_eq!(c.byte_len, 157_000);
+    let t = bytes(&target);
+    assert_eq!(&t[64..1064], &src[0..1000]);
+    assert_eq!(&t[1064..101_064], &src[5000..105_000]);
+    assert_eq!(&t[101_064..157_064], &src[200_000..256_000]);
+    assert!(t[..64].iter().all(|&x| x == 0));
+    assert!(t[157_064..].iter().all(|&x| x == 0));
+
+    // Inline write from unregistered stack memory, up to max_inline.
+    if max_inline > 0 {
+        let word: Vec<u8> = (0..max_inline.min(200)).map(|i| i as u8 ^ 0x5a).collect();
+        let sge = [Sge {
+            addr: word.as_ptr() as *mut u8,
+            len: word.len() as u32,
+            lkey: 0,
+        }];
+        // SAFETY: inline: the provider copies the bytes during the call.
+        unsafe { qa.post(&write_wr(8, &sge, &target, 300_000, true)) }.unwrap();
+        assert_eq!(wait_one(&qa).status, CompletionStatus::Success);
+        assert_eq!(&bytes(&target)[300_000..300_000 + word.len()], &word[..]);
+        let long = vec![0u8; max_inline + 1];
+        let sge = [Sge {
+            addr: long.as_ptr() as *mut u8,
+            len: long.len() as u32,
+            lkey: 0,
+        }];
+        // SAFETY: refused before anything is posted.
+        let e = unsafe { qa.post(&write_wr(9, &sge, &target, 0, true)) }.unwrap_err();
+        assert!(matches!(e, FabricError::InvalidRequest(_)), "{e}");
+    }
+
+    // Many unsignalled writes, then a signalled one retires them all.
+    for i in 0..100u64 {
+        let sge = [sge_of(&src_mr, i as usize * 100, 100)];
+        let mut wr = write_wr(100 + i, &sge, &target, 400_000 + i * 100, false);
+        wr.signaled = i == 99;
+        // SAFETY: the gather list lies in `src_mr`, which outlives the requests.
+        unsafe { qa.post(&wr) }.unwrap();
+    }
+    let c = wait_one(&qa);
+    assert_eq!((c.wr_id, c.status), (199, CompletionStatus::Success));
+    assert_eq!(&bytes(&target)[400_000..410_000], &src[..10_000]);
+
+    // RDMA READ back into local memory (scatter in two pieces).
+    let back = a.alloc_region(200_000, Access::LOCAL_WRITE).unwrap();
+    let scatter = [sge_of(&back, 0, 50_000), sge_of(&back, 100_000, 50_000)];
+    let wr = WorkRequest {
+        wr_id: 11,
+        opcode: Opcode::Read {
+            local: &scatter,
+            remote_addr: target.remote().addr + 64,
+            rkey: target.rkey(),
+        },
+        signaled: true,
+    };
+    // SAFETY: the scatter list lies in `back`, unaliased until the completion.
+    unsafe { qa.post(&wr) }.unwrap();
+    let c = wait_one(&qa);
+    assert_eq!(
+        (c.wr_id, c.status, c.op),
+        (11, CompletionStatus::Success, CompletedOp::Read)
+    );
+    assert_eq!(c.byte_len, 100_000);
+    let bk = bytes(&back);
+    assert_eq!(&bk[..50_000], &bytes(&target)[64..50_064]);
+    assert_eq!(&bk[100_000..150_000], &bytes(&target)[50_064..100_064]);
+    assert_eq!(qa.state(), QpState::ReadyToSend);
+    drop(src_mr);
+    drop(src);
+}
+
+#[test]
+fn bad_rkey_is_a_remote_access_error() {
+    let a = fabric_or_skip!();
+    let b = VerbsFabric::open().unwrap();
+    let (qa, _qb) = connect(&a, &b);
+    let src = a.alloc_region(4096, Access::LOCAL_WRITE).unwrap();
+    fill(&src, 3);
+    let target = b.alloc_region(4096, Access::REMOTE_WRITE).unwrap();
+    let sges = [sge_of(&src, 0, 64)];
+    let wr = WorkRequest {
+        wr_id: 1,
+        opcode: Opcode::Write {
+            local: &sges,
+            remote_addr: target.remote().addr,
+            rkey: target.rkey() ^ 0x5a5a_0000,
+            inline: false,
+        },
+        signaled: false, // errors complete even when unsignalled
+    };
+    // SAFETY: the gather list lies in `src`, which outlives the request.
+    unsafe { qa.post(&wr) }.unwrap();
+    let c = wait_one(&qa);
+    assert_eq!(c.wr_id, 1);
+    assert_eq!(c.status, CompletionStatus::RemoteAccessError);
+    assert_eq!(qa.state(), QpState::Error);
+    let why = qa.last_error().expect("a reason");
+    println!("last_error: {why}");
+    assert!(why.contains("remote access error"), "{why}");
+    assert!(
+        bytes(&target).iter().all(|&x| x == 0),
+        "nothing was written"
+    );
+
+    // Later requests are flushed (or refused), and the state stays Error.
+    let wr2 = write_wr(2, &sges, &target, 0, false);
+    // SAFETY: as above.
+    match unsafe { qa.post(&wr2) } {
+        Ok(()) => assert_eq!(wait_one(&qa).status, CompletionStatus::Flushed),
+        Err(e) => println!("post after the error was refused: {e}"),
+    }
+    std::thread::sleep(Duration::from_millis(2));
+    assert_eq!(qa.state(), QpState::Error);
+
+    // Out of bounds on a fresh connection is a remote access error too.
+    let (qc, _qd) = connect(&a, &b);
+    let wr = write_wr(3, &sges, &target, 4096 - 32, false);
+    // SAFETY: as above.
+    unsafe { qc.post(&wr) }.unwrap();
+    assert_eq!(wait_one(&qc).status, CompletionStatus::RemoteAccessError);
+    assert_eq!(qc.state(), QpState::Error);
+}
+
+/// Byte `i` of the test stream.
+fn stream_byte(i: u64) -> u8 {
+    (common::mix64(i / 8) >> ((i % 8) * 8)) as u8
+}
+
+#[test]
+fn engine_end_to_end() {
+    let fa = fabric_or_skip!();
+    let fb = VerbsFabric::open().unwrap();
+    let cfg = Config::default().ring_size(1 << 20).chunk_size(64 << 10);
+    let a = Prepared::new(fa, cfg.clone()).unwrap();
+    let b = Prepared::new(fb, cfg).unwrap();
+    let (card_a, card_b) = (a.card().unwrap(), b.card().unwrap());
+    let a = a.connect(card_b).unwrap();
+    let b = b.connect(card_a).unwrap();
+    let (_arx, mut atx) = a.split();
+    let (mut brx, _btx) = b.split();
+    const TOTAL: u64 = 4 << 20;
+    let start = Instant::now();
+    let sender = std::thread::spawn(move || {
+        let mut rng = Rng::new(42);
+        let mut pos = 0u64;
+        let mut buf = Vec::new();
+        while pos < TOTAL {
+            let n = rng.log_uniform(1, 256 << 10).min((TOTAL - pos) as usize);
+            buf.clear();
+            buf.extend((pos..pos + n as u64).map(stream_byte));
+            let mut off = 0;
+            while off < n {
+                // Split the buffer in two iovecs to exercise gather lists.
+                let mid = off + (n - off) / 3;
+                let put = atx
+                    .put(&[IoSlice::new(&buf[off..mid]), IoSlice::new(&buf[mid..n])])
+                    .unwrap();
+                off += put;
+                if put == 0 {
+                    assert!(
+                        start.elapsed() < DEADLINE,
+                        "sender stuck at {}",
+                        pos + off as u64
+                    );
+                    std::thread::yield_now();
+                }
+            }
+            pos += n as u64;
+        }
+        atx.close().unwrap();
+        atx
+    });
+    let mut rng = Rng::new(7);
+    let mut pos = 0u64;
+    let mut buf = vec![0u8; 256 << 10];
+    while pos < TOTAL {
+        let n = rng.log_uniform(1, buf.len());
+        let got = brx.get(&mut [IoSliceMut::new(&mut buf[..n])]).unwrap();
+        for (k, &x) in buf[..got].iter().enumerate() {
+            let i = pos + k as u64;
+            assert_eq!(x, stream_byte(i), "byte {i}");
+        }
+        pos += got as u64;
+        if got == 0 {
+            assert!(start.elapsed() < DEADLINE, "receiver stuck at {pos}");
+            std::thread::yield_now();
+        }
+    }
+    let _atx = sender.join().unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "moved {} MiB in {secs:.2} s ({:.1} MB/s)",
+        TOTAL >> 20,
+        TOTAL as f64 / secs / 1e6
+    );
+}
+
+#[test]
+fn stream_handshake_over_unix_socket() {
+    let f = fabric_or_skip!();
+    let (sa, sb) = UnixStream::pair().unwrap();
+    let cfg = Config::default().ring_size(256 << 10).chunk_size(32 << 10);
+    let cfg2 = cfg.clone();
+    const TOTAL: usize = 2 << 20;
+    let peer = std::thread::spawn(move || {
+        let fb = VerbsFabric::open().unwrap();
+        let mut s = RdmaStream::handshake(fb, &sb, cfg2).unwrap();
+        let mut got = vec![0u8; TOTAL];
+        s.read_exact(&mut got).unwrap();
+        // Echo a digest back.
+        let sum: u64 = got.iter().map(|&x| u64::from(x)).sum();
+        s.write_all(&sum.to_le_bytes()).unwrap();
+        s.flush().unwrap();
+        got
+    });
+    let mut s = RdmaStream::handshake(f, &sa, cfg).unwrap();
+    let data: Vec<u8> = (0..TOTAL as u64).map(stream_byte).collect();
+    s.write_all(&data).unwrap();
+    s.flush().unwrap();
+    let mut sum = [0u8; 8];
+    s.read_exact(&mut sum).unwrap();
+    let got = peer.join().unwrap();
+    assert!(got == data, "payload differs");
+    assert_eq!(
+        u64::from_le_bytes(sum),
+        data.iter().map(|&x| u64::from(x)).sum::<u64>()
+    );
+}
+
+#[test]
+fn peer_gone_is_a_transport_error() {
+    let a = fabric_or_skip!();
+    let b = VerbsFabric::open().unwrap();
+    let (qa, qb) = connect(&a, &b);
+    let src = a.alloc_region(4096, Access::LOCAL_WRITE).unwrap();
+    let target = b.alloc_region(4096, Access::REMOTE_WRITE).unwrap();
+    drop(qb);
+    let sges = [sge_of(&src, 0, 64)];
+    let start = Instant::now();
+    // SAFETY: the gather list lies in `src`, which outlives the request.
+    unsafe { qa.post(&write_wr(5, &sges, &target, 0, false)) }.unwrap();
+    let c = wait_one(&qa);
+    println!(
+        "write to a destroyed QP: {:?} after {:?}: {}",
+        c.status,
+        start.elapsed(),
+        qa.last_error().unwrap_or_default()
+    );
+    assert_eq!(c.wr_id, 5);
+    assert_eq!(c.status, CompletionStatus::TransportError);
+    assert_eq!(qa.state(), QpState::Error);
+}
+
+#[test]
+fn raw_write_bandwidth() {
+    let a = fabric_or_skip!();
+    let b = VerbsFabric::open().unwrap();
+    let (qa, _qb) = connect(&a, &b);
+    const MSG: usize = 64 << 10;
+    const COUNT: u64 = 64;
+    let src = a.alloc_region(MSG, Access::LOCAL_WRITE).unwrap();
+    fill(&src, 9);
+    let target = b.alloc_region(MSG, Access::REMOTE_WRITE).unwrap();
+    let depth = qa.caps().max_send_wr as u64;
+    let interval = (depth / 2).clamp(1, 16);
+    let sges = [sge_of(&src, 0, MSG)];
+    let start = Instant::now();
+    let (mut posted, mut retired) = (0u64, 0u64);
+    let mut out = [EMPTY; 8];
+    while retired < COUNT {
+        if posted < COUNT && posted - retired < depth {
+            let mut wr = write_wr(posted, &sges, &target, 0, false);
+            wr.signaled = posted % interval == interval - 1 || posted == COUNT - 1;
+            // SAFETY: the gather list lies in `src`, which outlives the requests.
+            match unsafe { qa.post(&wr) } {
+                Ok(()) => posted += 1,
+                Err(FabricError::QueueFull) => {}
+                Err(e) => panic!("post: {e}"),
+            }
+        }
+        let n = qa.poll(&mut out);
+        for c in &out[..n] {
+            assert_eq!(c.status, CompletionStatus::Success);
+            retired = c.wr_id + 1;
+        }
+        assert!(start.elapsed() < DEADLINE);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{COUNT} x {} KiB RDMA WRITE: {:.1} MB/s",
+        MSG >> 10,
+        (COUNT as usize * MSG) as f64 / secs / 1e6
+    );
+    assert_eq!(bytes(&target), bytes(&src));
+}

@@ -1,0 +1,461 @@
+//! The verbs fabric: the [`Fabric`] traits over real InfiniBand verbs (`libibverbs`,
+//! through the `rdma-sys` bindings), for InfiniBand HCAs, RoCE NICs and Soft-RoCE
+//! (`rdma_rxe`). Built with cargo feature `verbs`.
+//!
+//! # Objects
+//!
+//! Each verbs object has one RAII type that releases it on drop, and every object holds
+//! an `Arc` of what it was made from, so they are always released in the right order:
+//!
+//! | verbs object | type | released with |
+//! | --- | --- | --- |
+//! | `ibv_context` (open device) | [`Context`] | `ibv_close_device` |
+//! | `ibv_pd` | [`ProtectionDomain`] | `ibv_dealloc_pd` |
+//! | `ibv_cq` | [`CompletionQueue`] | `ibv_destroy_cq` |
+//! | `ibv_qp` (RC) | [`RcQueuePair`] (inside [`VerbsPending`] / [`VerbsQp`]) | `ibv_destroy_qp` |
+//! | `ibv_mr` | [`VerbsRegion`] | `ibv_dereg_mr` (then `munmap` for owned pages) |
+//!
+//! Every error names the verb and carries the errno, e.g.
+//! `ibv_reg_mr: Cannot allocate memory (os error 12)`.
+//!
+//! # Mapping of the fabric contract
+//!
+//! * [`VerbsFabric`] is a protection domain on one port of one device.
+//!   [`alloc_region`](Fabric::alloc_region) maps zeroed, page-aligned anonymous memory
+//!   and registers it; [`register`](Fabric::register) registers caller memory. Verbs
+//!   need `IBV_ACCESS_LOCAL_WRITE` with remote rights, so it is added (and reported by
+//!   [`MemoryRegion::access`]).
+//! * [`create_qp`](Fabric::create_qp) makes an RC queue pair with its own completion
+//!   queue, moved to INIT. Its card ([`PendingQp::card`]) carries link layer, MTU, LID,
+//!   GID, QP number, a random 24-bit PSN and the READ depth it accepts, and no
+//!   descriptors. [`PendingQp::connect`] validates the peer's card
+//!   ([`io::ErrorKind::InvalidData`]), then moves to RTR (path MTU = the smaller active
+//!   MTU, GRH when the link layer is Ethernet or the GID is set) and RTS (timeout 14,
+//!   retry count 6, RNR retry 7; see [`VerbsConfig`] for why 6).
+//! * [`QueuePair::post`] is one `ibv_post_send` (RDMA WRITE / READ, `IBV_SEND_INLINE`,
+//!   `IBV_SEND_SIGNALED`) and allocates nothing. A full send queue (`ENOMEM`) is
+//!   [`FabricError::QueueFull`]. [`Caps::max_send_wr`] is the send queue depth (finite,
+//!   so the engine signals every half queue), [`Caps::max_inline`] the inline size the
+//!   queue pair was actually created with.
+//! * [`QueuePair::poll`] is `ibv_poll_cq`; error statuses map to [`CompletionStatus`]
+//!   (`LOC_PROT_ERR`, `REM_ACCESS_ERR`, `LOC_LEN_ERR`, `WR_FLUSH_ERR` one to one,
+//!   everything else, retry exhaustion included, to `TransportError`) and make the
+//!   error state sticky. [`QueuePair::state`] also asks the device at most once per
+//!   millisecond (`ibv_query_qp`, and the context's asynchronous events, read without
+//!   blocking).
+//!
+//! The fabric guarantees of [`crate::fabric`] hold as on any RC queue pair: writes are
+//! placed in posting order, and the ring's "last word last" rule relies on in-order
+//! placement within a write, as seed 000 sec. 4.2 does for InfiniBand hardware.
+//!
+//! # Choosing device, port and GID
+//!
+//! [`VerbsFabric::open`] reads [`VerbsConfig::from_env`]: `RCH_IB_DEVICE` (default: the
+//! first device), `RCH_IB_PORT` (default 1), `RCH_IB_GID_INDEX`, else
+//! `SOFTROCE_GID_INDEX`, else automatic: on Ethernet (RoCE) the first RoCE v2 GID
+//! holding an IPv4 address (then any IPv4-mapped GID, then any RoCE v2 GID, then any
+//! non-zero one); on InfiniBand index 0.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use rdma_channel::fabric::verbs::VerbsFabric;
+//! use rdma_channel::{Config, Prepared};
+//!
+//! let a = Prepared::new(VerbsFabric::open()?, Config::default())?;
+//! let b = Prepared::new(VerbsFabric::open()?, Config::default())?;
+//! let (card_a, card_b) = (a.card()?, b.card()?);
+//! let (mut a, mut b) = (a.connect(card_b)?, b.connect(card_a)?);
+//! # let _ = (&mut a, &mut b);
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! [`MemoryRegion::access`]: crate::fabric::MemoryRegion::access
+//! [`PendingQp::card`]: crate::fabric::PendingQp::card
+//! [`PendingQp::connect`]: crate::fabric::PendingQp::connect
+//! [`QueuePair::post`]: crate::fabric::QueuePair::post
+//! [`QueuePair::poll`]: crate::fabric::QueuePair::poll
+//! [`QueuePair::state`]: crate::fabric::QueuePair::state
+//! [`FabricError::QueueFull`]: crate::fabric::FabricError::QueueFull
+//! [`CompletionStatus`]: crate::fabric::CompletionStatus
+
+mod card;
+mod device;
+mod error;
+mod mr;
+mod qp;
+
+pub use device::{device_names, CompletionQueue, Context, ProtectionDomain};
+pub use mr::VerbsRegion;
+pub use qp::{RcQueuePair, VerbsPending, VerbsQp, MAX_SGE};
+
+use self::card::{LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND};
+use self::qp::{Endpoint, QpRequest};
+use super::{Access, Caps, Fabric};
+use std::io;
+use std::sync::Arc;
+
+/// Settings of [`VerbsFabric::open_with`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerbsConfig {
+    /// Device name (`rxe0`, `mlx5_0`); `None` for the first device.
+    pub device: Option<String>,
+    /// Port number (from 1).
+    pub port: u8,
+    /// GID index; `None` to choose automatically (see the module documentation).
+    pub gid_index: Option<u32>,
+    /// Send queue depth to create queue pairs with ([`Caps::max_send_wr`]).
+    pub send_queue_depth: u32,
+    /// Inline size to ask for; the granted size is [`Caps::max_inline`].
+    pub max_inline: u32,
+    /// Gather entries to ask for (at most [`MAX_SGE`]).
+    pub max_sge: u32,
+    /// Local ACK timeout exponent: a request is retried after 4.096 µs × 2^`timeout`
+    /// without an acknowledgement (14: about 67 ms).
+    pub timeout: u8,
+    /// Transport retries before a request fails with `IBV_WC_RETRY_EXC_ERR`
+    /// ([`CompletionStatus::TransportError`]). The default is 6, not the usual 7:
+    /// Soft-RoCE (`rdma_rxe`) treats 7 as "retry forever", so a vanished peer would
+    /// never be reported.
+    ///
+    /// [`CompletionStatus::TransportError`]: crate::fabric::CompletionStatus::TransportError
+    pub retry_count: u8,
+    /// Receiver-not-ready retries (7: forever; the channel posts no receives, so RNR
+    /// never happens).
+    pub rnr_retry: u8,
+}
+
+impl Default for VerbsConfig {
+    fn default() -> VerbsConfig {
+        VerbsConfig {
+            device: None,
+            port: 1,
+            gid_index: None,
+            send_queue_depth: 256,
+            max_inline: 256,
+            max_sge: MAX_SGE as u32,
+            timeout: 14,
+            retry_count: 6,
+            rnr_retry: 7,
+        }
+    }
+}
+
+fn env_number<T: std::str::FromStr>(name: &str) -> io::Result<Option<T>> {
+    match std::env::var(name) {
+        Ok(s) if !s.trim().is_empty() => s.trim().parse().map(Some).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name}={s:?} is not a valid number"),
+            )
+        }),
+        _ => Ok(None),
+    }
+}
+
+impl VerbsConfig {
+    /// The defaults, overridden by `RCH_IB_DEVICE`, `RCH_IB_PORT` and
+    /// `RCH_IB_GID_INDEX` (or, without it, `SOFTROCE_GID_INDEX`).
+    ///
+    /// ```
+    /// let cfg = rdma_channel::fabric::verbs::VerbsConfig::from_env()?;
+    /// assert!(cfg.port >= 1);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`io::ErrorKind::InvalidInput`] for a variable that is not a number.
+    pub fn from_env() -> io::Result<VerbsConfig> {
+        let mut cfg = VerbsConfig::default();
+        if let Ok(d) = std::env::var("RCH_IB_DEVICE") {
+            if !d.trim().is_empty() {
+                cfg.device = Some(d.trim().to_string());
+            }
+        }
+        if let Some(p) = env_number::<u8>("RCH_IB_PORT")? {
+            cfg.port = p;
+        }
+        cfg.gid_index = match env_number::<u32>("RCH_IB_GID_INDEX")? {
+            Some(i) => Some(i),
+            None => env_number::<u32>("SOFTROCE_GID_INDEX")?,
+        };
+        Ok(cfg)
+    }
+}
+
+/// Score of a GID for automatic selection on Ethernet (higher is better).
+fn gid_score(gid: &[u8; 16], gid_type: Option<&str>) -> u32 {
+    if *gid == [0; 16] {
+        return 0;
+    }
+    let v4 = gid[..10] == [0; 10] && gid[10..12] == [0xff, 0xff];
+    let v2 = gid_type.is_some_and(|t| t.eq_ignore_ascii_case("RoCE v2"));
+    1 + u32::from(v2) + 2 * u32::from(v4)
+}
+
+struct Inner {
+    pd: Arc<ProtectionDomain>,
+    cfg: VerbsConfig,
+    gid_index: u32,
+    gid: [u8; 16],
+    link_layer: u8,
+    request: QpRequest,
+    caps: Caps,
+    rd_atomic_dest: u8,
+    rd_atomic_init: u8,
+}
+
+/// A protection domain on one port of one RDMA device: the verbs [`Fabric`].
+/// Cloning is cheap and shares the domain.
+#[derive(Clone)]
+pub struct VerbsFabric {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for VerbsFabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsFabric")
+            .field("device", &self.device_name())
+            .field("port", &self.inner.cfg.port)
+            .field("gid_index", &self.inner.gid_index)
+            .field("caps", &self.inner.caps)
+            .finish()
+    }
+}
+
+impl VerbsFabric {
+    /// Opens the fabric as [`VerbsConfig::from_env`] says.
+    ///
+    /// # Errors
+    ///
+    /// As [`open_with`](Self::open_with), plus malformed environment variables.
+    pub fn open() -> io::Result<VerbsFabric> {
+        VerbsFabric::open_with(VerbsConfig::from_env()?)
+    }
+
+    /// Opens the device, checks the port, picks the GID, allocates the protection
+    /// domain, and creates (and destroys) one probe queue pair to learn the limits the
+    /// device grants ([`caps`](Fabric::caps)).
+    ///
+    /// # Errors
+    ///
+    /// [`io::ErrorKind::NotFound`] ("no RDMA device found: ...") without a device or
+    /// without the named one; `NotConnected` for a port that is not active;
+    /// `InvalidInput` for an empty GID entry; failures of the verbs with their errno.
+    pub fn open_with(cfg: VerbsConfig) -> io::Result<VerbsFabric> {
+        let ctx = Arc::new(Context::open(cfg.device.as_deref())?);
+        let dev = ctx.query_device()?;
+        let port = ctx.query_port(cfg.port).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("port {} of {}: {e}", cfg.port, ctx.name()),
+            )
+        })?;
+        if port.state != rdma_sys::ibv_port_state::IBV_PORT_ACTIVE
+            && port.state != rdma_sys::ibv_port_state::IBV_PORT_ACTIVE_DEFER
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!(
+                    "port {} of {} is not active (state {})",
+                    cfg.port,
+                    ctx.name(),
+                    port.state
+                ),
+            ));
+        }
+        let link_layer = if port.link_layer == LINK_LAYER_ETHERNET {
+            LINK_LAYER_ETHERNET
+        } else {
+            LINK_LAYER_INFINIBAND
+        };
+        let gid_index = match cfg.gid_index {
+            Some(i) => i,
+            None if link_layer == LINK_LAYER_INFINIBAND => 0,
+            None => {
+                let n = u32::try_from(port.gid_tbl_len).unwrap_or(0).min(256);
+                let mut best = (0, 0);
+                for i in 0..n {
+                    let Ok(gid) = ctx.query_gid(cfg.port, i) else {
+                        continue;
+                    };
+                    let score = gid_score(&gid, ctx.gid_type(cfg.port, i).as_deref());
+                    if score > best.0 {
+                        best = (score, i);
+                    }
+                    if score == 4 {
+                        break;
+                    }
+                }
+                best.1
+            }
+        };
+        let gid = ctx.query_gid(cfg.port, gid_index).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "GID index {gid_index} of {} port {}: {e}",
+                    ctx.name(),
+                    cfg.port
+                ),
+            )
+        })?;
+        if link_layer == LINK_LAYER_ETHERNET && gid == [0; 16] {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "GID index {gid_index} of {} port {} is empty (set RCH_IB_GID_INDEX)",
+                    ctx.name(),
+                    cfg.port
+                ),
+            ));
+        }
+        let pd = Arc::new(ProtectionDomain::new(ctx.clone())?);
+        let max_wr = u32::try_from(dev.max_qp_wr).unwrap_or(0).max(2);
+        let max_sge = u32::try_from(dev.max_sge).unwrap_or(0).max(1);
+        let request = QpRequest {
+            send_wr: cfg.send_queue_depth.clamp(2, max_wr),
+            send_sge: cfg.max_sge.clamp(1, MAX_SGE as u32).min(max_sge),
+            inline: cfg.max_inline,
+        };
+        let probe = RcQueuePair::create(pd.clone(), request)?;
+        let granted = probe.cap();
+        drop(probe);
+        // Later queue pairs ask for what the probe was granted, so they all match caps.
+        let request = QpRequest {
+            send_wr: request.send_wr,
+            send_sge: granted.max_send_sge.min(request.send_sge.max(1)),
+            inline: granted.max_inline_data,
+        };
+        let caps = Caps {
+            max_inline: granted.max_inline_data as usize,
+            max_sge: request.send_sge as usize,
+            max_send_wr: granted.max_send_wr.min(request.send_wr) as usize,
+            max_rd_atomic: usize::try_from(dev.max_qp_rd_atom).unwrap_or(0),
+        };
+        Ok(VerbsFabric {
+            inner: Arc::new(Inner {
+                pd,
+                cfg,
+                gid_index,
+                gid,
+                link_layer,
+                request,
+                caps,
+                rd_atomic_dest: dev.max_qp_rd_atom.clamp(1, 255) as u8,
+                rd_atomic_init: dev.max_qp_init_rd_atom.clamp(1, 255) as u8,
+            }),
+        })
+    }
+
+    /// The device name.
+    pub fn device_name(&self) -> &str {
+        self.inner.pd.context().name()
+    }
+
+    /// The port in use.
+    pub fn port(&self) -> u8 {
+        self.inner.cfg.port
+    }
+
+    /// The GID index in use.
+    pub fn gid_index(&self) -> u32 {
+        self.inner.gid_index
+    }
+
+    /// The GID in use (16 bytes, network order).
+    pub fn gid(&self) -> [u8; 16] {
+        self.inner.gid
+    }
+
+    /// True on an Ethernet (RoCE) port, false on InfiniBand.
+    pub fn is_roce(&self) -> bool {
+        self.inner.link_layer == LINK_LAYER_ETHERNET
+    }
+
+    /// The protection domain (and through it the device context).
+    pub fn protection_domain(&self) -> &Arc<ProtectionDomain> {
+        &self.inner.pd
+    }
+}
+
+impl Fabric for VerbsFabric {
+    type Region = VerbsRegion;
+    type Qp = VerbsQp;
+    type Pending = VerbsPending;
+
+    fn alloc_region(&self, len: usize, access: Access) -> io::Result<VerbsRegion> {
+        VerbsRegion::alloc(self.inner.pd.clone(), len, access)
+    }
+
+    unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> io::Result<VerbsRegion> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { VerbsRegion::register(self.inner.pd.clone(), addr, len, access) }
+    }
+
+    fn caps(&self) -> Caps {
+        self.inner.caps
+    }
+
+    fn create_qp(&self) -> io::Result<VerbsPending> {
+        let i = &self.inner;
+        // Ask the port again: LID and active MTU may have changed since `open`.
+        let port = i.pd.context().query_port(i.cfg.port)?;
+        let me = Endpoint {
+            port: i.cfg.port,
+            gid_index: i.gid_index,
+            gid: i.gid,
+            lid: port.lid,
+            link_layer: i.link_layer,
+            active_mtu: port.active_mtu,
+            rd_atomic_dest: i.rd_atomic_dest,
+            rd_atomic_init: i.rd_atomic_init,
+            timeout: i.cfg.timeout.min(31),
+            retry_cnt: i.cfg.retry_count.min(7),
+            rnr_retry: i.cfg.rnr_retry.min(7),
+        };
+        VerbsPending::new(i.pd.clone(), i.request, me, i.caps)
+    }
+
+    fn name(&self) -> &'static str {
+        "verbs"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gid_scores_prefer_roce_v2_ipv4() {
+        let v4 = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 169, 254, 77, 1];
+        let mut ll = [0u8; 16];
+        ll[0] = 0xfe;
+        ll[1] = 0x80;
+        ll[15] = 1;
+        assert_eq!(gid_score(&[0; 16], Some("RoCE v2")), 0);
+        assert_eq!(gid_score(&v4, Some("RoCE v2")), 4);
+        assert!(gid_score(&v4, Some("IB/RoCE v1")) > gid_score(&ll, Some("RoCE v2")));
+        assert!(gid_score(&ll, Some("RoCE v2")) > gid_score(&ll, None));
+    }
+
+    #[test]
+    fn open_without_device_is_a_clear_error() {
+        // On hosts with a device this opens it; on hosts without one it must be an
+        // error that says so, never a panic.
+        match VerbsFabric::open() {
+            Ok(f) => assert!(f.caps().max_send_wr < usize::MAX),
+            Err(e) => {
+                if e.kind() == io::ErrorKind::NotFound {
+                    assert!(e.to_string().contains("RDMA device"), "{e}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,702 @@
+//! Reliable-connection queue pairs: the RAII [`RcQueuePair`], the unconnected
+//! [`VerbsPending`] and the connected [`VerbsQp`].
+
+use super::card::{QpCard, LINK_LAYER_ETHERNET};
+use super::device::{CompletionQueue, Context, ProtectionDomain};
+use super::error::{check, errno_of, last_verb_error, verb_error};
+use crate::fabric::{
+    Caps, Card, CompletedOp, Completion, CompletionStatus, FabricError, Opcode, PendingQp, QpState,
+    QueuePair, WorkRequest,
+};
+use rdma_sys as sys;
+use std::ffi::CStr;
+use std::io;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Most gather/scatter entries one work request may carry (the stack array in
+/// [`VerbsQp::post`]).
+pub const MAX_SGE: usize = 30;
+
+/// Completions fetched per `ibv_poll_cq` call.
+const POLL_BATCH: usize = 16;
+
+/// How often (nanoseconds) [`VerbsQp::state`] asks the device.
+const STATE_CHECK_NS: u64 = 1_000_000;
+
+/// What a queue pair is created with (upper bounds; the device may give more).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QpRequest {
+    pub send_wr: u32,
+    pub send_sge: u32,
+    pub inline: u32,
+}
+
+/// Where and how a queue pair talks: the port and address of this end, plus the
+/// RDMA READ limits of the device.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Endpoint {
+    pub port: u8,
+    pub gid_index: u32,
+    pub gid: [u8; 16],
+    pub lid: u16,
+    pub link_layer: u8,
+    pub active_mtu: u32,
+    /// READs we accept as responder (`max_dest_rd_atomic`).
+    pub rd_atomic_dest: u8,
+    /// READs we may issue as initiator, before the peer's limit (`max_rd_atomic`).
+    pub rd_atomic_init: u8,
+    /// Local ACK timeout exponent (4.096 µs × 2^timeout).
+    pub timeout: u8,
+    /// Transport retries before `IBV_WC_RETRY_EXC_ERR`.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = infinite).
+    pub rnr_retry: u8,
+}
+
+/// An RC queue pair (`ibv_qp`) with its own completion queue (send and receive).
+/// Dropping it destroys the queue pair, then the completion queue.
+pub struct RcQueuePair {
+    qp: NonNull<sys::ibv_qp>,
+    qpn: u32,
+    cap: sys::ibv_qp_cap,
+    /// Dropped after `qp` is destroyed (in `Drop`).
+    cq: CompletionQueue,
+    pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: verbs on a QP are thread-safe (providers lock the send queue); the raw
+// pointer is only used through verbs.
+unsafe impl Send for RcQueuePair {}
+// SAFETY: as above.
+unsafe impl Sync for RcQueuePair {}
+
+impl std::fmt::Debug for RcQueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RcQueuePair")
+            .field("qpn", &self.qpn)
+            .field("max_send_wr", &self.cap.max_send_wr)
+            .field("max_send_sge", &self.cap.max_send_sge)
+            .field("max_inline_data", &self.cap.max_inline_data)
+            .finish()
+    }
+}
+
+impl RcQueuePair {
+    /// Creates a completion queue and an RC queue pair in `pd` (state RESET). If the
+    /// device refuses the inline size, it is halved until accepted (down to 0).
+    ///
+    /// # Errors
+    ///
+    /// `ibv_create_cq` / `ibv_create_qp` failures with their errno.
+    pub(crate) fn create(pd: Arc<ProtectionDomain>, req: QpRequest) -> io::Result<RcQueuePair> {
+        // Room for one completion per send queue entry, twice over: flushed requests
+        // after an error and signalled completions never overflow it.
+        let cq = CompletionQueue::new(pd.context().clone(), req.send_wr.saturating_mul(2) + 16)?;
+        let mut inline = req.inline;
+        loop {
+            // SAFETY: ibv_qp_init_attr is plain C data; all-zero is a valid value.
+            let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+            init.send_cq = cq.as_ptr();
+            init.recv_cq = cq.as_ptr();
+            init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
+            init.sq_sig_all = 0;
+            init.cap = sys::ibv_qp_cap {
+                max_send_wr: req.send_wr,
+                max_recv_wr: 1,
+                max_send_sge: req.send_sge,
+                max_recv_sge: 1,
+                max_inline_data: inline,
+            };
+            // SAFETY: valid PD and CQ; `init` is initialised; on success the provider
+            // writes the granted capabilities back into `init.cap`.
+            let qp = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) };
+            match NonNull::new(qp) {
+                Some(qp) => {
+                    // SAFETY: a freshly created, valid QP.
+                    let qpn = unsafe { (*qp.as_ptr()).qp_num };
+                    return Ok(RcQueuePair {
+                        qp,
+                        qpn,
+                        cap: init.cap,
+                        cq,
+                        pd,
+                    });
+                }
+                None => {
+                    let e = last_verb_error("ibv_create_qp");
+                    if e.kind() == io::ErrorKind::InvalidInput && inline > 0 {
+                        inline /= 2;
+                        continue;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// The capabilities the device granted (`ibv_qp_init_attr.cap` after creation).
+    pub fn cap(&self) -> sys::ibv_qp_cap {
+        self.cap
+    }
+
+    fn context(&self) -> &Arc<Context> {
+        self.pd.context()
+    }
+
+    fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: sys::ibv_qp_attr_mask) -> io::Result<()> {
+        // SAFETY: valid QP; `attr` is initialised for every field named in `mask`.
+        check("ibv_modify_qp", unsafe {
+            sys::ibv_modify_qp(self.qp.as_ptr(), attr, mask.0 as i32)
+        })
+    }
+
+    /// RESET → INIT on `port`, pkey index 0, remote write and read allowed.
+    ///
+    /// # Errors
+    ///
+    /// `ibv_modify_qp` failure with its errno.
+    pub(crate) fn to_init(&self, port: u8) -> io::Result<()> {
+        // SAFETY: plain C data; all-zero is valid.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = port;
+        a.qp_access_flags = (sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ)
+            .0;
+        use sys::ibv_qp_attr_mask as M;
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS,
+        )
+        .map_err(|e| context_error(e, "moving the QP to INIT"))
+    }
+
+    /// INIT → RTR towards `peer`, then RTR → RTS. Returns the RDMA READ depth set.
+    ///
+    /// # Errors
+    ///
+    /// `ibv_modify_qp` failures with their errno.
+    pub(crate) fn connect_to(&self, me: &Endpoint, sq_psn: u32, peer: &QpCard) -> io::Result<u8> {
+        use sys::ibv_qp_attr_mask as M;
+        // SAFETY: plain C data; all-zero is valid.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTR;
+        a.path_mtu = me.active_mtu.min(peer.mtu);
+        a.dest_qp_num = peer.qpn;
+        a.rq_psn = peer.psn;
+        a.max_dest_rd_atomic = me.rd_atomic_dest;
+        a.min_rnr_timer = 12;
+        a.ah_attr.dlid = peer.lid;
+        a.ah_attr.sl = 0;
+        a.ah_attr.src_path_bits = 0;
+        a.ah_attr.port_num = me.port;
+        if me.link_layer == LINK_LAYER_ETHERNET || peer.gid != [0; 16] {
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh.dgid = sys::ibv_gid { raw: peer.gid };
+            a.ah_attr.grh.sgid_index = me.gid_index as u8;
+            a.ah_attr.grh.hop_limit = 64;
+            a.ah_attr.grh.traffic_class = 0;
+            a.ah_attr.grh.flow_label = 0;
+        }
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE
+                | M::IBV_QP_AV
+                | M::IBV_QP_PATH_MTU
+                | M::IBV_QP_DEST_QPN
+                | M::IBV_QP_RQ_PSN
+                | M::IBV_QP_MAX_DEST_RD_ATOMIC
+                | M::IBV_QP_MIN_RNR_TIMER,
+        )
+        .map_err(|e| context_error(e, "moving the QP to RTR"))?;
+
+        let rd_atomic = me.rd_atomic_init.min(peer.rd_atomic).max(1);
+        // SAFETY: plain C data; all-zero is valid.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
+        a.timeout = me.timeout;
+        a.retry_cnt = me.retry_cnt;
+        a.rnr_retry = me.rnr_retry;
+        a.sq_psn = sq_psn;
+        a.max_rd_atomic = rd_atomic;
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE
+                | M::IBV_QP_TIMEOUT
+                | M::IBV_QP_RETRY_CNT
+                | M::IBV_QP_RNR_RETRY
+                | M::IBV_QP_SQ_PSN
+                | M::IBV_QP_MAX_QP_RD_ATOMIC,
+        )
+        .map_err(|e| context_error(e, "moving the QP to RTS"))?;
+        Ok(rd_atomic)
+    }
+
+    /// `ibv_query_qp` for the current state (`ibv_qp_state`).
+    ///
+    /// # Errors
+    ///
+    /// The verb's failure with its errno.
+    pub fn query_state(&self) -> io::Result<u32> {
+        // SAFETY: plain C data; all-zero is valid.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: valid QP and out-pointers.
+        check("ibv_query_qp", unsafe {
+            sys::ibv_query_qp(
+                self.qp.as_ptr(),
+                &mut a,
+                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+                &mut init,
+            )
+        })?;
+        Ok(a.qp_state)
+    }
+}
+
+impl Drop for RcQueuePair {
+    fn drop(&mut self) {
+        // SAFETY: the QP is valid and destroyed once; the CQ (a field) outlives this call.
+        let r = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+        debug_assert_eq!(r, 0, "ibv_destroy_qp failed");
+        self.context().forget(self.qpn, self.cq.as_ptr() as usize);
+    }
+}
+
+fn context_error(e: io::Error, what: &str) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// A random 24-bit packet sequence number.
+fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: `b` is a valid 4-byte buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), libc::GRND_NONBLOCK) };
+    let v = if n == 4 {
+        u32::from_ne_bytes(b)
+    } else {
+        // No entropy yet (early boot): any value works, the PSN only needs to differ
+        // between incarnations of a connection.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        t ^ std::process::id().rotate_left(16)
+    };
+    v & 0xff_ffff
+}
+
+/// An RC queue pair in the INIT state, waiting for the peer's card.
+#[derive(Debug)]
+pub struct VerbsPending {
+    qp: RcQueuePair,
+    me: Endpoint,
+    psn: u32,
+    caps: Caps,
+}
+
+impl VerbsPending {
+    /// Creates the queue pair and moves it to INIT.
+    pub(crate) fn new(
+        pd: Arc<ProtectionDomain>,
+        req: QpRequest,
+        me: Endpoint,
+        caps: Caps,
+    ) -> io::Result<VerbsPending> {
+        let qp = RcQueuePair::create(pd, req)?;
+        qp.to_init(me.port)?;
+        // What this very queue pair was granted (the same as the fabric's probe asked
+        // for, on any sane device).
+        let caps = Caps {
+            max_inline: qp.cap.max_inline_data as usize,
+            max_sge: (qp.cap.max_send_sge as usize).min(MAX_SGE),
+            max_send_wr: qp.cap.max_send_wr.min(req.send_wr) as usize,
+            ..caps
+        };
+        Ok(VerbsPending {
+            qp,
+            me,
+            psn: random_psn(),
+            caps,
+        })
+    }
+
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        self.qp.qpn
+    }
+
+    /// The underlying verbs queue pair.
+    pub fn queue_pair(&self) -> &RcQueuePair {
+        &self.qp
+    }
+}
+
+impl PendingQp for VerbsPending {
+    type Qp = VerbsQp;
+
+    fn card(&self) -> io::Result<Card> {
+        let card = QpCard {
+            link_layer: self.me.link_layer,
+            mtu: self.me.active_mtu,
+            lid: self.me.lid,
+            qpn: self.qp.qpn,
+            psn: self.psn,
+            rd_atomic: self.me.rd_atomic_dest,
+            gid: self.me.gid,
+        };
+        Ok(Card {
+            bytes: card.to_bytes(),
+            fds: Vec::new(),
+        })
+    }
+
+    fn connect(self, peer: Card) -> io::Result<VerbsQp> {
+        let card = QpCard::from_bytes(&peer.bytes)?;
+        if card.link_layer != self.me.link_layer {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "bad verbs card: the peer's link layer ({}) differs from ours ({})",
+                    link_layer_name(card.link_layer),
+                    link_layer_name(self.me.link_layer)
+                ),
+            ));
+        }
+        let rd_atomic = self.qp.connect_to(&self.me, self.psn, &card)?;
+        let ctx = self.qp.context().clone();
+        let port_errors_at = ctx.port_errors();
+        let caps = Caps {
+            max_rd_atomic: usize::from(rd_atomic),
+            ..self.caps
+        };
+        Ok(VerbsQp {
+            caps,
+            qp: self.qp,
+            ctx,
+            error: AtomicBool::new(false),
+            last_check: AtomicU64::new(0),
+            port_errors_at,
+            last_error: Mutex::new(None),
+        })
+    }
+}
+
+fn link_layer_name(l: u8) -> &'static str {
+    if l == LINK_LAYER_ETHERNET {
+        "Ethernet"
+    } else {
+        "InfiniBand"
+    }
+}
+
+/// A connected RC queue pair (state RTS) and its completion queue.
+///
+/// Any error completion, a QP found in `IBV_QPS_ERR`, or a fatal asynchronous event
+/// (QP fatal / request / access error, CQ error, port error, device fatal) puts it in a
+/// sticky [`QpState::Error`]; [`last_error`](Self::last_error) says why.
+pub struct VerbsQp {
+    qp: RcQueuePair,
+    ctx: Arc<Context>,
+    caps: Caps,
+    error: AtomicBool,
+    /// `Context::now_ns` of the last device check in `state`.
+    last_check: AtomicU64,
+    port_errors_at: u64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for VerbsQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsQp")
+            .field("qp", &self.qp)
+            .field("caps", &self.caps)
+            .field("error", &self.error.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+fn wc_status_str(status: u32) -> String {
+    // SAFETY: ibv_wc_status_str returns a static string for any value.
+    let p = unsafe { sys::ibv_wc_status_str(status) };
+    if p.is_null() {
+        return format!("status {status}");
+    }
+    // SAFETY: a NUL-terminated static string.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn map_status(status: u32) -> CompletionStatus {
+    use sys::ibv_wc_status as S;
+    match status {
+        S::IBV_WC_SUCCESS => CompletionStatus::Success,
+        S::IBV_WC_LOC_PROT_ERR => CompletionStatus::LocalProtectionError,
+        S::IBV_WC_REM_ACCESS_ERR => CompletionStatus::RemoteAccessError,
+        S::IBV_WC_LOC_LEN_ERR => CompletionStatus::LocalLengthError,
+        S::IBV_WC_WR_FLUSH_ERR => CompletionStatus::Flushed,
+        // RETRY_EXC_ERR, RNR_RETRY_EXC_ERR and everything else.
+        _ => CompletionStatus::TransportError,
+    }
+}
+
+impl VerbsQp {
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        self.qp.qpn
+    }
+
+    /// The underlying verbs queue pair (e.g. for [`RcQueuePair::query_state`]).
+    pub fn queue_pair(&self) -> &RcQueuePair {
+        &self.qp
+    }
+
+    /// Why the queue pair is in the error state, in words (`None` while it is not).
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    #[cold]
+    fn set_error(&self, why: String) {
+        let mut g = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
+        if g.is_none() {
+            *g = Some(why);
+        }
+        self.error.store(true, Ordering::Release);
+    }
+
+    #[cold]
+    fn check_device(&self) {
+        self.ctx.poll_async_events();
+        if self
+            .ctx
+            .qp_failed(self.qp.qpn, self.qp.cq.as_ptr() as usize)
+        {
+            self.set_error("a fatal asynchronous event (QP, CQ or device error)".into());
+        } else if self.ctx.port_errors() != self.port_errors_at {
+            self.set_error("a port error event (link down)".into());
+        }
+        match self.qp.query_state() {
+            Ok(sys::ibv_qp_state::IBV_QPS_ERR) => {
+                self.set_error("the queue pair is in IBV_QPS_ERR".into())
+            }
+            Ok(_) => {}
+            Err(e) => self.set_error(e.to_string()),
+        }
+    }
+}
+
+impl QueuePair for VerbsQp {
+    /// Posts one RDMA WRITE or READ with `ibv_post_send`, without allocating: the
+    /// gather/scatter list is copied into a stack array of [`MAX_SGE`] `ibv_sge`s
+    /// (zero-length entries are left out).
+    unsafe fn post(&self, wr: &WorkRequest<'_>) -> Result<(), FabricError> {
+        let (local, opcode, remote_addr, rkey, inline) = match wr.opcode {
+            Opcode::Write {
+                local,
+                remote_addr,
+                rkey,
+                inline,
+            } => (
+                local,
+                sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                remote_addr,
+                rkey,
+                inline,
+            ),
+            Opcode::Read {
+                local,
+                remote_addr,
+                rkey,
+            } => (
+                local,
+                sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+                remote_addr,
+                rkey,
+                false,
+            ),
+        };
+        if local.len() > self.caps.max_sge {
+            return Err(FabricError::InvalidRequest(
+                "more gather/scatter entries than Caps::max_sge",
+            ));
+        }
+        let mut sges = [sys::ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; MAX_SGE];
+        let mut n = 0;
+        let mut total = 0u64;
+        for s in local.iter().filter(|s| s.len > 0) {
+            sges[n] = sys::ibv_sge {
+                addr: s.addr as u64,
+                length: s.len,
+                lkey: s.lkey,
+            };
+            n += 1;
+            total += u64::from(s.len);
+        }
+        if inline && total > self.caps.max_inline as u64 {
+            return Err(FabricError::InvalidRequest(
+                "inline write longer than Caps::max_inline",
+            ));
+        }
+        // SAFETY: ibv_send_wr is plain C data; all-zero is valid (null `next`).
+        let mut swr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        swr.wr_id = wr.wr_id;
+        swr.sg_list = sges.as_mut_ptr();
+        swr.num_sge = n as i32;
+        swr.opcode = opcode;
+        let mut flags = 0;
+        if inline {
+            flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        if wr.signaled {
+            flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        swr.send_flags = flags;
+        swr.wr.rdma = sys::rdma_t { remote_addr, rkey };
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: valid QP; `swr` and `sges` live across the call (inline data is
+        // copied by the provider during it); the caller guarantees, per the trait
+        // contract, that non-inline memory stays valid until the request retires.
+        let r = unsafe { sys::ibv_post_send(self.qp.qp.as_ptr(), &mut swr, &mut bad) };
+        if r == 0 {
+            return Ok(());
+        }
+        match errno_of(r) {
+            libc::ENOMEM => Err(FabricError::QueueFull),
+            errno => Err(FabricError::Io(verb_error("ibv_post_send", errno))),
+        }
+    }
+
+    fn poll(&self, out: &mut [Completion]) -> usize {
+        let mut wcs = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_BATCH];
+        let mut filled = 0;
+        while filled < out.len() {
+            let want = (out.len() - filled).min(POLL_BATCH);
+            let n = match self.qp.cq.poll(&mut wcs[..want]) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.set_error(e.to_string());
+                    break;
+                }
+            };
+            for w in &wcs[..n] {
+                // SAFETY: ibv_poll_cq initialised the first `n` entries.
+                let w = unsafe { w.assume_init_ref() };
+                let status = map_status(w.status);
+                // The opcode is only defined for successful completions; for errors
+                // it is a best guess (the engine only looks at the status).
+                let op = if w.opcode == sys::ibv_wc_opcode::IBV_WC_RDMA_READ {
+                    CompletedOp::Read
+                } else {
+                    CompletedOp::Write
+                };
+                if status != CompletionStatus::Success {
+                    self.set_error(format!(
+                        "work request {} completed with {} (vendor error {:#x})",
+                        w.wr_id,
+                        wc_status_str(w.status),
+                        w.vendor_err
+                    ));
+                }
+                out[filled] = Completion {
+                    wr_id: w.wr_id,
+                    status,
+                    op,
+                    byte_len: u64::from(w.byte_len),
+                };
+                filled += 1;
+            }
+            if n < want {
+                break;
+            }
+        }
+        filled
+    }
+
+    fn state(&self) -> QpState {
+        if !self.error.load(Ordering::Acquire) {
+            let now = self.ctx.now_ns();
+            let last = self.last_check.load(Ordering::Relaxed);
+            if now.saturating_sub(last) >= STATE_CHECK_NS
+                && self
+                    .last_check
+                    .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.check_device();
+            }
+        }
+        if self.error.load(Ordering::Acquire) {
+            QpState::Error
+        } else {
+            QpState::ReadyToSend
+        }
+    }
+
+    fn caps(&self) -> Caps {
+        self.caps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_mapping() {
+        use sys::ibv_wc_status as S;
+        assert_eq!(map_status(S::IBV_WC_SUCCESS), CompletionStatus::Success);
+        assert_eq!(
+            map_status(S::IBV_WC_LOC_PROT_ERR),
+            CompletionStatus::LocalProtectionError
+        );
+        assert_eq!(
+            map_status(S::IBV_WC_REM_ACCESS_ERR),
+            CompletionStatus::RemoteAccessError
+        );
+        assert_eq!(
+            map_status(S::IBV_WC_LOC_LEN_ERR),
+            CompletionStatus::LocalLengthError
+        );
+        assert_eq!(
+            map_status(S::IBV_WC_RETRY_EXC_ERR),
+            CompletionStatus::TransportError
+        );
+        assert_eq!(
+            map_status(S::IBV_WC_RNR_RETRY_EXC_ERR),
+            CompletionStatus::TransportError
+        );
+        assert_eq!(
+            map_status(S::IBV_WC_WR_FLUSH_ERR),
+            CompletionStatus::Flushed
+        );
+        assert_eq!(
+            map_status(S::IBV_WC_GENERAL_ERR),
+            CompletionStatus::TransportError
+        );
+    }
+
+    #[test]
+    fn psn_is_24_bits() {
+        for _ in 0..100 {
+            assert!(random_psn() <= 0xff_ffff);
+        }
+    }
+}

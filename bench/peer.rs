@@ -7,9 +7,25 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use rdma_channel::fabric::Fabric;
 use rdma_channel::{RdmaListener, RdmaStream};
 
 const SOCKET_VAR: &str = "RCH_PEER_SOCKET";
+
+/// Message sizes from `--sizes a,b,c` (with k/m suffixes), or `default`.
+pub fn sizes_from_args(default: &[usize]) -> Vec<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--sizes") {
+        if let Some(list) = args.get(i + 1) {
+            return list
+                .split(',')
+                .filter_map(|s| rdma_channel::config::parse_size(s).ok())
+                .filter(|&s| s > 0)
+                .collect();
+        }
+    }
+    default.to_vec()
+}
 
 /// Which side of the pair this process is.
 pub enum Side {
@@ -66,7 +82,7 @@ pub fn finish(side: Side) -> io::Result<()> {
 }
 
 /// Puts all of `buf`, busy-polling (the channel's fast path).
-pub fn send_all(s: &mut RdmaStream, buf: &[u8]) -> io::Result<()> {
+pub fn send_all<F: Fabric>(s: &mut RdmaStream<F>, buf: &[u8]) -> io::Result<()> {
     let mut at = 0;
     while at < buf.len() {
         at += s.try_put(&[IoSlice::new(&buf[at..])])?;
@@ -75,7 +91,7 @@ pub fn send_all(s: &mut RdmaStream, buf: &[u8]) -> io::Result<()> {
 }
 
 /// Gets exactly `buf.len()` bytes, busy-polling.
-pub fn recv_all(s: &mut RdmaStream, buf: &mut [u8]) -> io::Result<()> {
+pub fn recv_all<F: Fabric>(s: &mut RdmaStream<F>, buf: &mut [u8]) -> io::Result<()> {
     let mut at = 0;
     while at < buf.len() {
         at += s.try_get(&mut [IoSliceMut::new(&mut buf[at..])])?;
@@ -84,7 +100,12 @@ pub fn recv_all(s: &mut RdmaStream, buf: &mut [u8]) -> io::Result<()> {
 }
 
 /// One-way latency by ping-pong: half the mean round trip of `iters` exchanges.
-pub fn latency(s: &mut RdmaStream, side: &Side, size: usize, iters: usize) -> io::Result<Duration> {
+pub fn latency<F: Fabric>(
+    s: &mut RdmaStream<F>,
+    side: &Side,
+    size: usize,
+    iters: usize,
+) -> io::Result<Duration> {
     let mut buf = vec![0x5au8; size.max(1)];
     let buf = &mut buf[..size];
     let warm = (iters / 10).max(10);
@@ -106,8 +127,8 @@ pub fn latency(s: &mut RdmaStream, side: &Side, size: usize, iters: usize) -> io
 
 /// Windowed bandwidth (OSU style): the parent sends `window` messages back to back,
 /// the child acknowledges each window with 4 bytes. Returns bytes per second.
-pub fn bandwidth(
-    s: &mut RdmaStream,
+pub fn bandwidth<F: Fabric>(
+    s: &mut RdmaStream<F>,
     side: &Side,
     size: usize,
     window: usize,

@@ -21,22 +21,9 @@ use peer::{bandwidth, connect_pair, finish, latency, Side};
 
 const WINDOW: usize = 64;
 
-fn sizes_from_args() -> Vec<usize> {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--sizes") {
-        if let Some(list) = args.get(i + 1) {
-            return list
-                .split(',')
-                .filter_map(|s| rdma_channel::config::parse_size(s).ok())
-                .filter(|&s| s > 0)
-                .collect();
-        }
-    }
-    let mut v = vec![1];
-    while *v.last().unwrap() < 4 << 20 {
-        v.push(v.last().unwrap() * 2);
-    }
-    v
+/// 1 B, 2 B, 4 B, ... 4 MiB.
+fn default_sizes() -> Vec<usize> {
+    (0..=22).map(|k| 1usize << k).collect()
 }
 
 /// Iteration counts that keep each row near a fixed time budget.
@@ -64,7 +51,7 @@ fn memcpy_rate(size: usize) -> f64 {
 
 fn main() -> io::Result<()> {
     // cargo bench passes --bench; ignore it.
-    let sizes = sizes_from_args();
+    let sizes = peer::sizes_from_args(&default_sizes());
     let (mut s, side) = connect_pair("bench")?;
     let parent = matches!(side, Side::Parent(_));
     let cfg = s.config().clone();

@@ -5,7 +5,9 @@
 //! cargo run --release --bin rch-demo
 //! ```
 
+// Shared with the benchmarks; not every helper is used here.
 #[path = "../../bench/peer.rs"]
+#[allow(dead_code)]
 mod peer;
 
 use std::io;

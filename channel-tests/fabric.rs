@@ -271,10 +271,8 @@ fn invalid_requests_are_refused_synchronously() {
         signaled: true,
     };
     // SAFETY: refused before any memory is touched.
-    assert!(matches!(
-        unsafe { qa.post(&wr) },
-        Err(FabricError::InvalidRequest(_))
-    ));
+    let refused = unsafe { qa.post(&wr) };
+    assert!(matches!(refused, Err(FabricError::InvalidRequest(_))));
     let mut out = [no_completion(); 4];
     assert_eq!(
         qa.poll(&mut out),

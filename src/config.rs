@@ -11,6 +11,15 @@
 //! | `RCH_SPIN` | busy polls before a blocking wait yields | 2000 |
 //! | `RCH_YIELD` | `sched_yield`s before it sleeps | 50000 |
 //! | `RCH_SLEEP_MAX_US` | longest sleep between polls | 1000 |
+//! | `RCH_ZCOPY_THRESHOLD` | smallest buffer from [`alloc_mem`](crate::Channel::alloc_mem) sent zero-copy (`off` to disable) | fabric's |
+//! | `RCH_ZCOPY_PRIVATE_THRESHOLD` | the same for any other memory | fabric's |
+//! | `RCH_RCACHE_ENTRIES` | most cached registrations per connection | 512 |
+//! | `RCH_RCACHE_BYTES` | most bytes of cached registrations per connection | 1 GiB |
+//!
+//! The zero-copy thresholds are per kind of memory because the cost of the peer's
+//! read is: on the emulated fabric a buffer in a shared segment is read with a plain
+//! copy, any other memory through `process_vm_readv`. Each fabric supplies measured
+//! defaults ([`Fabric::zero_copy_defaults`](crate::fabric::Fabric::zero_copy_defaults)).
 //!
 //! The wait policy was measured with more busy threads than cores: sleeping while the
 //! peer is merely descheduled collapses throughput, so the wait yields for a long time
@@ -39,6 +48,10 @@ pub struct Config {
     spin: u32,
     yields: u32,
     sleep_max: Duration,
+    zcopy_threshold: Option<usize>,
+    zcopy_private_threshold: Option<usize>,
+    rcache_entries: usize,
+    rcache_bytes: usize,
 }
 
 /// Default receive ring size, chosen with `bench/sweep.sh` (see README): rings that hold
@@ -57,6 +70,10 @@ impl Default for Config {
             spin: 2_000,
             yields: 50_000,
             sleep_max: Duration::from_micros(1000),
+            zcopy_threshold: None,
+            zcopy_private_threshold: None,
+            rcache_entries: 512,
+            rcache_bytes: 1 << 30,
         }
     }
 }
@@ -142,6 +159,29 @@ impl Config {
         if let Some(v) = var("RCH_SLEEP_MAX_US") {
             c.sleep_max = Duration::from_micros(num("RCH_SLEEP_MAX_US", v)?);
         }
+        let threshold = |name: &str, v: String| {
+            if v.trim().eq_ignore_ascii_case("off") {
+                Ok(usize::MAX)
+            } else {
+                size(name, v)
+            }
+        };
+        if let Some(v) = var("RCH_ZCOPY_THRESHOLD") {
+            c.zcopy_threshold = Some(threshold("RCH_ZCOPY_THRESHOLD", v)?);
+            check(&c, "RCH_ZCOPY_THRESHOLD")?;
+        }
+        if let Some(v) = var("RCH_ZCOPY_PRIVATE_THRESHOLD") {
+            c.zcopy_private_threshold = Some(threshold("RCH_ZCOPY_PRIVATE_THRESHOLD", v)?);
+            check(&c, "RCH_ZCOPY_PRIVATE_THRESHOLD")?;
+        }
+        if let Some(v) = var("RCH_RCACHE_ENTRIES") {
+            c.rcache_entries = num("RCH_RCACHE_ENTRIES", v)?.min(usize::MAX as u64) as usize;
+            check(&c, "RCH_RCACHE_ENTRIES")?;
+        }
+        if let Some(v) = var("RCH_RCACHE_BYTES") {
+            c.rcache_bytes = size("RCH_RCACHE_BYTES", v)?;
+            check(&c, "RCH_RCACHE_BYTES")?;
+        }
         Ok(c)
     }
 
@@ -178,6 +218,38 @@ impl Config {
         self.yields = yields;
         self.sleep_max = sleep_max;
         self
+    }
+
+    /// Sets the smallest buffer sent zero-copy when it lies in memory from
+    /// [`alloc_mem`](crate::Channel::alloc_mem) (`usize::MAX` disables); `None` keeps the
+    /// fabric's measured default.
+    pub fn zero_copy_threshold(mut self, bytes: Option<usize>) -> Self {
+        self.zcopy_threshold = bytes;
+        self
+    }
+
+    /// Sets the smallest buffer in any other memory sent zero-copy (`usize::MAX`
+    /// disables); `None` keeps the fabric's measured default.
+    pub fn zero_copy_private_threshold(mut self, bytes: Option<usize>) -> Self {
+        self.zcopy_private_threshold = bytes;
+        self
+    }
+
+    /// Bounds the registration cache of each connection.
+    pub fn registration_cache(mut self, max_entries: usize, max_bytes: usize) -> Self {
+        self.rcache_entries = max_entries;
+        self.rcache_bytes = max_bytes;
+        self
+    }
+
+    /// Zero-copy thresholds set by the user, as (allocated memory, other memory).
+    pub fn zero_copy_thresholds(&self) -> (Option<usize>, Option<usize>) {
+        (self.zcopy_threshold, self.zcopy_private_threshold)
+    }
+
+    /// Registration cache bounds as (entries, bytes).
+    pub fn registration_cache_limits(&self) -> (usize, usize) {
+        (self.rcache_entries, self.rcache_bytes)
     }
 
     /// Receive ring size in bytes.
@@ -240,6 +312,21 @@ impl Config {
             if i < 64 {
                 return Err(bad(format!("max inline {i} must be at least 64")));
             }
+        }
+        for t in [self.zcopy_threshold, self.zcopy_private_threshold]
+            .into_iter()
+            .flatten()
+        {
+            if t == 0 {
+                return Err(bad(
+                    "zero-copy threshold must be at least 1 byte (or off)".into()
+                ));
+            }
+        }
+        if self.rcache_entries == 0 || self.rcache_bytes == 0 {
+            return Err(bad(
+                "registration cache bounds must be at least 1 entry and 1 byte".into(),
+            ));
         }
         Ok(())
     }

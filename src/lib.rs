@@ -39,9 +39,10 @@ pub mod config;
 pub mod engine;
 pub mod fabric;
 pub mod oob;
+pub mod rcache;
 pub mod ring;
 pub mod stream;
 
 pub use config::Config;
-pub use engine::{Channel, Prepared, Receiver, Sender};
+pub use engine::{Channel, Prepared, RdmaBuf, Receiver, Sender};
 pub use stream::{RdmaListener, RdmaStream, ReadHalf, WriteHalf};

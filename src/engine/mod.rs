@@ -11,6 +11,7 @@
 //! | --- | --- | --- |
 //! | 0 | receiver of our ring | its tail (explicit, delayed update) |
 //! | 8 | receiver of our ring | nonzero once it stopped reading |
+//! | 16 | receiver of our ring | number of the last zero-copy announcement it has read in full |
 //! | 64 | sender into our ring | credit request: the tail it knows + 1, when out of room |
 //! | 72 | sender into our ring | end of stream: its final head + 1 |
 //!
@@ -20,6 +21,13 @@
 //! is what makes "both rings full" safe: a sender that cannot progress says so, and
 //! the receiver answers as soon as it has consumed anything, even if the piggybacked
 //! updates it sent sit unread in the other ring.
+//!
+//! Large buffers can travel zero-copy (seed 001 sec. 5): the sender registers them
+//! through the connection's [registration cache](crate::rcache), writes a
+//! [`Rendezvous`] packet naming them into the ring and keeps them untouched; the
+//! receiver, on reaching that packet in FIFO order, pulls the bytes straight into the
+//! caller's buffers with RDMA READ, then writes the announcement's number into the
+//! sender's control word 16. See [`Sender::put_nocopy`] for the contract.
 
 mod wait;
 
@@ -35,15 +43,17 @@ use crate::fabric::{
     Access, Card, CompletionStatus, Fabric, MemoryRegion, Opcode, PendingQp, QpState, QueuePair,
     RemoteRegion, Sge, WorkRequest,
 };
+use crate::rcache::{CacheLimits, CacheStats, RegCache, RegHandle};
 use crate::ring::wire::{
-    cells_for, trailer_word, Header, PacketKind, CELL, HEADER_LEN, ONE_CELL_PAYLOAD, OVERHEAD,
-    TRAILER_LEN,
+    cells_for, trailer_word, Header, PacketKind, Rendezvous, RndvSeg, CELL, HEADER_LEN,
+    MAX_RNDV_SEGS, ONE_CELL_PAYLOAD, OVERHEAD, TRAILER_LEN,
 };
 use crate::ring::{boundary_offsets, max_payload_now, PAYLOAD_OFFSET};
 
 const CTRL_SIZE: usize = 4096;
 const CTRL_TAIL: u64 = 0;
 const CTRL_RX_CLOSED: u64 = 8;
+const CTRL_ZC_DONE: u64 = 16;
 const CTRL_CREDIT: u64 = 64;
 const CTRL_FIN: u64 = 72;
 
@@ -55,8 +65,13 @@ const MAX_SGE: usize = 32;
 /// Empty polls between two checks of the queue pair's health.
 const HEALTH_EVERY: u32 = 1024;
 
-/// Zero bytes that padding is gathered from.
-static ZEROS: [u8; CELL] = [0; CELL];
+/// Zero bytes that padding (and pad packets) are gathered from.
+static ZEROS: [u8; 8 * CELL] = [0; 8 * CELL];
+/// Largest single RDMA READ of the zero-copy path: big enough to amortise a request,
+/// small enough that several are in flight for a pipelined transfer.
+const READ_PIECE: usize = 1 << 20;
+/// Most zero-copy reads one receiver keeps in flight.
+const MAX_READS_IN_FLIGHT: usize = 16;
 
 /// One cell, aligned like the ring's cells so the copy into the ring is aligned too.
 #[repr(C, align(64))]
@@ -90,16 +105,27 @@ struct Link<F: Fabric> {
     /// First error seen, after which every call fails.
     broken: Mutex<Option<(io::ErrorKind, String)>>,
     is_broken: AtomicBool,
+    /// Zero-copy thresholds in force, as (allocated memory, other memory).
+    zc_thresholds: (usize, usize),
+    /// Registrations of user buffers for the zero-copy path (dropped before the fabric).
+    rcache: RegCache<F>,
     cfg: Config,
-    _fabric: F,
+    fabric: F,
 }
 
 /// Counts posted and retired work requests where the fabric's queue is finite.
+///
+/// Work request ids are sequence numbers from `posted` (writes take one only when the
+/// queue is finite; reads always do, as they are always signalled). Completions of an
+/// RC queue pair arrive in posting order, so `completed` > n means request n is done.
 struct SendQueue {
     depth: u64,
     interval: u64,
     posted: AtomicU64,
+    /// One past the highest request retired by a successful signalled completion.
     retired: AtomicU64,
+    /// One past the highest request with any completion (success, error or flush).
+    completed: AtomicU64,
 }
 
 impl<F: Fabric> Link<F> {
@@ -158,9 +184,13 @@ impl<F: Fabric> Link<F> {
             op: crate::fabric::CompletedOp::Write,
             byte_len: 0,
         }; 16];
+        let mut failure = None;
         loop {
             let n = self.qp.poll(&mut wcs);
             for wc in &wcs[..n] {
+                // AcqRel on both counters: a waiter that sees the new value also sees
+                // what the request did (the bytes a read placed).
+                self.sq.completed.fetch_max(wc.wr_id + 1, Ordering::AcqRel);
                 if wc.status != CompletionStatus::Success {
                     let kind = match wc.status {
                         CompletionStatus::TransportError | CompletionStatus::Flushed => {
@@ -168,13 +198,18 @@ impl<F: Fabric> Link<F> {
                         }
                         _ => io::ErrorKind::Other,
                     };
-                    return Err(self.fail(kind, format!("RDMA operation failed: {:?}", wc.status)));
+                    if failure.is_none() {
+                        failure = Some(
+                            self.fail(kind, format!("RDMA operation failed: {:?}", wc.status)),
+                        );
+                    }
+                    continue;
                 }
                 // A signalled success retires it and every unsignalled request before it.
                 self.sq.retired.fetch_max(wc.wr_id + 1, Ordering::AcqRel);
             }
             if n < wcs.len() {
-                return Ok(());
+                return failure.map_or(Ok(()), Err);
             }
         }
     }
@@ -217,6 +252,62 @@ impl<F: Fabric> Link<F> {
         };
         // SAFETY: forwarded from this function's contract.
         unsafe { self.qp.post(&wr) }.map_err(io::Error::from)
+    }
+
+    /// Posts a signalled RDMA READ and returns its sequence number (see [`SendQueue`]).
+    ///
+    /// # Safety
+    ///
+    /// `local` must stay valid and unaliased until `sq.completed` passes the returned
+    /// number (see [`wait_completed`](Self::wait_completed)).
+    unsafe fn post_read(&self, local: &[Sge], remote_addr: u64, rkey: u32) -> io::Result<u64> {
+        if self.sq.depth != u64::MAX {
+            let mut backoff = Backoff::new(1000, 100, std::time::Duration::from_micros(100));
+            while self.sq.posted.load(Ordering::Acquire) - self.sq.retired.load(Ordering::Acquire)
+                >= self.sq.depth
+            {
+                self.check_health()?;
+                backoff.snooze();
+            }
+        }
+        let seq = self.sq.posted.fetch_add(1, Ordering::AcqRel);
+        let wr = WorkRequest {
+            wr_id: seq,
+            opcode: Opcode::Read {
+                local,
+                remote_addr,
+                rkey,
+            },
+            signaled: true,
+        };
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.qp.post(&wr) }.map_err(io::Error::from)?;
+        Ok(seq)
+    }
+
+    /// Waits until request `seq` has a completion, successful or not. Never gives up
+    /// early: the memory a read targets must not be handed back while the NIC may
+    /// still write it, and an RC queue pair completes (or flushes) every request.
+    ///
+    /// # Errors
+    ///
+    /// The connection's error if any completion failed.
+    fn wait_completed(&self, seq: u64) -> io::Result<()> {
+        let mut backoff = Backoff::new(20_000, 1000, std::time::Duration::from_micros(50));
+        let mut failure = None;
+        while self.sq.completed.load(Ordering::Acquire) <= seq {
+            if let Err(e) = self.drain_completions() {
+                failure.get_or_insert(e);
+            }
+            if self.sq.completed.load(Ordering::Acquire) > seq {
+                break;
+            }
+            backoff.snooze();
+        }
+        match failure.or_else(|| self.error()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Writes one 8-byte control word into the peer's control region.
@@ -411,6 +502,9 @@ impl<F: Fabric> Prepared<F> {
             let d = caps.max_send_wr.max(2) as u64;
             (d, (d / 2).max(1))
         };
+        let (alloc_default, private_default) = self.fabric.zero_copy_defaults();
+        let (alloc_set, private_set) = self.cfg.zero_copy_thresholds();
+        let (max_entries, max_bytes) = self.cfg.registration_cache_limits();
         let link = Arc::new(Link {
             qp,
             ring: self.ring,
@@ -429,11 +523,20 @@ impl<F: Fabric> Prepared<F> {
                 interval,
                 posted: AtomicU64::new(0),
                 retired: AtomicU64::new(0),
+                completed: AtomicU64::new(0),
             },
             broken: Mutex::new(None),
             is_broken: AtomicBool::new(false),
+            zc_thresholds: (
+                alloc_set.unwrap_or(alloc_default).max(1),
+                private_set.unwrap_or(private_default).max(1),
+            ),
+            rcache: RegCache::new(CacheLimits {
+                max_entries,
+                max_bytes,
+            }),
             cfg: self.cfg,
-            _fabric: self.fabric,
+            fabric: self.fabric,
         });
         let ring_base = link.ring.addr();
         let ring_size = link.ring.len() as u64;
@@ -449,6 +552,12 @@ impl<F: Fabric> Prepared<F> {
                 max_pieces: caps.max_sge.min(MAX_SGE) - 3,
                 credit_requested_at: u64::MAX,
                 closed: false,
+                pending: None,
+                zc_next_id: 1,
+                zc_polls: 0,
+                max_rndv_segs: ((chunk as usize - OVERHEAD - Rendezvous::encoded_len(0))
+                    / Rendezvous::encoded_len(1).saturating_sub(Rendezvous::encoded_len(0)))
+                .clamp(1, MAX_RNDV_SEGS),
             },
             rx: Receiver {
                 link,
@@ -461,6 +570,9 @@ impl<F: Fabric> Prepared<F> {
                 cur_cells: 0,
                 in_packet: false,
                 empty_polls: 0,
+                zc: None,
+                zc_expected_id: 1,
+                max_reads: caps.max_rd_atomic.clamp(1, MAX_READS_IN_FLIGHT),
             },
         })
     }
@@ -533,6 +645,29 @@ impl<F: Fabric> Channel<F> {
         &self.tx.link.cfg
     }
 
+    /// Allocates `len` bytes of registered memory for zero-copy sends (like
+    /// `MPI_Alloc_mem` or `ucp_mem_map`): see [`Sender::alloc_mem`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Sender::alloc_mem`].
+    pub fn alloc_mem(&self, len: usize) -> io::Result<RdmaBuf<F>> {
+        self.tx.alloc_mem(len)
+    }
+
+    /// Counters of this connection's registration cache.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.tx.link.rcache.stats()
+    }
+
+    /// This connection's registration cache: its counters, its limits, how it detects
+    /// unmapped memory, and [`RegCache::invalidate`] for memory the program is about
+    /// to remap behind the cache's back (only needed where the automatic detection is
+    /// unavailable).
+    pub fn registration_cache(&self) -> &RegCache<F> {
+        &self.tx.link.rcache
+    }
+
     /// The sending half.
     pub fn sender(&mut self) -> &mut Sender<F> {
         &mut self.tx
@@ -559,6 +694,87 @@ pub struct Sender<F: Fabric> {
     /// Known tail at our last credit request (so we ask once per stall).
     credit_requested_at: u64,
     closed: bool,
+    /// The zero-copy transfer announced and not yet confirmed, if any.
+    pending: Option<PendingZc>,
+    /// Number of the next announcement.
+    zc_next_id: u64,
+    /// Polls of an unconfirmed transfer since the last health check.
+    zc_polls: u32,
+    /// Most segments one announcement may name (so it fits one packet).
+    max_rndv_segs: usize,
+}
+
+/// A zero-copy transfer the peer has been told about and has not confirmed.
+struct PendingZc {
+    id: u64,
+    count: usize,
+    segs: [RndvSeg; MAX_RNDV_SEGS],
+    handles: [Option<RegHandle>; MAX_RNDV_SEGS],
+}
+
+impl PendingZc {
+    fn total(&self) -> usize {
+        self.segs[..self.count].iter().map(|s| s.len as usize).sum()
+    }
+}
+
+/// Registered memory from [`Channel::alloc_mem`]: on the emulated fabric a shared
+/// segment the peer reads with a plain copy, so sends from it go zero-copy from a
+/// lower threshold than other memory. Dereferences to `[u8]`; dropping it frees it.
+///
+/// ```
+/// use std::io::{Read, Write};
+/// use rdma_channel::RdmaStream;
+/// let (mut a, mut b) = RdmaStream::pair()?;
+/// let mut buf = a.alloc_mem(1 << 20)?;
+/// buf.fill(7);
+/// let t = std::thread::spawn(move || {
+///     a.write_all(&buf)?; // zero-copy: returns once b has pulled the bytes
+///     Ok::<_, std::io::Error>(a)
+/// });
+/// let mut got = vec![0u8; 1 << 20];
+/// b.read_exact(&mut got)?;
+/// assert!(got.iter().all(|&x| x == 7));
+/// t.join().unwrap()?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct RdmaBuf<F: Fabric> {
+    link: Arc<Link<F>>,
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by this value (the cache only keeps its
+// registration); moving it between threads is as safe as moving a Vec<u8>.
+unsafe impl<F: Fabric> Send for RdmaBuf<F> {}
+// SAFETY: shared references only give out `&[u8]`.
+unsafe impl<F: Fabric> Sync for RdmaBuf<F> {}
+
+impl<F: Fabric> std::ops::Deref for RdmaBuf<F> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr..ptr+len is the live, initialised (zeroed at allocation)
+        // allocation this value owns until drop.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<F: Fabric> std::ops::DerefMut for RdmaBuf<F> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in deref; `&mut self` makes the access exclusive, and no transfer
+        // can be reading it: the safe send paths borrow the buffer until the peer
+        // confirmed, and `put_nocopy`'s contract forbids touching it meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<F: Fabric> Drop for RdmaBuf<F> {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from this cache's alloc and is freed once, here. If it is
+        // still acquired (only possible after a broken `put_nocopy` contract) the
+        // cache refuses and the memory is leaked rather than freed under the NIC.
+        let _ = unsafe { self.link.rcache.free(self.ptr.as_ptr()) };
+    }
 }
 
 impl<F: Fabric> Sender<F> {
@@ -587,26 +803,239 @@ impl<F: Fabric> Sender<F> {
     /// `BrokenPipe` once the peer stopped reading or after [`close`](Self::close);
     /// `ConnectionReset` when the peer vanished or the fabric failed.
     pub fn put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
-        if self.closed {
-            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "put after close"));
+        self.put_inner(iov, false)
+    }
+
+    /// As [`put`](Self::put), but buffers at or above the zero-copy threshold travel
+    /// without a copy: the peer reads them straight from `iov` with RDMA READ.
+    ///
+    /// When `put_nocopy` reaches such a buffer it announces it to the peer and returns
+    /// the bytes completed before it (possibly 0). The announced buffers are then in
+    /// flight: call `put_nocopy` again with an `iov` that starts with the same buffers
+    /// (same addresses and lengths) until it counts them, which it does once the peer
+    /// has read them all. Eager and zero-copy bytes keep one FIFO order.
+    ///
+    /// ```
+    /// use std::io::{IoSlice, IoSliceMut};
+    /// let (mut a, mut b) = rdma_channel::RdmaStream::pair()?;
+    /// let big = a.alloc_mem(256 << 10)?;
+    /// let iov = [IoSlice::new(b"head"), IoSlice::new(&big)];
+    /// // SAFETY: `big` and "head" stay untouched until put_nocopy has counted them.
+    /// let n = unsafe { a.channel().sender().put_nocopy(&iov) }?;
+    /// assert_eq!(n, 4); // the eager part; the big buffer is announced
+    /// let mut out = vec![1u8; 4 + (256 << 10)];
+    /// let mut got = 0;
+    /// while got < out.len() {
+    ///     got += b.try_get(&mut [IoSliceMut::new(&mut out[got..])])?;
+    /// }
+    /// assert_eq!(unsafe { a.channel().sender().put_nocopy(&iov[1..]) }?, 256 << 10);
+    /// assert!(out[4..].iter().all(|&x| x == 0));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Safety
+    ///
+    /// While a transfer is in flight (from the call that announced it until a call
+    /// counts it, or the sender is dropped), the announced memory must stay mapped
+    /// and unmodified. Dropping the sender with a transfer in flight deregisters the
+    /// buffers, so the peer's read fails instead of reading freed memory.
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Self::put); `InvalidInput` if a transfer is in flight and `iov`
+    /// does not start with its buffers.
+    pub unsafe fn put_nocopy(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+        let r = self.put_inner(iov, true);
+        if let Err(e) = &r {
+            // A mismatched retry leaves the transfer in flight (the caller may retry
+            // correctly); any other error ends the connection, so revoke the buffers.
+            if e.kind() != io::ErrorKind::InvalidInput || self.link.error().is_some() {
+                self.abort_pending();
+            }
         }
+        r
+    }
+
+    /// This connection's registration cache (see [`Channel::registration_cache`]).
+    pub fn registration_cache(&self) -> &RegCache<F> {
+        &self.link.rcache
+    }
+
+    /// True while a zero-copy transfer is announced and not yet confirmed.
+    pub fn zero_copy_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Waits (with the configured backoff) until the announced zero-copy transfer is
+    /// confirmed by the peer, so that the next [`put_nocopy`](Self::put_nocopy) counts it.
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Self::put).
+    pub fn wait_zero_copy(&mut self) -> io::Result<()> {
+        let (s, y, m) = self.link.cfg.wait();
+        let mut b = Backoff::new(s, y, m);
+        while let Some(p) = &self.pending {
+            if self.zc_confirmed(p.id)? {
+                return Ok(());
+            }
+            self.link.serve_credit()?;
+            b.snooze();
+        }
+        Ok(())
+    }
+
+    /// Allocates `len` bytes of zeroed, registered memory for zero-copy sends (like
+    /// `MPI_Alloc_mem` / `ucp_mem_map`). On the emulated fabric it is a shared segment
+    /// the peer reads with a plain copy, so it goes zero-copy from a lower threshold
+    /// ([`Config::zero_copy_threshold`]) than other memory. The buffer is registered
+    /// in this connection's domain; it can be sent on other connections too, at the
+    /// cost of ordinary memory.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for 0 bytes; out of memory or registration failure.
+    pub fn alloc_mem(&self, len: usize) -> io::Result<RdmaBuf<F>> {
+        let ptr = self.link.rcache.alloc(&self.link.fabric, len)?;
+        Ok(RdmaBuf {
+            link: self.link.clone(),
+            ptr,
+            len,
+        })
+    }
+
+    /// True once the peer confirmed announcement `id`; checks the connection's health
+    /// now and then while it has not.
+    fn zc_confirmed(&mut self, id: u64) -> io::Result<bool> {
         let link = &*self.link;
-        if let Some(e) = link.error() {
-            return Err(e);
+        // Acquire pairs with the fabric's Release store of the control word: the
+        // peer's reads were complete before it wrote the number.
+        if link.ctrl_word(CTRL_ZC_DONE).load(Ordering::Acquire) >= id {
+            return Ok(true);
         }
-        // Relaxed: a flag only; nothing is read on its strength.
+        // Relaxed: a flag only.
         if link.ctrl_word(CTRL_RX_CLOSED).load(Ordering::Relaxed) != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "the peer closed its reading side",
             ));
         }
-        link.serve_credit()?;
+        self.zc_polls += 1;
+        if self.zc_polls >= HEALTH_EVERY {
+            self.zc_polls = 0;
+            link.check_health()?;
+        }
+        Ok(false)
+    }
+
+    /// Gives up an unconfirmed transfer after an error: releases and deregisters its
+    /// buffers so the peer can no longer read them.
+    fn abort_pending(&mut self) {
+        if let Some(p) = self.pending.take() {
+            for (seg, h) in p.segs.iter().zip(p.handles.iter()).take(p.count) {
+                if let Some(h) = h {
+                    self.link.rcache.release(*h);
+                    if !h.is_owned() {
+                        self.link
+                            .rcache
+                            .invalidate(seg.addr as *const u8, seg.len as usize);
+                    }
+                }
+            }
+        }
+    }
+
+    /// True when `buf` should go zero-copy.
+    fn zc_eligible(&self, buf: &[u8]) -> bool {
+        let (alloc_t, private_t) = self.link.zc_thresholds;
+        buf.len() >= private_t
+            || (buf.len() >= alloc_t && self.link.rcache.is_owned(buf.as_ptr(), buf.len()))
+    }
+
+    fn put_inner(&mut self, iov: &[IoSlice<'_>], zero_copy: bool) -> io::Result<usize> {
+        if self.closed {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "put after close"));
+        }
+        if let Some(e) = self.link.error() {
+            return Err(e);
+        }
         let total: usize = iov.iter().map(|s| s.len()).sum();
         let (mut idx, mut off, mut done) = (0usize, 0usize, 0usize);
+        // An announced transfer is settled first: a peer that read it and then closed
+        // its reading side has still received it, and the count must say so.
+        if let Some(p) = &self.pending {
+            // The caller must offer the announced buffers again, first.
+            let mut matched = 0;
+            for s in iov.iter().filter(|s| !s.is_empty()).take(p.count) {
+                let seg = &p.segs[matched];
+                if s.as_ptr() as u64 != seg.addr || s.len() as u64 != seg.len {
+                    break;
+                }
+                matched += 1;
+            }
+            if matched < p.count {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a zero-copy put is in flight: offer the same buffers again until it is counted",
+                ));
+            }
+            let id = p.id;
+            if !self.zc_confirmed(id)? {
+                return Ok(0);
+            }
+            let p = self.pending.take().expect("checked above");
+            for h in p.handles.iter().take(p.count).flatten() {
+                self.link.rcache.release(*h);
+            }
+            done = p.total();
+            // Skip past the announced buffers.
+            let mut seen = 0;
+            while seen < p.count {
+                if !iov[idx].is_empty() {
+                    seen += 1;
+                }
+                idx += 1;
+            }
+        }
+        let link = &*self.link;
+        // Relaxed: a flag only; nothing is read on its strength.
+        if link.ctrl_word(CTRL_RX_CLOSED).load(Ordering::Relaxed) != 0 {
+            if done > 0 {
+                return Ok(done);
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the peer closed its reading side",
+            ));
+        }
+        link.serve_credit()?;
         while done < total {
+            // Skip empty slices so the cursor always points at a byte.
+            while iov[idx].len() == off {
+                idx += 1;
+                off = 0;
+            }
+            // Eager bytes stop where the next zero-copy buffer starts.
+            let mut eager_left = total - done;
+            if zero_copy {
+                if off == 0 && self.zc_eligible(&iov[idx]) {
+                    match self.announce(&iov[idx..])? {
+                        Announce::Sent => return Ok(done),
+                        Announce::NoRoom => break,
+                        Announce::Refused => {}
+                    }
+                } else {
+                    eager_left = iov[idx].len() - off;
+                    for s in &iov[idx + 1..] {
+                        if self.zc_eligible(s) {
+                            break;
+                        }
+                        eager_left += s.len();
+                    }
+                }
+            }
             let mut room = max_payload_now(self.ring_size, self.head, self.tail, self.chunk);
-            if room < total - done && room < self.chunk as usize - OVERHEAD {
+            if room < eager_left && room < self.chunk as usize - OVERHEAD {
                 self.refresh_tail()?;
                 room = max_payload_now(self.ring_size, self.head, self.tail, self.chunk);
                 if room == 0 {
@@ -614,12 +1043,7 @@ impl<F: Fabric> Sender<F> {
                     break;
                 }
             }
-            // Skip empty slices so the cursor always points at a byte.
-            while iov[idx].len() == off {
-                idx += 1;
-                off = 0;
-            }
-            let n = self.write_packet(&iov[idx..], off, (total - done).min(room))?;
+            let n = self.write_packet(&iov[idx..], off, eager_left.min(room))?;
             done += n;
             // Advance the cursor by n bytes.
             let mut left = n;
@@ -642,7 +1066,97 @@ impl<F: Fabric> Sender<F> {
         if want <= ONE_CELL_PAYLOAD && self.inline_limit >= CELL {
             return self.write_cell(iov, skip, want);
         }
-        self.write_gathered(iov, skip, want)
+        self.write_gathered(iov, skip, want, PacketKind::Data)
+    }
+
+    /// Announces a zero-copy transfer of the buffers at the start of `iov` (the first
+    /// is eligible; following eligible ones join it, up to the segment limit).
+    fn announce(&mut self, iov: &[IoSlice<'_>]) -> io::Result<Announce> {
+        let mut count = 1;
+        while count < iov.len().min(self.max_rndv_segs) && self.zc_eligible(&iov[count]) {
+            count += 1;
+        }
+        let need = Rendezvous::encoded_len(count);
+        if !self.make_room_for(need)? {
+            return Ok(Announce::NoRoom);
+        }
+        let link = self.link.clone();
+        let mut p = PendingZc {
+            id: self.zc_next_id,
+            count: 0,
+            segs: [RndvSeg::default(); MAX_RNDV_SEGS],
+            handles: [None; MAX_RNDV_SEGS],
+        };
+        for buf in &iov[..count] {
+            // SAFETY: put_nocopy's contract keeps announced buffers mapped until the
+            // transfer is counted (then we release) or aborted (release + invalidate).
+            match unsafe {
+                link.rcache
+                    .acquire(&link.fabric, buf.as_ptr(), buf.len(), Access::REMOTE_READ)
+            } {
+                Ok(h) => {
+                    p.segs[p.count] = RndvSeg {
+                        addr: buf.as_ptr() as u64,
+                        len: buf.len() as u64,
+                        rkey: h.rkey(),
+                    };
+                    p.handles[p.count] = Some(h);
+                    p.count += 1;
+                }
+                // Memory the fabric cannot register (read-only pages on verbs, say)
+                // simply goes through the ring.
+                Err(_) => break,
+            }
+        }
+        if p.count == 0 {
+            return Ok(Announce::Refused);
+        }
+        let mut desc = [0u8; Rendezvous::encoded_len(MAX_RNDV_SEGS)];
+        let n = Rendezvous::encode(&mut desc, p.id, &p.segs[..p.count]);
+        let written =
+            self.write_gathered(&[IoSlice::new(&desc[..n])], 0, n, PacketKind::Rendezvous);
+        match written {
+            Ok(_) => {
+                self.zc_next_id += 1;
+                self.zc_polls = 0;
+                self.pending = Some(p);
+                Ok(Announce::Sent)
+            }
+            Err(e) => {
+                for h in p.handles.iter().take(p.count).flatten() {
+                    link.rcache.release(*h);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes sure a packet with `payload` bytes fits in one piece at the head, writing
+    /// a pad packet to the ring's physical end if that is what stands in the way.
+    /// False when the ring has no room (credit requested).
+    fn make_room_for(&mut self, payload: usize) -> io::Result<bool> {
+        loop {
+            let room = max_payload_now(self.ring_size, self.head, self.tail, self.chunk);
+            if room >= payload {
+                return Ok(true);
+            }
+            let to_end = self.ring_size - (self.head & (self.ring_size - 1));
+            let free = self.ring_size - (self.head - self.tail);
+            if room > 0 && to_end < (cells_for(payload) * CELL) as u64 && free >= to_end {
+                // Fill to the end with a pad packet; the packet then starts at offset 0.
+                let pad = to_end as usize - OVERHEAD;
+                self.write_gathered(&[IoSlice::new(&ZEROS[..pad])], 0, pad, PacketKind::Pad)?;
+                continue;
+            }
+            self.refresh_tail()?;
+            if max_payload_now(self.ring_size, self.head, self.tail, self.chunk) >= payload {
+                return Ok(true);
+            }
+            if max_payload_now(self.ring_size, self.head, self.tail, self.chunk) == room {
+                self.request_credit()?;
+                return Ok(false);
+            }
+        }
     }
 
     /// The small-message path: the whole one-cell packet is assembled on the stack and
@@ -690,6 +1204,7 @@ impl<F: Fabric> Sender<F> {
         iov: &[IoSlice<'_>],
         skip: usize,
         want: usize,
+        kind: PacketKind,
     ) -> io::Result<usize> {
         let link = &*self.link;
         let mut len = want;
@@ -727,7 +1242,7 @@ impl<F: Fabric> Sender<F> {
         // Acquire pairs with the receiver's Release after copying out: the value we
         // announce is only ever a position whose bytes were fully consumed.
         let ack = link.rx_tail.load(Ordering::Acquire);
-        Header::new_unchecked(&mut header[..]).fill(self.head, PacketKind::Data, len as u32, ack);
+        Header::new_unchecked(&mut header[..]).fill(self.head, kind, len as u32, ack);
         let trailer = trailer_word(end).to_le_bytes();
         sges[0].write(Sge {
             addr: header.as_mut_ptr(),
@@ -892,8 +1407,19 @@ impl<F: Fabric> Sender<F> {
     }
 }
 
+/// Outcome of an attempt to announce a zero-copy transfer.
+enum Announce {
+    /// Announced; the transfer is in flight.
+    Sent,
+    /// The ring has no room for the announcement now.
+    NoRoom,
+    /// The buffer could not be registered: send it through the ring instead.
+    Refused,
+}
+
 impl<F: Fabric> Drop for Sender<F> {
     fn drop(&mut self) {
+        self.abort_pending();
         let _ = self.close();
     }
 }
@@ -913,6 +1439,24 @@ pub struct Receiver<F: Fabric> {
     cur_cells: usize,
     in_packet: bool,
     empty_polls: u32,
+    /// The zero-copy transfer being read, if the stream is at one.
+    zc: Option<ZcRecv>,
+    /// Number the next announcement must carry.
+    zc_expected_id: u64,
+    /// Most RDMA READs in flight (the fabric's `max_rd_atomic`, capped).
+    max_reads: usize,
+}
+
+/// An announced transfer the receiver is reading (its segments, and how far it got).
+struct ZcRecv {
+    id: u64,
+    total: u64,
+    done: u64,
+    count: usize,
+    segs: [RndvSeg; MAX_RNDV_SEGS],
+    /// Segment and offset in it of the next byte to read.
+    seg: usize,
+    seg_off: u64,
 }
 
 // SAFETY: `ring_base` points into the ring region owned by `link`, which the Receiver
@@ -985,8 +1529,137 @@ impl<F: Fabric> Receiver<F> {
                 PacketKind::Pad => {
                     self.finish_packet();
                 }
+                PacketKind::Rendezvous => {
+                    let at = (self.read_pos & (self.ring_size - 1)) as usize + PAYLOAD_OFFSET;
+                    let mut desc = [0u8; Rendezvous::encoded_len(MAX_RNDV_SEGS)];
+                    if len > desc.len() {
+                        return Err(self.link.fail(
+                            io::ErrorKind::InvalidData,
+                            format!("protocol error: rendezvous of {len} bytes"),
+                        ));
+                    }
+                    // SAFETY: the packet lies inside the ring and is fully visible (the
+                    // trailer check above); `desc` is a local array of at least len bytes.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            self.ring_base.add(at),
+                            desc.as_mut_ptr(),
+                            len,
+                        )
+                    };
+                    let r = Rendezvous::new_checked(&desc[..len]).map_err(|e| {
+                        self.link
+                            .fail(io::ErrorKind::InvalidData, format!("protocol error: {e}"))
+                    })?;
+                    if r.id() != self.zc_expected_id {
+                        return Err(self.link.fail(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "protocol error: rendezvous {} where {} was due",
+                                r.id(),
+                                self.zc_expected_id
+                            ),
+                        ));
+                    }
+                    let mut z = ZcRecv {
+                        id: r.id(),
+                        total: r.total(),
+                        done: 0,
+                        count: r.count(),
+                        segs: [RndvSeg::default(); MAX_RNDV_SEGS],
+                        seg: 0,
+                        seg_off: 0,
+                    };
+                    for i in 0..z.count {
+                        z.segs[i] = r.seg(i);
+                    }
+                    self.zc_expected_id += 1;
+                    self.zc = Some(z);
+                    // The announcement is copied out: its cells can be reused at once.
+                    self.finish_packet();
+                    return Ok(true);
+                }
             }
         }
+    }
+
+    /// Pulls the next bytes of the announced transfer into `dst` with RDMA READ and
+    /// returns how many (at least one). Returns only once every read into `dst` has
+    /// completed, so the caller's buffer is never written after this borrow ends.
+    fn read_zero_copy(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        let link = self.link.clone();
+        let z = self
+            .zc
+            .as_mut()
+            .expect("called with a transfer in progress");
+        let n = (dst.len() as u64).min(z.total - z.done) as usize;
+        // SAFETY: `dst` is exclusively borrowed for this call and we wait for every
+        // read into it before returning (even on error), then release the handle.
+        let h = unsafe {
+            link.rcache
+                .acquire(&link.fabric, dst.as_ptr(), n, Access::LOCAL_WRITE)
+        }?;
+        let mut in_flight = [0u64; MAX_READS_IN_FLIGHT];
+        let (mut first, mut count) = (0usize, 0usize);
+        let mut last = None;
+        let mut posted = 0usize;
+        let mut result = Ok(());
+        while posted < n {
+            if count == self.max_reads {
+                // Window full: wait for the oldest read.
+                if let Err(e) = link.wait_completed(in_flight[first]) {
+                    result = Err(e);
+                    break;
+                }
+                first = (first + 1) % MAX_READS_IN_FLIGHT;
+                count -= 1;
+            }
+            let seg = z.segs[z.seg];
+            let piece = ((seg.len - z.seg_off) as usize)
+                .min(n - posted)
+                .min(READ_PIECE);
+            let sge = [Sge {
+                // SAFETY: posted + piece <= n <= dst.len().
+                addr: unsafe { dst.as_mut_ptr().add(posted) },
+                len: piece as u32,
+                lkey: h.lkey(),
+            }];
+            // SAFETY: the target lies in `dst`, registered above, and is not handed
+            // back before wait_completed below has seen this read's completion.
+            match unsafe { link.post_read(&sge, seg.addr + z.seg_off, seg.rkey) } {
+                Ok(seq) => {
+                    in_flight[(first + count) % MAX_READS_IN_FLIGHT] = seq;
+                    count += 1;
+                    last = Some(seq);
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+            posted += piece;
+            z.seg_off += piece as u64;
+            if z.seg_off == seg.len {
+                z.seg += 1;
+                z.seg_off = 0;
+            }
+        }
+        // Completions arrive in order, so waiting for the last posted read covers all.
+        if let Some(seq) = last {
+            let waited = link.wait_completed(seq);
+            if result.is_ok() {
+                result = waited;
+            }
+        }
+        link.rcache.release(h);
+        result?;
+        z.done += n as u64;
+        if z.done == z.total {
+            let id = z.id;
+            self.zc = None;
+            link.post_ctrl(CTRL_ZC_DONE, id)?;
+        }
+        Ok(n)
     }
 
     fn take_ack(&self, ack: u64) -> io::Result<()> {
@@ -1053,8 +1726,12 @@ impl<F: Fabric> Receiver<F> {
         for buf in iov.iter_mut() {
             let mut at = 0;
             while at < buf.len() {
-                if !self.in_packet && !self.next_packet()? {
+                if self.zc.is_none() && !self.in_packet && !self.next_packet()? {
                     break;
+                }
+                if self.zc.is_some() {
+                    at += self.read_zero_copy(&mut buf[at..])?;
+                    continue;
                 }
                 let n = self.cur_left.min(buf.len() - at);
                 // SAFETY: [cur_off, cur_off + n) lies inside the ring (next_packet checked
@@ -1101,7 +1778,7 @@ impl<F: Fabric> Receiver<F> {
         // Acquire: pairs with the fabric's Release store of the end-of-stream word, which
         // the peer posted after all its packets.
         let fin = self.link.ctrl_word(CTRL_FIN).load(Ordering::Acquire);
-        !self.in_packet && fin != 0 && self.read_pos + 1 >= fin
+        !self.in_packet && self.zc.is_none() && fin != 0 && self.read_pos + 1 >= fin
     }
 
     /// Called when a poll found nothing: end of stream, and now and then the health
@@ -1123,7 +1800,7 @@ impl<F: Fabric> Receiver<F> {
 
     fn after_get(&mut self, done: usize) -> io::Result<()> {
         self.maintain()?;
-        if done == 0 && !self.in_packet {
+        if done == 0 && !self.in_packet && self.zc.is_none() {
             self.idle()?;
         }
         Ok(())
@@ -1135,7 +1812,7 @@ impl<F: Fabric> Receiver<F> {
     ///
     /// As [`get`](Self::get).
     pub fn can_get(&mut self) -> io::Result<bool> {
-        Ok(self.in_packet || self.next_packet()?)
+        Ok(self.in_packet || self.zc.is_some() || self.next_packet()?)
     }
 
     /// Waits (with the configured backoff) until `get` can return data.

@@ -495,4 +495,19 @@ pub trait Fabric: Send + Sync + Sized + 'static {
 
     /// A short name for messages and benchmark tables.
     fn name(&self) -> &'static str;
+
+    /// Measured defaults for the zero-copy thresholds, as (memory from
+    /// [`alloc_region`](Self::alloc_region), any other memory): the smallest buffer
+    /// for which the peer's RDMA READ beats the ring's copies. `usize::MAX` means
+    /// never. Fabrics override this with their own measurements.
+    ///
+    /// ```
+    /// use rdma_channel::fabric::{emulated::EmuFabric, Fabric};
+    /// let (alloc, other) = EmuFabric::new()?.zero_copy_defaults();
+    /// assert!(alloc <= other);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    fn zero_copy_defaults(&self) -> (usize, usize) {
+        (64 << 10, 64 << 10)
+    }
 }

@@ -55,6 +55,9 @@ pub enum PacketKind {
     Data = 1,
     /// Filler that carries no stream bytes (skipped by the reader).
     Pad = 2,
+    /// A zero-copy announcement: the payload is a [`Rendezvous`] naming the sender's
+    /// buffers, which the receiver pulls with RDMA READ (seed 001 sec. 5).
+    Rendezvous = 3,
 }
 
 impl PacketKind {
@@ -62,6 +65,7 @@ impl PacketKind {
         match bits {
             1 => Some(PacketKind::Data),
             2 => Some(PacketKind::Pad),
+            3 => Some(PacketKind::Rendezvous),
             _ => None,
         }
     }
@@ -134,6 +138,166 @@ impl fmt::Display for WireError {
 }
 
 impl std::error::Error for WireError {}
+
+/// Most buffers one zero-copy announcement names.
+pub const MAX_RNDV_SEGS: usize = 16;
+/// Bytes of a [`Rendezvous`] before its segment list.
+pub const RNDV_FIXED: usize = 24;
+/// Bytes of one segment entry of a [`Rendezvous`].
+pub const RNDV_SEG: usize = 24;
+
+/// One buffer of a zero-copy announcement: where the receiver reads it from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RndvSeg {
+    /// Address in the sender's address space.
+    pub addr: u64,
+    /// Length in bytes (never zero).
+    pub len: u64,
+    /// Remote key of a registration covering the buffer with REMOTE_READ.
+    pub rkey: u32,
+}
+
+/// Why a rendezvous payload was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RndvError {
+    /// Shorter than its fixed part or than its segment count says.
+    Truncated,
+    /// No segments, or more than [`MAX_RNDV_SEGS`].
+    BadCount(u32),
+    /// A zero-length segment, an address range that wraps, or a total that does not
+    /// match the sum of the segments.
+    BadLength,
+}
+
+impl fmt::Display for RndvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RndvError::Truncated => write!(f, "rendezvous announcement truncated"),
+            RndvError::BadCount(n) => write!(f, "rendezvous with {n} segments"),
+            RndvError::BadLength => write!(f, "rendezvous lengths inconsistent"),
+        }
+    }
+}
+
+impl std::error::Error for RndvError {}
+
+/// A typed view over a zero-copy announcement (the payload of a
+/// [`PacketKind::Rendezvous`] packet):
+///
+/// ```text
+/// | id u64 | total u64 | count u32 | 0 u32 | count x (addr u64, len u64, rkey u32, 0 u32) |
+/// ```
+///
+/// `id` numbers the sender's announcements from 1; the receiver reports `id` back in
+/// its control word when it has read them all.
+///
+/// ```
+/// use rdma_channel::ring::wire::{Rendezvous, RndvSeg};
+/// let segs = [RndvSeg { addr: 0x1000, len: 300, rkey: 9 }, RndvSeg { addr: 0x9000, len: 1, rkey: 9 }];
+/// let mut buf = [0u8; 96];
+/// let n = Rendezvous::encode(&mut buf, 7, &segs);
+/// let r = Rendezvous::new_checked(&buf[..n]).unwrap();
+/// assert_eq!((r.id(), r.total(), r.count()), (7, 301, 2));
+/// assert_eq!(r.seg(1), segs[1]);
+/// assert!(Rendezvous::new_checked(&buf[..n - 1]).is_err());
+/// ```
+#[derive(Debug)]
+pub struct Rendezvous<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Rendezvous<T> {
+    /// Wraps `buffer` after checking every length and segment (so the accessors cannot
+    /// panic and the segments describe exactly `total` bytes).
+    ///
+    /// # Errors
+    ///
+    /// The [`RndvError`] that applies.
+    pub fn new_checked(buffer: T) -> Result<Rendezvous<T>, RndvError> {
+        let b = buffer.as_ref();
+        if b.len() < RNDV_FIXED {
+            return Err(RndvError::Truncated);
+        }
+        let count = u32::from_le_bytes(b[16..20].try_into().unwrap());
+        if count == 0 || count as usize > MAX_RNDV_SEGS {
+            return Err(RndvError::BadCount(count));
+        }
+        if b.len() != RNDV_FIXED + count as usize * RNDV_SEG {
+            return Err(RndvError::Truncated);
+        }
+        let view = Rendezvous { buffer };
+        let mut sum = 0u64;
+        for i in 0..count as usize {
+            let s = view.seg(i);
+            if s.len == 0 || s.addr.checked_add(s.len).is_none() {
+                return Err(RndvError::BadLength);
+            }
+            sum = sum.checked_add(s.len).ok_or(RndvError::BadLength)?;
+        }
+        if sum != view.total() {
+            return Err(RndvError::BadLength);
+        }
+        Ok(view)
+    }
+
+    /// The announcement's number.
+    pub fn id(&self) -> u64 {
+        u64::from_le_bytes(self.buffer.as_ref()[0..8].try_into().unwrap())
+    }
+
+    /// Bytes in all segments together.
+    pub fn total(&self) -> u64 {
+        u64::from_le_bytes(self.buffer.as_ref()[8..16].try_into().unwrap())
+    }
+
+    /// Number of segments.
+    pub fn count(&self) -> usize {
+        u32::from_le_bytes(self.buffer.as_ref()[16..20].try_into().unwrap()) as usize
+    }
+
+    /// Segment `i` (panics if `i >= count()`).
+    pub fn seg(&self, i: usize) -> RndvSeg {
+        let b = &self.buffer.as_ref()[RNDV_FIXED + i * RNDV_SEG..][..RNDV_SEG];
+        RndvSeg {
+            addr: u64::from_le_bytes(b[0..8].try_into().unwrap()),
+            len: u64::from_le_bytes(b[8..16].try_into().unwrap()),
+            rkey: u32::from_le_bytes(b[16..20].try_into().unwrap()),
+        }
+    }
+}
+
+impl Rendezvous<&[u8]> {
+    /// Bytes an announcement of `count` segments takes.
+    ///
+    /// ```
+    /// assert_eq!(rdma_channel::ring::wire::Rendezvous::encoded_len(2), 72);
+    /// ```
+    pub const fn encoded_len(count: usize) -> usize {
+        RNDV_FIXED + count * RNDV_SEG
+    }
+
+    /// Writes an announcement into `out` and returns its length. Panics if `out` is
+    /// shorter than [`encoded_len`](Self::encoded_len) or `segs` is empty or longer
+    /// than [`MAX_RNDV_SEGS`] (the sender's own invariants).
+    pub fn encode(out: &mut [u8], id: u64, segs: &[RndvSeg]) -> usize {
+        assert!(!segs.is_empty() && segs.len() <= MAX_RNDV_SEGS);
+        let n = Self::encoded_len(segs.len());
+        let out = &mut out[..n];
+        let total: u64 = segs.iter().map(|s| s.len).sum();
+        out[0..8].copy_from_slice(&id.to_le_bytes());
+        out[8..16].copy_from_slice(&total.to_le_bytes());
+        out[16..20].copy_from_slice(&(segs.len() as u32).to_le_bytes());
+        out[20..24].fill(0);
+        for (i, s) in segs.iter().enumerate() {
+            let b = &mut out[RNDV_FIXED + i * RNDV_SEG..][..RNDV_SEG];
+            b[0..8].copy_from_slice(&s.addr.to_le_bytes());
+            b[8..16].copy_from_slice(&s.len.to_le_bytes());
+            b[16..20].copy_from_slice(&s.rkey.to_le_bytes());
+            b[20..24].fill(0);
+        }
+        n
+    }
+}
 
 /// A typed view over the 16 header bytes of a packet (header word and ack word).
 ///
@@ -253,6 +417,40 @@ mod tests {
         assert_eq!(h.kind(), Ok(PacketKind::Pad));
         assert_eq!(h.len() as usize, MAX_PAYLOAD);
         assert_eq!(h.ack(), u64::MAX);
+    }
+
+    #[test]
+    fn rendezvous_rejects_inconsistent_announcements() {
+        let segs = [RndvSeg {
+            addr: 64,
+            len: 10,
+            rkey: 1,
+        }];
+        let mut b = [0u8; 56];
+        let n = Rendezvous::encode(&mut b, 1, &segs);
+        assert!(Rendezvous::new_checked(&b[..n]).is_ok());
+        let mut bad = b;
+        bad[8] = 11; // total no longer matches
+        assert_eq!(
+            Rendezvous::new_checked(&bad[..n]).unwrap_err(),
+            RndvError::BadLength
+        );
+        let mut bad = b;
+        bad[16] = 0; // no segments
+        assert_eq!(
+            Rendezvous::new_checked(&bad[..n]).unwrap_err(),
+            RndvError::BadCount(0)
+        );
+        let mut bad = b;
+        bad[24..32].copy_from_slice(&u64::MAX.to_le_bytes()); // wraps
+        assert_eq!(
+            Rendezvous::new_checked(&bad[..n]).unwrap_err(),
+            RndvError::BadLength
+        );
+        assert_eq!(
+            Rendezvous::new_checked(&b[..n + 8]).unwrap_err(),
+            RndvError::Truncated
+        );
     }
 
     #[test]

@@ -12,10 +12,11 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 
 use crate::config::Config;
-use crate::engine::{Channel, Prepared, Receiver, Sender};
+use crate::engine::{Channel, Prepared, RdmaBuf, Receiver, Sender};
 use crate::fabric::emulated::EmuFabric;
 use crate::fabric::Fabric;
 use crate::oob;
+use crate::rcache::{CacheStats, RegCache};
 
 /// A connected stream. `F` is the fabric (the emulated one by default).
 ///
@@ -147,6 +148,25 @@ impl<F: Fabric> RdmaStream<F> {
         self.chan.put(iov)
     }
 
+    /// Allocates registered memory for zero-copy sends: see [`Channel::alloc_mem`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Channel::alloc_mem`].
+    pub fn alloc_mem(&self, len: usize) -> io::Result<RdmaBuf<F>> {
+        self.chan.alloc_mem(len)
+    }
+
+    /// Counters of this connection's registration cache.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.chan.cache_stats()
+    }
+
+    /// This connection's registration cache: see [`Channel::registration_cache`].
+    pub fn registration_cache(&self) -> &RegCache<F> {
+        self.chan.registration_cache()
+    }
+
     /// Non-blocking get: fills `iov` with what has arrived, in order, and returns the
     /// byte count (0 when nothing has arrived).
     ///
@@ -238,16 +258,39 @@ fn blocking_read<F: Fabric>(
     }
 }
 
+/// Blocking write. Buffers at or above the zero-copy threshold go zero-copy, which
+/// is safe here because `bufs` stays borrowed until the peer confirmed its read (or
+/// the transfer was revoked on an error): the write is then a rendezvous.
 fn blocking_write<F: Fabric>(tx: &mut Sender<F>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
     if bufs.iter().all(|b| b.is_empty()) {
         return Ok(0);
     }
+    let mut done = 0;
     loop {
-        let n = tx.put(bufs)?;
-        if n > 0 {
-            return Ok(n);
+        // A transfer in flight always starts at a buffer boundary, so `bufs[i..]`
+        // begins with the announced buffers whenever one is pending.
+        let (mut i, mut skip) = (0, done);
+        while i < bufs.len() && skip >= bufs[i].len() && skip > 0 {
+            skip -= bufs[i].len();
+            i += 1;
         }
-        tx.wait_writable()?;
+        if skip > 0 {
+            // Mid-buffer: nothing is in flight, so the bytes counted so far can go back.
+            return Ok(done);
+        }
+        // SAFETY: `bufs` is borrowed for this whole call, and the loop only returns
+        // when nothing of it is in flight: after put_nocopy counted the transfer, or
+        // with an error (put_nocopy revokes the transfer then). Every retry offers the
+        // announced buffers first (see above), so no mismatch leaves one in flight.
+        let n = unsafe { tx.put_nocopy(&bufs[i..]) }?;
+        done += n;
+        if tx.zero_copy_pending() {
+            tx.wait_zero_copy()?;
+        } else if done > 0 {
+            return Ok(done);
+        } else {
+            tx.wait_writable()?;
+        }
     }
 }
 
@@ -311,6 +354,25 @@ impl<F: Fabric> WriteHalf<F> {
     /// As [`RdmaStream::try_put`].
     pub fn try_put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
         self.tx.put(iov)
+    }
+
+    /// Allocates registered memory for zero-copy sends: see [`Sender::alloc_mem`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Sender::alloc_mem`].
+    pub fn alloc_mem(&self, len: usize) -> io::Result<RdmaBuf<F>> {
+        self.tx.alloc_mem(len)
+    }
+
+    /// This connection's registration cache: see [`Channel::registration_cache`].
+    pub fn registration_cache(&self) -> &RegCache<F> {
+        self.tx.registration_cache()
+    }
+
+    /// The engine's sender, for [`Sender::put_nocopy`].
+    pub fn sender(&mut self) -> &mut Sender<F> {
+        &mut self.tx
     }
 
     /// Ends the stream, as [`RdmaStream::shutdown_write`].

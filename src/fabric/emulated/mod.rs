@@ -584,7 +584,19 @@ impl Fabric for EmuFabric {
     fn name(&self) -> &'static str {
         "emulated"
     }
+
+    /// Memory from `alloc_region` is a shared segment the reader copies from directly,
+    /// so a read beats the ring's two copies early; other memory is reached through
+    /// `process_vm_readv`, which on the machines measured never beat the ring (see
+    /// `cargo bench --bench zerocopy` and the README), so it never goes zero-copy by
+    /// default.
+    fn zero_copy_defaults(&self) -> (usize, usize) {
+        (ZERO_COPY_SHARED_DEFAULT, usize::MAX)
+    }
 }
+
+/// Smallest shared-segment buffer sent zero-copy by default (measured crossover).
+const ZERO_COPY_SHARED_DEFAULT: usize = 64 << 10;
 
 /// Memory registered with an [`EmuFabric`]. Dropping it deregisters the memory (see the
 /// module documentation for the fence) and, for [`alloc_region`](Fabric::alloc_region)

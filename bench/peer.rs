@@ -81,11 +81,14 @@ pub fn finish(side: Side) -> io::Result<()> {
     Ok(())
 }
 
-/// Puts all of `buf`, busy-polling (the channel's fast path).
+/// Puts all of `buf`, busy-polling, with the channel's default choice between the
+/// ring and zero-copy (buffers at or above the configured thresholds go zero-copy).
 pub fn send_all<F: Fabric>(s: &mut RdmaStream<F>, buf: &[u8]) -> io::Result<()> {
     let mut at = 0;
     while at < buf.len() {
-        at += s.try_put(&[IoSlice::new(&buf[at..])])?;
+        // SAFETY: `buf` stays borrowed, so alive and unchanged, until this loop has
+        // seen every byte counted, which includes the end of any zero-copy transfer.
+        at += unsafe { s.channel().sender().put_nocopy(&[IoSlice::new(&buf[at..])]) }?;
     }
     Ok(())
 }

@@ -747,3 +747,149 @@ fn two_processes_exchange_on_verbs() {
         total as f64 / secs / 1e6
     );
 }
+
+fn verbs_channels(
+    f: &VerbsFabric,
+    cfg: Config,
+) -> (
+    rdma_channel::Channel<VerbsFabric>,
+    rdma_channel::Channel<VerbsFabric>,
+) {
+    let a = Prepared::new(f.clone(), cfg.clone()).unwrap();
+    let b = Prepared::new(f.clone(), cfg).unwrap();
+    let (ca, cb) = (a.card().unwrap(), b.card().unwrap());
+    (a.connect(cb).unwrap(), b.connect(ca).unwrap())
+}
+
+/// The zero-copy model of `channel-tests/common/zc.rs` on verbs: eager and RDMA-READ
+/// transfers, private and `alloc_mem` buffers, random receive sizes, FIFO checked.
+/// `RCH_TEST_VERBS_ZC_CASES` sets the number of cases (default 40).
+#[test]
+fn zero_copy_model_on_verbs() {
+    let f = fabric_or_skip!();
+    let cases = std::env::var("RCH_TEST_VERBS_ZC_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40u64);
+    let start = Instant::now();
+    let mut bytes = 0;
+    for case in 0..cases {
+        let mut rng = Rng::new(0x2c0c_0000 + case);
+        let ring = 4096usize << rng.below(5);
+        let cfg = Config::default()
+            .ring_size(ring)
+            .chunk_size((ring / 2).min(64 << 10))
+            .zero_copy_threshold(Some(1 << rng.below(17)))
+            .zero_copy_private_threshold(Some(1 << rng.below(19)));
+        let (mut a, mut b) = verbs_channels(&f, cfg.clone());
+        let zc = common::zc::ZcCase {
+            seed: rng.next_u64(),
+            messages: rng.range(1, 10),
+            max_buf: 1 << rng.range(10, 18),
+            alloc_in_8: rng.below(9),
+        };
+        bytes += common::zc::run_zc_model(&mut a, &mut b, &zc)
+            .unwrap_or_else(|e| panic!("case {case} {cfg:?} {zc:?}: {e}"));
+        assert!(start.elapsed() < DEADLINE * 3, "too slow at case {case}");
+    }
+    println!(
+        "{cases} zero-copy model cases, {} KiB, in {:.1} s",
+        bytes >> 10,
+        start.elapsed().as_secs_f64()
+    );
+}
+
+/// The stale-registration test where it bites: on verbs a registration pins the
+/// physical pages, so a cache that reused it after the buffer was unmapped and new
+/// memory mapped at the same address would send the old pages' bytes.
+#[test]
+fn unmapped_and_remapped_buffer_on_verbs() {
+    const LEN: usize = 256 << 10;
+    const ROUNDS: usize = 20;
+    let f = fabric_or_skip!();
+    let cfg = Config::default()
+        .ring_size(1 << 20)
+        .zero_copy_private_threshold(Some(4096));
+    let (a, mut b) = verbs_channels(&f, cfg);
+    let mode = a.registration_cache().watch_mode();
+    let writer = std::thread::spawn(move || {
+        let mut a = RdmaStreamLike(a);
+        // SAFETY: a fresh anonymous mapping, not yet used by anything.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        for round in 0..ROUNDS {
+            // SAFETY: our mapping (replaced below at the same address each round).
+            let buf = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, LEN) };
+            buf.fill(round as u8 + 1);
+            a.write_all(buf).unwrap();
+            // New memory at the same address: MAP_FIXED unmaps the old pages and maps
+            // fresh ones in one call (a separate munmap would let another test thread
+            // take the address in between).
+            // SAFETY: `buf` is not used after this; the mapping is replaced whole.
+            unsafe {
+                let again = libc::mmap(
+                    base,
+                    LEN,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                );
+                assert_eq!(again, base, "could not map again at the same address");
+            }
+        }
+        // SAFETY: our mapping, no longer used.
+        unsafe { libc::munmap(base, LEN) };
+        a.0
+    });
+    let mut buf = vec![0u8; LEN];
+    for round in 0..ROUNDS {
+        let mut at = 0;
+        while at < LEN {
+            at += b.get(&mut [IoSliceMut::new(&mut buf[at..])]).unwrap();
+        }
+        let want = round as u8 + 1;
+        if let Some(at) = buf.iter().position(|&x| x != want) {
+            panic!(
+                "round {round}: byte {at} is {} instead of {want}: a stale registration",
+                buf[at]
+            );
+        }
+    }
+    let a = writer.join().unwrap();
+    let stats = a.cache_stats();
+    println!("watch: {mode:?}; cache: {stats:?}");
+    if mode == rdma_channel::rcache::WatchMode::Userfaultfd {
+        assert!(stats.invalidations >= ROUNDS as u64 - 1, "{stats:?}");
+    }
+}
+
+/// `Write` over a bare channel, the way the stream does it (rendezvous for big buffers).
+struct RdmaStreamLike(rdma_channel::Channel<VerbsFabric>);
+
+impl RdmaStreamLike {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        let mut at = 0;
+        while at < buf.len() {
+            // SAFETY: `buf` stays borrowed and unchanged until this loop has counted
+            // every byte, which includes the end of any zero-copy transfer.
+            let n = unsafe { self.0.sender().put_nocopy(&[IoSlice::new(&buf[at..])]) }?;
+            at += n;
+            if self.0.sender().zero_copy_pending() {
+                self.0.sender().wait_zero_copy()?;
+            } else if n == 0 {
+                self.0.sender().wait_writable()?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -483,3 +483,4 @@ pub fn join<T>(h: std::thread::JoinHandle<Result<T, String>>, who: &str) -> Resu
 pub fn ioe(e: &io::Error) -> String {
     format!("{:?}: {}", e.kind(), e)
 }
+pub mod zc;

@@ -1,0 +1,184 @@
+//! A model test of the zero-copy path, generic over the fabric so that the emulated
+//! and the verbs test binaries run the same checks.
+//!
+//! One thread drives both ends of a connection in a random interleaving: the sender
+//! offers messages (lists of buffers, some in private memory, some from `alloc_mem`,
+//! some of them at or above the zero-copy thresholds) with `put_nocopy`, now and then
+//! with the copying `put`; the receiver takes the stream with random, often smaller,
+//! scatter lists. The bytes received must be exactly the bytes sent, in order.
+
+use std::io::{IoSlice, IoSliceMut};
+
+use rdma_channel::fabric::Fabric;
+use rdma_channel::{Channel, RdmaBuf};
+
+use super::{iovecs_mut, random_shape, Rng};
+
+/// A buffer of a message: private memory or memory from `alloc_mem`.
+pub enum Buf<F: Fabric> {
+    /// Ordinary heap memory.
+    Private(Vec<u8>),
+    /// Registered memory from the connection's allocator.
+    Allocated(RdmaBuf<F>),
+}
+
+impl<F: Fabric> Buf<F> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Buf::Private(v) => v,
+            Buf::Allocated(b) => b,
+        }
+    }
+}
+
+/// Shape of one model run.
+#[derive(Clone, Debug)]
+pub struct ZcCase {
+    /// PRNG seed for sizes, contents and the interleaving.
+    pub seed: u64,
+    /// Messages to send.
+    pub messages: usize,
+    /// Largest buffer in a message.
+    pub max_buf: usize,
+    /// Chance (in 8) that a buffer comes from `alloc_mem`.
+    pub alloc_in_8: u64,
+}
+
+fn make_message<F: Fabric>(
+    rng: &mut Rng,
+    chan: &Channel<F>,
+    case: &ZcCase,
+) -> Result<Vec<Buf<F>>, String> {
+    let pieces = rng.range(1, 5);
+    let mut msg = Vec::with_capacity(pieces);
+    for _ in 0..pieces {
+        let len = if rng.chance(1, 8) {
+            0
+        } else {
+            rng.log_uniform(1, case.max_buf)
+        };
+        if len > 0 && rng.below(8) < case.alloc_in_8 {
+            let mut b = chan
+                .alloc_mem(len)
+                .map_err(|e| format!("alloc_mem({len}): {e}"))?;
+            rng.fill(&mut b);
+            msg.push(Buf::Allocated(b));
+        } else {
+            msg.push(Buf::Private(rng.bytes(len)));
+        }
+    }
+    Ok(msg)
+}
+
+/// The buffers of `msg` from byte `done` on.
+fn rest<F: Fabric>(msg: &[Buf<F>], mut done: usize) -> Vec<IoSlice<'_>> {
+    let mut out = Vec::with_capacity(msg.len());
+    for b in msg {
+        let bytes = b.bytes();
+        if done >= bytes.len() {
+            done -= bytes.len();
+            continue;
+        }
+        out.push(IoSlice::new(&bytes[done..]));
+        done = 0;
+    }
+    out
+}
+
+/// Runs one case from `a` to `b`. Returns the bytes moved.
+pub fn run_zc_model<F: Fabric>(
+    a: &mut Channel<F>,
+    b: &mut Channel<F>,
+    case: &ZcCase,
+) -> Result<usize, String> {
+    let mut rng = Rng::new(case.seed);
+    let mut sent_stream: Vec<u8> = Vec::new();
+    let mut got: Vec<u8> = Vec::new();
+    let mut current: Option<(Vec<Buf<F>>, usize)> = None;
+    let mut made = 0;
+    let mut idle_steps = 0u64;
+    let mut rbuf = vec![0u8; 2 * case.max_buf + 64];
+    loop {
+        if current.is_none() && made < case.messages {
+            let msg = make_message(&mut rng, a, case)?;
+            for part in &msg {
+                sent_stream.extend_from_slice(part.bytes());
+            }
+            current = Some((msg, 0));
+            made += 1;
+        }
+        if current.is_none() && got.len() == sent_stream.len() {
+            break;
+        }
+        let mut progressed = false;
+        if let Some((msg, done)) = current.as_mut() {
+            if rng.chance(1, 2) {
+                let iov = rest(msg, *done);
+                let pending = a.sender().zero_copy_pending();
+                let n = if !pending && rng.chance(1, 8) {
+                    a.put(&iov)
+                } else {
+                    // SAFETY: `msg` is kept alive and unmodified until every byte of
+                    // it has been counted (it is dropped only after `done == total`).
+                    unsafe { a.sender().put_nocopy(&iov) }
+                }
+                .map_err(|e| format!("put after {} bytes: {e}", *done))?;
+                *done += n;
+                progressed |= n > 0;
+                let total: usize = msg.iter().map(|p| p.bytes().len()).sum();
+                if *done > total {
+                    return Err(format!("put counted {} of {total} bytes", *done));
+                }
+                if *done == total && !a.sender().zero_copy_pending() {
+                    current = None;
+                }
+            }
+        }
+        if rng.chance(1, 2) {
+            let cap = rng.log_uniform(1, rbuf.len());
+            let shape = random_shape(&mut rng, cap, 5);
+            let n = b
+                .get(&mut iovecs_mut(&mut rbuf[..cap], &shape))
+                .map_err(|e| format!("get after {} bytes: {e}", got.len()))?;
+            if n > cap {
+                return Err(format!("get returned {n} > {cap}"));
+            }
+            got.extend_from_slice(&rbuf[..n]);
+            if got.len() > sent_stream.len() || got[..] != sent_stream[..got.len()] {
+                let at = got
+                    .iter()
+                    .zip(&sent_stream)
+                    .position(|(x, y)| x != y)
+                    .unwrap_or(sent_stream.len());
+                return Err(format!(
+                    "received stream differs from the sent one at byte {at} (received {}, sent {})",
+                    got.len(),
+                    sent_stream.len()
+                ));
+            }
+            progressed |= n > 0;
+        }
+        if progressed {
+            idle_steps = 0;
+        } else {
+            idle_steps += 1;
+            if idle_steps > 200_000 {
+                return Err(format!(
+                    "no progress: {} of {} bytes received, message {made} of {}",
+                    got.len(),
+                    sent_stream.len(),
+                    case.messages
+                ));
+            }
+        }
+    }
+    // Nothing may be left over.
+    let mut extra = [0u8; 16];
+    let n = b
+        .get(&mut [IoSliceMut::new(&mut extra)])
+        .map_err(|e| format!("final get: {e}"))?;
+    if n != 0 {
+        return Err(format!("{n} bytes beyond what was sent"));
+    }
+    Ok(got.len())
+}

@@ -1,0 +1,315 @@
+//! Zero-copy transfers (RDMA READ rendezvous) and the registration cache, on the
+//! emulated fabric: the mixed eager/zero-copy model, blocking streams with zero-copy
+//! sizes, memory unmapped and mapped again at the same address between sends, cache
+//! bounds, and the error paths of a transfer in flight.
+
+mod common;
+
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use rdma_channel::fabric::emulated::EmuFabric;
+use rdma_channel::rcache::WatchMode;
+use rdma_channel::{Channel, Config, Prepared, RdmaStream};
+
+use common::zc::{run_zc_model, ZcCase};
+use common::{ioe, join, stream_check, stream_fill, watched, Rng};
+
+fn chan_pair(cfg: Config) -> (Channel<EmuFabric>, Channel<EmuFabric>) {
+    let a = Prepared::new(EmuFabric::new().unwrap(), cfg.clone()).unwrap();
+    let b = Prepared::new(EmuFabric::new().unwrap(), cfg).unwrap();
+    let (ca, cb) = (a.card().unwrap(), b.card().unwrap());
+    (a.connect(cb).unwrap(), b.connect(ca).unwrap())
+}
+
+fn zc_config(ring: usize, chunk: usize, alloc_t: usize, private_t: usize) -> Config {
+    Config::default()
+        .ring_size(ring)
+        .chunk_size(chunk)
+        .zero_copy_threshold(Some(alloc_t))
+        .zero_copy_private_threshold(Some(private_t))
+        .wait_policy(200, 20, Duration::from_micros(200))
+}
+
+fn case_strategy() -> impl Strategy<Value = (Config, ZcCase)> {
+    (
+        12u32..=17,   // ring 4 KiB ..= 128 KiB
+        any::<u64>(), // seed
+        1usize..=12,  // messages
+        10u32..=18,   // largest buffer 1 KiB ..= 256 KiB
+        0u64..=8,     // alloc_mem share
+        0u32..=18,    // alloc threshold 1 B ..= 256 KiB
+        prop_oneof![(0u32..=18).prop_map(|k| 1usize << k), Just(usize::MAX)],
+    )
+        .prop_map(
+            |(ring_k, seed, messages, buf_k, alloc_in_8, at_k, private_t)| {
+                let ring = 1usize << ring_k;
+                let chunk = (ring / 2).min(64 << 10);
+                let cfg = zc_config(ring, chunk, 1 << at_k, private_t);
+                (
+                    cfg,
+                    ZcCase {
+                        seed,
+                        messages,
+                        max_buf: 1 << buf_k,
+                        alloc_in_8,
+                    },
+                )
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, max_shrink_iters: 200, max_shrink_time: 60_000, ..ProptestConfig::default() })]
+    /// Eager and zero-copy bytes, from private and allocated memory, interleave in one
+    /// FIFO stream whatever the receiver's buffer sizes.
+    #[test]
+    fn model_mixed_eager_and_zero_copy((cfg, case) in case_strategy()) {
+        let what = format!("{cfg:?} {case:?}");
+        let r = watched("zc-model", Duration::from_secs(60), move || {
+            let (mut a, mut b) = chan_pair(cfg);
+            run_zc_model(&mut a, &mut b, &case)
+        });
+        prop_assert!(r.is_ok(), "{what}: {:?}", r.err());
+    }
+}
+
+/// Blocking streams in two threads: every write at or above the threshold is a
+/// rendezvous (a third of them from `alloc_mem`), reads take random sizes; 64 MiB,
+/// every byte checked.
+#[test]
+fn blocking_streams_with_zero_copy_sizes() {
+    let cfg = zc_config(1 << 20, 64 << 10, 16 << 10, 128 << 10);
+    let (a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+    const BYTES: u64 = 64 << 20;
+    const SEED: u64 = 77;
+    let writer = std::thread::spawn(move || -> Result<RdmaStream, String> {
+        let mut a = a;
+        let mut rng = Rng::new(5);
+        let mut private = vec![0u8; 1 << 20];
+        let mut shared = a.alloc_mem(1 << 20).map_err(|e| ioe(&e))?;
+        let mut off = 0u64;
+        while off < BYTES {
+            let n = (rng.log_uniform(1, 1 << 20) as u64).min(BYTES - off) as usize;
+            let buf: &mut [u8] = if rng.chance(1, 3) {
+                &mut shared[..n]
+            } else {
+                &mut private[..n]
+            };
+            stream_fill(SEED, off, buf);
+            a.write_all(buf)
+                .map_err(|e| format!("write at {off}: {}", ioe(&e)))?;
+            off += n as u64;
+        }
+        a.shutdown_write().map_err(|e| ioe(&e))?;
+        Ok(a)
+    });
+    let mut rng = Rng::new(6);
+    let mut buf = vec![0u8; 2 << 20];
+    let mut scratch = Vec::new();
+    let mut got = 0u64;
+    loop {
+        let cap = rng.log_uniform(1, buf.len());
+        let n = b.read(&mut buf[..cap]).expect("read");
+        if n == 0 {
+            break;
+        }
+        stream_check(SEED, got, &buf[..n], &mut scratch).expect("bytes");
+        got += n as u64;
+    }
+    assert_eq!(got, BYTES);
+    let a = join(writer, "writer").expect("writer");
+    let stats = a.cache_stats();
+    assert!(
+        stats.hits > 0,
+        "the reused buffers must hit the cache: {stats:?}"
+    );
+}
+
+/// The corruption of libfabric-cray #1000 / Open MPI #4509: a buffer is sent, unmapped,
+/// and new memory with new content is mapped at the same address before the next
+/// send. The receiver must always get the new bytes, and the cache must register the
+/// new mapping rather than reuse the old registration (on verbs that would pin and
+/// send the old pages).
+#[test]
+fn unmapped_and_remapped_buffer_is_never_sent_stale() {
+    const LEN: usize = 1 << 20;
+    const ROUNDS: usize = 40;
+    let cfg = zc_config(1 << 20, 64 << 10, 4096, 4096);
+    let (a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+    let mode = a.registration_cache().watch_mode();
+    let writer = std::thread::spawn(move || -> Result<RdmaStream, String> {
+        let mut a = a;
+        // SAFETY: a fresh anonymous mapping, not yet used by anything.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        for round in 0..ROUNDS {
+            // SAFETY: base..base+LEN is our mapping (remapped below at the same place).
+            let buf = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, LEN) };
+            buf.fill(round as u8 + 1);
+            a.write_all(buf)
+                .map_err(|e| format!("round {round}: {}", ioe(&e)))?;
+            // New memory at the same address: MAP_FIXED unmaps the old pages and maps
+            // fresh ones in one call (a separate munmap would let another test thread
+            // take the address in between).
+            // SAFETY: `buf` is not used after this; the mapping is replaced whole.
+            unsafe {
+                let again = libc::mmap(
+                    base,
+                    LEN,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                );
+                assert_eq!(again, base, "could not map again at the same address");
+            }
+        }
+        // SAFETY: our mapping, no longer used.
+        unsafe { libc::munmap(base, LEN) };
+        Ok(a)
+    });
+    let mut buf = vec![0u8; LEN];
+    for round in 0..ROUNDS {
+        b.read_exact(&mut buf).expect("read");
+        let want = round as u8 + 1;
+        if let Some(at) = buf.iter().position(|&x| x != want) {
+            panic!(
+                "round {round}: byte {at} is {} instead of {want} (stale registration?)",
+                buf[at]
+            );
+        }
+    }
+    let a = join(writer, "writer").expect("writer");
+    let stats = a.cache_stats();
+    match mode {
+        WatchMode::Userfaultfd => {
+            // Every round's send found its old registration invalidated by the unmap.
+            assert!(
+                stats.invalidations >= ROUNDS as u64 - 1,
+                "each unmap must invalidate: {stats:?}"
+            );
+            assert!(stats.misses >= ROUNDS as u64, "{stats:?}");
+        }
+        WatchMode::Unavailable(why) => {
+            eprintln!("note: userfaultfd unavailable ({why}); checked the uncached mode");
+            assert_eq!(
+                stats.hits, 0,
+                "nothing may be cached without a watch: {stats:?}"
+            );
+        }
+    }
+}
+
+/// Sending from many distinct buffers keeps the cache within its bounds.
+#[test]
+fn registration_cache_stays_within_its_bounds() {
+    let cfg = zc_config(1 << 20, 64 << 10, 4096, 4096).registration_cache(4, 1 << 20);
+    let (mut a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+    let bufs: Vec<Vec<u8>> = (0..24).map(|i| vec![i as u8; 64 << 10]).collect();
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 << 10];
+        for round in 0..3 {
+            for i in 0..24 {
+                b.read_exact(&mut buf).unwrap();
+                assert!(
+                    buf.iter().all(|&x| x == i as u8),
+                    "round {round} buffer {i}"
+                );
+            }
+        }
+    });
+    for _ in 0..3 {
+        for buf in &bufs {
+            a.write_all(buf).unwrap();
+            let s = a.cache_stats();
+            assert!(s.entries <= 4 && s.bytes <= 1 << 20, "{s:?}");
+        }
+    }
+    reader.join().unwrap();
+    let s = a.cache_stats();
+    if a.registration_cache().watch_mode() == WatchMode::Userfaultfd {
+        assert!(
+            s.evictions > 0,
+            "24 buffers through 4 entries must evict: {s:?}"
+        );
+    }
+}
+
+/// Offering other buffers while a transfer is in flight is refused, and the transfer
+/// still completes when the right buffers come back.
+#[test]
+fn mismatched_retry_is_refused_and_the_transfer_survives() {
+    let (mut a, mut b) = chan_pair(zc_config(1 << 16, 1 << 14, 1024, 1024));
+    let big = vec![3u8; 100_000];
+    let other = vec![4u8; 100_000];
+    // SAFETY: `big` outlives every call below and is not modified.
+    let n = unsafe { a.sender().put_nocopy(&[IoSlice::new(&big)]) }.unwrap();
+    assert_eq!(n, 0);
+    assert!(a.sender().zero_copy_pending());
+    // SAFETY: as above; `other` is never announced (the call is refused).
+    let e = unsafe { a.sender().put_nocopy(&[IoSlice::new(&other)]) }.unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    let e = a.put(&[IoSlice::new(&big[1..])]).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    let mut got = vec![0u8; 100_000];
+    let mut at = 0;
+    while at < got.len() {
+        at += b.get(&mut [IoSliceMut::new(&mut got[at..])]).unwrap();
+    }
+    assert!(got.iter().all(|&x| x == 3));
+    // SAFETY: as above.
+    let n = unsafe { a.sender().put_nocopy(&[IoSlice::new(&big)]) }.unwrap();
+    assert_eq!(n, 100_000);
+    assert!(!a.sender().zero_copy_pending());
+}
+
+/// A receiver that goes away while a transfer is announced gives the sender an
+/// error, not a hang; and end of stream comes only after a transfer is read.
+#[test]
+fn zero_copy_endings() {
+    let (mut a, b) = chan_pair(zc_config(1 << 16, 1 << 14, 1024, 1024));
+    let big = vec![9u8; 50_000];
+    // SAFETY: `big` outlives the sender's use of it (the sender aborts on error).
+    let n = unsafe { a.sender().put_nocopy(&[IoSlice::new(&big)]) }.unwrap();
+    assert_eq!(n, 0);
+    drop(b);
+    let e = loop {
+        // SAFETY: as above.
+        match unsafe { a.sender().put_nocopy(&[IoSlice::new(&big)]) } {
+            Ok(0) => std::thread::sleep(Duration::from_millis(1)),
+            Ok(n) => panic!("counted {n} bytes nobody read"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+    assert!(!a.sender().zero_copy_pending(), "the transfer is revoked");
+
+    let (mut a, mut b) = chan_pair(zc_config(1 << 16, 1 << 14, 1024, 1024));
+    // SAFETY: `big` outlives the sender.
+    let n = unsafe { a.sender().put_nocopy(&[IoSlice::new(&big)]) }.unwrap();
+    assert_eq!(n, 0);
+    let (_rx, mut tx) = a.split();
+    tx.close().unwrap();
+    let mut got = vec![0u8; 60_000];
+    let mut at = 0;
+    loop {
+        match b.get(&mut [IoSliceMut::new(&mut got[at..])]) {
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(at, 50_000, "end of stream only after the announced bytes");
+    assert!(got[..at].iter().all(|&x| x == 9));
+}

@@ -383,6 +383,7 @@ impl PendingQp for VerbsPending {
         };
         Ok(VerbsQp {
             caps,
+            descriptor: Mutex::new(Descriptor::new()),
             qp: self.qp,
             ctx,
             error: AtomicBool::new(false),
@@ -407,6 +408,10 @@ fn link_layer_name(l: u8) -> &'static str {
 /// (QP fatal / request / access error, CQ error, port error, device fatal) puts it in a
 /// sticky [`QpState::Error`]; [`last_error`](Self::last_error) says why.
 pub struct VerbsQp {
+    /// The one work request and gather list this queue pair posts, reused for every
+    /// post (seed 000 sec. 4.3): constant fields are set once, each post patches the
+    /// rest. The lock also serialises posts from the two halves of a connection.
+    descriptor: Mutex<Box<Descriptor>>,
     qp: RcQueuePair,
     ctx: Arc<Context>,
     caps: Caps,
@@ -415,6 +420,33 @@ pub struct VerbsQp {
     last_check: AtomicU64,
     port_errors_at: u64,
     last_error: Mutex<Option<String>>,
+}
+
+/// A reusable send work request with its scatter/gather array. Boxed so that
+/// `wr.sg_list`, which points into `sges`, stays valid when the QP moves.
+struct Descriptor {
+    wr: sys::ibv_send_wr,
+    sges: [sys::ibv_sge; MAX_SGE],
+}
+
+// SAFETY: the raw pointers inside point only into the descriptor itself (sg_list to
+// sges, next is null); it is only used under the QP's mutex.
+unsafe impl Send for Descriptor {}
+
+impl Descriptor {
+    fn new() -> Box<Descriptor> {
+        let mut d = Box::new(Descriptor {
+            // SAFETY: ibv_send_wr is plain C data; all-zero is valid (null `next`).
+            wr: unsafe { std::mem::zeroed() },
+            sges: [sys::ibv_sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            }; MAX_SGE],
+        });
+        d.wr.sg_list = d.sges.as_mut_ptr();
+        d
+    }
 }
 
 impl std::fmt::Debug for VerbsQp {
@@ -534,15 +566,12 @@ impl QueuePair for VerbsQp {
                 "more gather/scatter entries than Caps::max_sge",
             ));
         }
-        let mut sges = [sys::ibv_sge {
-            addr: 0,
-            length: 0,
-            lkey: 0,
-        }; MAX_SGE];
+        let mut d = self.descriptor.lock().unwrap_or_else(|p| p.into_inner());
+        let d = &mut **d;
         let mut n = 0;
         let mut total = 0u64;
         for s in local.iter().filter(|s| s.len > 0) {
-            sges[n] = sys::ibv_sge {
+            d.sges[n] = sys::ibv_sge {
                 addr: s.addr as u64,
                 length: s.len,
                 lkey: s.lkey,
@@ -555,12 +584,6 @@ impl QueuePair for VerbsQp {
                 "inline write longer than Caps::max_inline",
             ));
         }
-        // SAFETY: ibv_send_wr is plain C data; all-zero is valid (null `next`).
-        let mut swr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-        swr.wr_id = wr.wr_id;
-        swr.sg_list = sges.as_mut_ptr();
-        swr.num_sge = n as i32;
-        swr.opcode = opcode;
         let mut flags = 0;
         if inline {
             flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
@@ -568,13 +591,17 @@ impl QueuePair for VerbsQp {
         if wr.signaled {
             flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
-        swr.send_flags = flags;
-        swr.wr.rdma = sys::rdma_t { remote_addr, rkey };
+        d.wr.wr_id = wr.wr_id;
+        d.wr.num_sge = n as i32;
+        d.wr.opcode = opcode;
+        d.wr.send_flags = flags;
+        d.wr.wr.rdma = sys::rdma_t { remote_addr, rkey };
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: valid QP; `swr` and `sges` live across the call (inline data is
-        // copied by the provider during it); the caller guarantees, per the trait
+        // SAFETY: valid QP; the descriptor (wr, its sg_list into the same box, null
+        // next) is ours under the lock for the call, and the provider copies it (and
+        // inline data) before returning; the caller guarantees, per the trait
         // contract, that non-inline memory stays valid until the request retires.
-        let r = unsafe { sys::ibv_post_send(self.qp.qp.as_ptr(), &mut swr, &mut bad) };
+        let r = unsafe { sys::ibv_post_send(self.qp.qp.as_ptr(), &mut d.wr, &mut bad) };
         if r == 0 {
             return Ok(());
         }

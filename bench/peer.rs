@@ -102,15 +102,38 @@ pub fn recv_all<F: Fabric>(s: &mut RdmaStream<F>, buf: &mut [u8]) -> io::Result<
     Ok(())
 }
 
-/// One-way latency by ping-pong: half the mean round trip of `iters` exchanges.
+/// True when the command line asks for `--alloc`: message buffers then come from
+/// `alloc_mem` (as OSU's `MPI_Alloc_mem` option), else from the heap.
+pub fn alloc_buffers() -> bool {
+    std::env::args().any(|a| a == "--alloc")
+}
+
+/// A message buffer of `size` bytes filled with `byte`: heap memory, or registered
+/// memory from `alloc_mem` when [`alloc_buffers`] says so.
+pub fn message_buffer<F: Fabric>(
+    s: &RdmaStream<F>,
+    size: usize,
+    byte: u8,
+) -> io::Result<Box<dyn std::ops::DerefMut<Target = [u8]>>> {
+    if alloc_buffers() && size > 0 {
+        let mut b = s.alloc_mem(size)?;
+        b.fill(byte);
+        Ok(Box::new(b))
+    } else {
+        Ok(Box::new(vec![byte; size]))
+    }
+}
+
+/// One-way latency by ping-pong: half the mean round trip of `iters` exchanges. Each
+/// side sends from one buffer and receives into another, as osu_latency does.
 pub fn latency<F: Fabric>(
     s: &mut RdmaStream<F>,
     side: &Side,
     size: usize,
     iters: usize,
 ) -> io::Result<Duration> {
-    let mut buf = vec![0x5au8; size.max(1)];
-    let buf = &mut buf[..size];
+    let sbuf = message_buffer(s, size, 0x5a)?;
+    let mut rbuf = message_buffer(s, size, 0)?;
     let warm = (iters / 10).max(10);
     let mut start = Instant::now();
     for i in 0..warm + iters {
@@ -118,11 +141,11 @@ pub fn latency<F: Fabric>(
             start = Instant::now();
         }
         if matches!(side, Side::Parent(_)) {
-            send_all(s, buf)?;
-            recv_all(s, buf)?;
+            send_all(s, &sbuf)?;
+            recv_all(s, &mut rbuf)?;
         } else {
-            recv_all(s, buf)?;
-            send_all(s, buf)?;
+            recv_all(s, &mut rbuf)?;
+            send_all(s, &sbuf)?;
         }
     }
     Ok(start.elapsed() / (2 * iters as u32))
@@ -137,7 +160,8 @@ pub fn bandwidth<F: Fabric>(
     window: usize,
     iters: usize,
 ) -> io::Result<f64> {
-    let mut buf = vec![0xa5u8; size];
+    let sbuf = message_buffer(s, size, 0xa5)?;
+    let mut rbuf = message_buffer(s, size, 0)?;
     let mut ack = [0u8; 4];
     let warm = (iters / 10).max(2);
     let mut start = Instant::now();
@@ -147,12 +171,12 @@ pub fn bandwidth<F: Fabric>(
         }
         if matches!(side, Side::Parent(_)) {
             for _ in 0..window {
-                send_all(s, &buf)?;
+                send_all(s, &sbuf)?;
             }
             recv_all(s, &mut ack)?;
         } else {
             for _ in 0..window {
-                recv_all(s, &mut buf)?;
+                recv_all(s, &mut rbuf)?;
             }
             send_all(s, &ack)?;
         }

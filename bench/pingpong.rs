@@ -5,6 +5,7 @@
 //! ```text
 //! cargo bench --bench pingpong                       # full table
 //! cargo bench --bench pingpong -- --sizes 8,65536    # chosen sizes
+//! cargo bench --bench pingpong -- --alloc            # buffers from alloc_mem
 //! RCH_RING_SIZE=1m RCH_CHUNK_SIZE=32k cargo bench --bench pingpong -- --sizes 1048576
 //! ```
 //!
@@ -65,6 +66,10 @@ fn main() -> io::Result<()> {
             cfg.ring_size_bytes(),
             cfg.chunk_size_bytes(),
             cfg.tail_threshold_bytes()
+        );
+        println!(
+            "# buffers: {} (separate send and receive buffers, as osu_latency/osu_bw); default zero-copy thresholds",
+            if peer::alloc_buffers() { "alloc_mem (like MPI_Alloc_mem)" } else { "heap" }
         );
         println!(
             "{:>10} {:>12} {:>12} {:>12}",

@@ -10,7 +10,9 @@
 //!   reads them with a plain copy.
 //!
 //! Each row measures one-way latency (ping-pong) and bandwidth (16 messages back to
-//! back, then a 4-byte acknowledgement), all modes side by side in one run. The last
+//! back, then a 4-byte acknowledgement), all modes side by side in one run. As in
+//! osu_latency / osu_bw, each side sends from one buffer and receives into another
+//! (in `zc-alloc` both come from `alloc_mem`, as with OSU's `MPI_Alloc_mem` option). The last
 //! lines give the cache counters and the crossover sizes where zero-copy starts to win.
 //!
 //! ```text
@@ -59,7 +61,12 @@ impl Mode {
 /// Sends all of `buf` in `mode`.
 fn send(s: &mut RdmaStream, mode: Mode, buf: &[u8]) -> io::Result<()> {
     if mode == Mode::Ring {
-        return send_all(s, buf);
+        // `try_put` always copies through the ring.
+        let mut at = 0;
+        while at < buf.len() {
+            at += s.try_put(&[IoSlice::new(&buf[at..])])?;
+        }
+        return Ok(());
     }
     if mode == Mode::ZcPrivateCold {
         s.registration_cache().invalidate(buf.as_ptr(), buf.len());
@@ -77,7 +84,8 @@ fn latency(
     s: &mut RdmaStream,
     side: &Side,
     mode: Mode,
-    buf: &mut [u8],
+    sbuf: &[u8],
+    rbuf: &mut [u8],
     iters: usize,
 ) -> io::Result<Duration> {
     let warm = (iters / 10).max(5);
@@ -87,11 +95,11 @@ fn latency(
             start = Instant::now();
         }
         if matches!(side, Side::Parent(_)) {
-            send(s, mode, buf)?;
-            recv_all(s, buf)?;
+            send(s, mode, sbuf)?;
+            recv_all(s, rbuf)?;
         } else {
-            recv_all(s, buf)?;
-            send(s, mode, buf)?;
+            recv_all(s, rbuf)?;
+            send(s, mode, sbuf)?;
         }
     }
     Ok(start.elapsed() / (2 * iters as u32))
@@ -101,7 +109,8 @@ fn bandwidth(
     s: &mut RdmaStream,
     side: &Side,
     mode: Mode,
-    buf: &mut [u8],
+    sbuf: &[u8],
+    rbuf: &mut [u8],
     iters: usize,
 ) -> io::Result<f64> {
     let mut ack = [0u8; 4];
@@ -113,17 +122,17 @@ fn bandwidth(
         }
         if matches!(side, Side::Parent(_)) {
             for _ in 0..WINDOW {
-                send(s, mode, buf)?;
+                send(s, mode, sbuf)?;
             }
             recv_all(s, &mut ack)?;
         } else {
             for _ in 0..WINDOW {
-                recv_all(s, buf)?;
+                recv_all(s, rbuf)?;
             }
             send_all(s, &ack)?;
         }
     }
-    Ok((buf.len() * WINDOW * iters) as f64 / start.elapsed().as_secs_f64())
+    Ok((sbuf.len() * WINDOW * iters) as f64 / start.elapsed().as_secs_f64())
 }
 
 fn main() -> io::Result<()> {
@@ -134,9 +143,12 @@ fn main() -> io::Result<()> {
     let (mut s, side) = connect_pair("zerocopy")?;
     let parent = matches!(side, Side::Parent(_));
     let max = sizes.iter().copied().max().unwrap_or(1);
-    let mut private = vec![0x11u8; max];
+    // Separate send and receive buffers, as osu_latency / osu_bw use.
+    let private = vec![0x11u8; max];
     let mut shared = s.alloc_mem(max)?;
     shared.fill(0x22);
+    let mut recv_private = vec![0u8; max];
+    let mut recv_shared = s.alloc_mem(max)?;
     if parent {
         println!("# zero-copy vs ring, emulated fabric, two processes on CPUs 0 and 1");
         println!("# latency: one-way (half the ping-pong round trip); bandwidth: {WINDOW} messages then an ack");
@@ -151,13 +163,13 @@ fn main() -> io::Result<()> {
         let bw_iters = (400_000_000 / (size * WINDOW + 10_000)).clamp(4, 500);
         let mut ring_lat = f64::MAX;
         for mode in MODES {
-            let buf: &mut [u8] = if mode == Mode::ZcAlloc {
-                &mut shared[..size]
+            let (sbuf, rbuf): (&[u8], &mut [u8]) = if mode == Mode::ZcAlloc {
+                (&shared[..size], &mut recv_shared[..size])
             } else {
-                &mut private[..size]
+                (&private[..size], &mut recv_private[..size])
             };
-            let lat = latency(&mut s, &side, mode, buf, lat_iters)?.as_secs_f64() * 1e6;
-            let bw = bandwidth(&mut s, &side, mode, buf, bw_iters)? / 1e9;
+            let lat = latency(&mut s, &side, mode, sbuf, rbuf, lat_iters)?.as_secs_f64() * 1e6;
+            let bw = bandwidth(&mut s, &side, mode, sbuf, rbuf, bw_iters)? / 1e9;
             if parent {
                 println!("{size:>9} {:>16} {lat:>11.2} {bw:>9.2}", mode.name());
             }

@@ -596,7 +596,7 @@ impl Fabric for EmuFabric {
 }
 
 /// Smallest shared-segment buffer sent zero-copy by default (measured crossover).
-const ZERO_COPY_SHARED_DEFAULT: usize = 64 << 10;
+const ZERO_COPY_SHARED_DEFAULT: usize = 16 << 10;
 
 /// Memory registered with an [`EmuFabric`]. Dropping it deregisters the memory (see the
 /// module documentation for the fence) and, for [`alloc_region`](Fabric::alloc_region)

@@ -15,6 +15,10 @@
 //! | `RCH_ZCOPY_PRIVATE_THRESHOLD` | the same for any other memory | fabric's |
 //! | `RCH_RCACHE_ENTRIES` | most cached registrations per connection | 512 |
 //! | `RCH_RCACHE_BYTES` | most bytes of cached registrations per connection | 1 GiB |
+//! | `RCH_FABRIC` | fabric of the [`RdmaStream`](crate::RdmaStream) constructors and [`RdmaListener`](crate::RdmaListener): `emulated` or `verbs` (feature `verbs`; device from `RCH_IB_*`) | `emulated` |
+//!
+//! `RCH_FABRIC` is read by [`AnyFabric::from_env`](crate::fabric::AnyFabric::from_env),
+//! not by [`Config::from_env`]: it picks the fabric, not a tunable of the connection.
 //!
 //! The zero-copy thresholds are per kind of memory because the cost of the peer's
 //! read is: on the emulated fabric a buffer in a shared segment is read with a plain

@@ -20,10 +20,17 @@
 //!    visible only after every byte before it (seed 000 sec. 4.2 relies on the same
 //!    in-order placement of InfiniBand hardware);
 //! 3. an 8-byte aligned word is never seen torn.
+//!
+//! Two fabrics implement the traits: [`emulated::EmuFabric`] (shared memory) and, with
+//! the `verbs` feature, `verbs::VerbsFabric` (libibverbs). [`AnyFabric`] is either one,
+//! chosen at run time by `RCH_FABRIC` (see [`any`]).
 
+pub mod any;
 pub mod emulated;
 #[cfg(feature = "verbs")]
 pub mod verbs;
+
+pub use any::{AnyFabric, FabricKind};
 
 use std::fmt;
 use std::io;

@@ -4,8 +4,13 @@
 //! [`try_put`](RdmaStream::try_put)/[`try_get`](RdmaStream::try_get) of seed 001, and
 //! blocking `std::io::Read`/`Write`. [`RdmaStream::pair`] connects two streams inside
 //! one process; [`RdmaListener`] and [`RdmaStream::connect`] connect two processes on
-//! one machine, exchanging connection cards (and the shared-memory descriptors they
-//! carry) over an out-of-band Unix socket, as rsocket and rdma_cm use side channels.
+//! one machine, exchanging connection cards (and, on the emulated fabric, the
+//! shared-memory descriptors they carry) over an out-of-band Unix socket, as rsocket
+//! and rdma_cm use side channels.
+//!
+//! Those constructors run on the fabric `RCH_FABRIC` selects ([`AnyFabric::from_env`]:
+//! the emulated fabric unless it says `verbs`); [`RdmaStream::handshake`] takes any
+//! fabric value, of any [`Fabric`] type.
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -13,12 +18,13 @@ use std::path::Path;
 
 use crate::config::Config;
 use crate::engine::{Channel, Prepared, RdmaBuf, Receiver, Sender};
-use crate::fabric::emulated::EmuFabric;
-use crate::fabric::Fabric;
+use crate::fabric::{AnyFabric, Fabric};
 use crate::oob;
 use crate::rcache::{CacheStats, RegCache};
 
-/// A connected stream. `F` is the fabric (the emulated one by default).
+/// A connected stream. `F` is the fabric: by default [`AnyFabric`], which the
+/// constructors below open as `RCH_FABRIC` says (the emulated fabric unless it says
+/// `verbs`); [`handshake`](RdmaStream::handshake) connects on any fabric value.
 ///
 /// ```
 /// use std::io::{Read, Write};
@@ -31,22 +37,25 @@ use crate::rcache::{CacheStats, RegCache};
 /// assert_eq!(&buf, b"hello");
 /// # Ok::<(), std::io::Error>(())
 /// ```
-pub struct RdmaStream<F: Fabric = EmuFabric> {
+pub struct RdmaStream<F: Fabric = AnyFabric> {
     chan: Channel<F>,
 }
 
-impl RdmaStream<EmuFabric> {
-    /// Two connected streams in this process, on the emulated fabric, configured from
-    /// the `RCH_*` environment (see [`Config`]).
+impl RdmaStream<AnyFabric> {
+    /// Two connected streams in this process, on the fabric `RCH_FABRIC` selects,
+    /// configured from the `RCH_*` environment (see [`Config`]).
     ///
     /// # Errors
     ///
-    /// A bad `RCH_*` variable or a failure to create shared memory.
+    /// A bad `RCH_*` variable, or a failure to open the fabric (see
+    /// [`AnyFabric::from_env`]) or to create the connection on it.
     pub fn pair() -> io::Result<(RdmaStream, RdmaStream)> {
         Self::pair_with(Config::from_env()?)
     }
 
-    /// Two connected streams in this process with an explicit configuration.
+    /// Two connected streams in this process with an explicit configuration, on the
+    /// fabric `RCH_FABRIC` selects (two emulated domains, or one verbs protection
+    /// domain: see [`AnyFabric::for_connection`]).
     ///
     /// ```
     /// use rdma_channel::{Config, RdmaStream};
@@ -59,10 +68,13 @@ impl RdmaStream<EmuFabric> {
     ///
     /// # Errors
     ///
-    /// An invalid configuration or a failure to create shared memory.
+    /// An invalid configuration, a bad `RCH_FABRIC`, or a failure to open the fabric
+    /// or to create the connection on it.
     pub fn pair_with(cfg: Config) -> io::Result<(RdmaStream, RdmaStream)> {
-        let a = Prepared::new(EmuFabric::new()?, cfg.clone())?;
-        let b = Prepared::new(EmuFabric::new()?, cfg)?;
+        let fabric = AnyFabric::from_env()?;
+        let other = fabric.for_connection()?;
+        let a = Prepared::new(fabric, cfg.clone())?;
+        let b = Prepared::new(other, cfg)?;
         let (ca, cb) = (a.card()?, b.card()?);
         Ok((
             RdmaStream {
@@ -74,12 +86,13 @@ impl RdmaStream<EmuFabric> {
         ))
     }
 
-    /// Connects to an [`RdmaListener`] bound at `path`, with the `RCH_*` configuration.
+    /// Connects to an [`RdmaListener`] bound at `path`, with the `RCH_*` configuration,
+    /// on the fabric `RCH_FABRIC` selects (the listener must use the same fabric).
     ///
     /// # Errors
     ///
-    /// Nobody listening at `path`, a peer that is not an rdma-channel listener, or a
-    /// fabric failure.
+    /// Nobody listening at `path`, a peer that is not an rdma-channel listener or is
+    /// on another fabric, a bad `RCH_*` variable, or a fabric failure.
     pub fn connect<P: AsRef<Path>>(path: P) -> io::Result<RdmaStream> {
         Self::connect_with(path, Config::from_env()?)
     }
@@ -100,7 +113,7 @@ impl RdmaStream<EmuFabric> {
                 ),
             )
         })?;
-        Self::handshake(EmuFabric::new()?, &sock, cfg)
+        Self::handshake(AnyFabric::from_env()?, &sock, cfg)
     }
 }
 
@@ -310,14 +323,16 @@ impl<F: Fabric> Write for RdmaStream<F> {
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         blocking_write(self.chan.sender(), bufs)
     }
-    /// Data is in the peer's ring when `write` returns, so there is nothing to flush.
+    /// Nothing is buffered: when `write` returns, its bytes have been posted to the
+    /// fabric, which places them in the peer's ring in order (at once on the emulated
+    /// fabric; on verbs the NIC may still be moving them), so there is nothing to flush.
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
 }
 
 /// The reading half of a split [`RdmaStream`].
-pub struct ReadHalf<F: Fabric = EmuFabric> {
+pub struct ReadHalf<F: Fabric = AnyFabric> {
     rx: Receiver<F>,
 }
 
@@ -342,7 +357,7 @@ impl<F: Fabric> Read for ReadHalf<F> {
 }
 
 /// The writing half of a split [`RdmaStream`].
-pub struct WriteHalf<F: Fabric = EmuFabric> {
+pub struct WriteHalf<F: Fabric = AnyFabric> {
     tx: Sender<F>,
 }
 
@@ -397,7 +412,9 @@ impl<F: Fabric> Write for WriteHalf<F> {
     }
 }
 
-/// Accepts connections from other processes on this machine.
+/// Accepts connections from other processes on this machine, on the fabric
+/// `RCH_FABRIC` selects (opened by [`bind`](Self::bind); every connection gets its own
+/// emulated domain, or shares the listener's verbs protection domain).
 ///
 /// ```
 /// use std::io::{Read, Write};
@@ -422,26 +439,30 @@ impl<F: Fabric> Write for WriteHalf<F> {
 pub struct RdmaListener {
     listener: UnixListener,
     cfg: Config,
+    fabric: AnyFabric,
 }
 
 impl RdmaListener {
-    /// Listens on a Unix socket at `path` with the `RCH_*` configuration; an existing
-    /// socket file at `path` is replaced.
+    /// Listens on a Unix socket at `path` with the `RCH_*` configuration, on the fabric
+    /// `RCH_FABRIC` selects; an existing socket file at `path` is replaced.
     ///
     /// # Errors
     ///
-    /// A bad `RCH_*` variable, or the socket cannot be bound.
+    /// A bad `RCH_*` variable, a fabric that cannot be opened, or the socket cannot be
+    /// bound.
     pub fn bind<P: AsRef<Path>>(path: P) -> io::Result<RdmaListener> {
         Self::bind_with(path, Config::from_env()?)
     }
 
-    /// Listens with an explicit configuration.
+    /// Listens with an explicit configuration, on the fabric `RCH_FABRIC` selects.
     ///
     /// # Errors
     ///
-    /// An invalid configuration, or the socket cannot be bound.
+    /// An invalid configuration, a bad `RCH_FABRIC`, a fabric that cannot be opened
+    /// (see [`AnyFabric::from_env`]), or the socket cannot be bound.
     pub fn bind_with<P: AsRef<Path>>(path: P, cfg: Config) -> io::Result<RdmaListener> {
         cfg.validate()?;
+        let fabric = AnyFabric::from_env()?;
         let path = path.as_ref();
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             use std::os::unix::fs::FileTypeExt;
@@ -455,16 +476,36 @@ impl RdmaListener {
                 format!("cannot listen at {}: {e}", path.display()),
             )
         })?;
-        Ok(RdmaListener { listener, cfg })
+        Ok(RdmaListener {
+            listener,
+            cfg,
+            fabric,
+        })
+    }
+
+    /// The fabric connections are made on.
+    ///
+    /// ```
+    /// use rdma_channel::fabric::Fabric;
+    /// let dir = std::env::temp_dir().join(format!("rch-doc-fabric-{}", std::process::id()));
+    /// std::fs::create_dir_all(&dir)?;
+    /// let listener = rdma_channel::RdmaListener::bind(dir.join("sock"))?;
+    /// println!("listening on the {} fabric", listener.fabric().name());
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn fabric(&self) -> &AnyFabric {
+        &self.fabric
     }
 
     /// Waits for a peer and connects to it.
     ///
     /// # Errors
     ///
-    /// The handshake failing (see [`RdmaStream::handshake`]).
+    /// The handshake failing (see [`RdmaStream::handshake`]), for instance with a peer
+    /// on another fabric.
     pub fn accept(&self) -> io::Result<RdmaStream> {
         let (sock, _) = self.listener.accept()?;
-        RdmaStream::handshake(EmuFabric::new()?, &sock, self.cfg.clone())
+        RdmaStream::handshake(self.fabric.for_connection()?, &sock, self.cfg.clone())
     }
 }

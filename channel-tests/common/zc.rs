@@ -5,7 +5,9 @@
 //! offers messages (lists of buffers, some in private memory, some from `alloc_mem`,
 //! some of them at or above the zero-copy thresholds) with `put_nocopy`, now and then
 //! with the copying `put`; the receiver takes the stream with random, often smaller,
-//! scatter lists. The bytes received must be exactly the bytes sent, in order.
+//! scatter lists, with `get` or `get_nowait` (which leaves reads in flight and is then
+//! called again on the same place). The bytes received must be exactly the bytes
+//! sent, in order.
 
 use std::io::{IoSlice, IoSliceMut};
 
@@ -85,12 +87,22 @@ fn rest<F: Fabric>(msg: &[Buf<F>], mut done: usize) -> Vec<IoSlice<'_>> {
     out
 }
 
-/// Runs one case from `a` to `b`. Returns the bytes moved.
+/// What one model run did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ZcRun {
+    /// Bytes moved.
+    pub bytes: usize,
+    /// Receives that found `get_nowait`'s reads still in flight and offered the same
+    /// place again.
+    pub in_flight_retries: usize,
+}
+
+/// Runs one case from `a` to `b`.
 pub fn run_zc_model<F: Fabric>(
     a: &mut Channel<F>,
     b: &mut Channel<F>,
     case: &ZcCase,
-) -> Result<usize, String> {
+) -> Result<ZcRun, String> {
     let mut rng = Rng::new(case.seed);
     let mut sent_stream: Vec<u8> = Vec::new();
     let mut got: Vec<u8> = Vec::new();
@@ -98,6 +110,8 @@ pub fn run_zc_model<F: Fabric>(
     let mut made = 0;
     let mut idle_steps = 0u64;
     let mut rbuf = vec![0u8; 2 * case.max_buf + 64];
+    let mut in_flight: Option<(usize, usize)> = None;
+    let mut in_flight_retries = 0;
     loop {
         if current.is_none() && made < case.messages {
             let msg = make_message(&mut rng, a, case)?;
@@ -107,7 +121,7 @@ pub fn run_zc_model<F: Fabric>(
             current = Some((msg, 0));
             made += 1;
         }
-        if current.is_none() && got.len() == sent_stream.len() {
+        if current.is_none() && got.len() == sent_stream.len() && in_flight.is_none() {
             break;
         }
         let mut progressed = false;
@@ -135,15 +149,39 @@ pub fn run_zc_model<F: Fabric>(
             }
         }
         if rng.chance(1, 2) {
-            let cap = rng.log_uniform(1, rbuf.len());
-            let shape = random_shape(&mut rng, cap, 5);
-            let n = b
-                .get(&mut iovecs_mut(&mut rbuf[..cap], &shape))
-                .map_err(|e| format!("get after {} bytes: {e}", got.len()))?;
-            if n > cap {
-                return Err(format!("get returned {n} > {cap}"));
+            // `from..cap` of rbuf is offered; with reads in flight it must start where
+            // they land.
+            let (from, cap) = match in_flight {
+                Some(at) => at,
+                None => (0, rng.log_uniform(1, rbuf.len())),
+            };
+            let nowait = rng.chance(1, 2);
+            let n = if in_flight.is_some() {
+                in_flight_retries += 1;
+                let iov = &mut [IoSliceMut::new(&mut rbuf[from..cap])];
+                if nowait {
+                    // SAFETY: rbuf is neither touched nor moved while reads are in
+                    // flight: the next receive offers exactly this place again.
+                    unsafe { b.receiver().get_nowait(iov) }
+                } else {
+                    b.get(iov)
+                }
+            } else {
+                let shape = random_shape(&mut rng, cap, 5);
+                let mut iov = iovecs_mut(&mut rbuf[..cap], &shape);
+                if nowait {
+                    // SAFETY: as above.
+                    unsafe { b.receiver().get_nowait(&mut iov) }
+                } else {
+                    b.get(&mut iov)
+                }
             }
-            got.extend_from_slice(&rbuf[..n]);
+            .map_err(|e| format!("get after {} bytes: {e}", got.len()))?;
+            if n > cap - from {
+                return Err(format!("get returned {n} > {}", cap - from));
+            }
+            in_flight = b.receiver().reads_in_flight().then_some((from + n, cap));
+            got.extend_from_slice(&rbuf[from..from + n]);
             if got.len() > sent_stream.len() || got[..] != sent_stream[..got.len()] {
                 let at = got
                     .iter()
@@ -180,5 +218,8 @@ pub fn run_zc_model<F: Fabric>(
     if n != 0 {
         return Err(format!("{n} bytes beyond what was sent"));
     }
-    Ok(got.len())
+    Ok(ZcRun {
+        bytes: got.len(),
+        in_flight_retries,
+    })
 }

@@ -573,6 +573,7 @@ impl<F: Fabric> Prepared<F> {
                 zc: None,
                 zc_expected_id: 1,
                 max_reads: caps.max_rd_atomic.clamp(1, MAX_READS_IN_FLIGHT),
+                reads: None,
             },
         })
     }
@@ -1445,6 +1446,18 @@ pub struct Receiver<F: Fabric> {
     zc_expected_id: u64,
     /// Most RDMA READs in flight (the fabric's `max_rd_atomic`, capped).
     max_reads: usize,
+    /// Reads left in flight by [`get_nowait`](Receiver::get_nowait).
+    reads: Option<ReadsInFlight>,
+}
+
+/// RDMA READs posted into a caller's buffer and not yet seen complete.
+struct ReadsInFlight {
+    /// Where they land (the caller's buffer), for matching the retry.
+    dst: usize,
+    len: usize,
+    /// Sequence number of the last read (completions arrive in order).
+    last: u64,
+    handle: RegHandle,
 }
 
 /// An announced transfer the receiver is reading (its segments, and how far it got).
@@ -1583,83 +1596,108 @@ impl<F: Fabric> Receiver<F> {
         }
     }
 
-    /// Pulls the next bytes of the announced transfer into `dst` with RDMA READ and
-    /// returns how many (at least one). Returns only once every read into `dst` has
-    /// completed, so the caller's buffer is never written after this borrow ends.
-    fn read_zero_copy(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+    /// Starts RDMA READs of the next bytes of the announced transfer into `dst`
+    /// (`len` bytes at most, capped so that all of them fit the read window) and
+    /// returns them as in flight.
+    ///
+    /// # Safety
+    ///
+    /// `dst..dst + len` must be writable memory that nothing else touches until
+    /// [`finish_reads`](Self::finish_reads) has seen the reads complete.
+    unsafe fn start_reads(&mut self, dst: *mut u8, len: usize) -> io::Result<ReadsInFlight> {
         let link = self.link.clone();
         let z = self
             .zc
             .as_mut()
             .expect("called with a transfer in progress");
-        let n = (dst.len() as u64).min(z.total - z.done) as usize;
-        // SAFETY: `dst` is exclusively borrowed for this call and we wait for every
-        // read into it before returning (even on error), then release the handle.
+        let n = (len as u64)
+            .min(z.total - z.done)
+            .min((self.max_reads * READ_PIECE) as u64) as usize;
+        // SAFETY: forwarded from this function's contract; released in finish_reads.
         let h = unsafe {
             link.rcache
-                .acquire(&link.fabric, dst.as_ptr(), n, Access::LOCAL_WRITE)
+                .acquire(&link.fabric, dst, n, Access::LOCAL_WRITE)
         }?;
-        let mut in_flight = [0u64; MAX_READS_IN_FLIGHT];
-        let (mut first, mut count) = (0usize, 0usize);
-        let mut last = None;
-        let mut posted = 0usize;
-        let mut result = Ok(());
+        let (mut posted, mut last) = (0usize, None);
+        let mut seg = z.seg;
+        let mut seg_off = z.seg_off;
         while posted < n {
-            if count == self.max_reads {
-                // Window full: wait for the oldest read.
-                if let Err(e) = link.wait_completed(in_flight[first]) {
-                    result = Err(e);
-                    break;
-                }
-                first = (first + 1) % MAX_READS_IN_FLIGHT;
-                count -= 1;
-            }
-            let seg = z.segs[z.seg];
-            let piece = ((seg.len - z.seg_off) as usize)
-                .min(n - posted)
-                .min(READ_PIECE);
+            let s = z.segs[seg];
+            let piece = ((s.len - seg_off) as usize).min(n - posted).min(READ_PIECE);
             let sge = [Sge {
-                // SAFETY: posted + piece <= n <= dst.len().
-                addr: unsafe { dst.as_mut_ptr().add(posted) },
+                // SAFETY: posted + piece <= n, inside dst..dst + len.
+                addr: unsafe { dst.add(posted) },
                 len: piece as u32,
                 lkey: h.lkey(),
             }];
-            // SAFETY: the target lies in `dst`, registered above, and is not handed
-            // back before wait_completed below has seen this read's completion.
-            match unsafe { link.post_read(&sge, seg.addr + z.seg_off, seg.rkey) } {
-                Ok(seq) => {
-                    in_flight[(first + count) % MAX_READS_IN_FLIGHT] = seq;
-                    count += 1;
-                    last = Some(seq);
-                }
+            // SAFETY: the target lies in the registered dst, which the caller keeps
+            // untouched until finish_reads has seen this read complete.
+            match unsafe { link.post_read(&sge, s.addr + seg_off, s.rkey) } {
+                Ok(seq) => last = Some(seq),
                 Err(e) => {
-                    result = Err(e);
-                    break;
+                    // Let what was posted land before the memory is handed back.
+                    if let Some(seq) = last {
+                        let _ = link.wait_completed(seq);
+                    }
+                    link.rcache.release(h);
+                    return Err(e);
                 }
             }
             posted += piece;
-            z.seg_off += piece as u64;
-            if z.seg_off == seg.len {
-                z.seg += 1;
-                z.seg_off = 0;
+            seg_off += piece as u64;
+            if seg_off == s.len {
+                seg += 1;
+                seg_off = 0;
             }
         }
-        // Completions arrive in order, so waiting for the last posted read covers all.
-        if let Some(seq) = last {
-            let waited = link.wait_completed(seq);
-            if result.is_ok() {
-                result = waited;
+        z.seg = seg;
+        z.seg_off = seg_off;
+        Ok(ReadsInFlight {
+            dst: dst as usize,
+            len: n,
+            last: last.expect("n >= 1, so a read was posted"),
+            handle: h,
+        })
+    }
+
+    /// Completes reads started by [`start_reads`](Self::start_reads): waits for them
+    /// (`wait`) or only checks. Returns `None` (and keeps them in flight) if they are
+    /// not done, else the byte count, after confirming the transfer to the sender if
+    /// it is complete.
+    fn finish_reads(&mut self, r: ReadsInFlight, wait: bool) -> io::Result<Option<usize>> {
+        let link = self.link.clone();
+        if !wait {
+            let drained = link.drain_completions();
+            if link.sq.completed.load(Ordering::Acquire) <= r.last {
+                drained?;
+                self.reads = Some(r);
+                return Ok(None);
             }
         }
-        link.rcache.release(h);
+        // Completions arrive in order, so the last read's covers all of them.
+        let result = link.wait_completed(r.last);
+        link.rcache.release(r.handle);
         result?;
-        z.done += n as u64;
+        let z = self.zc.as_mut().expect("reads belong to a transfer");
+        z.done += r.len as u64;
         if z.done == z.total {
             let id = z.id;
             self.zc = None;
             link.post_ctrl(CTRL_ZC_DONE, id)?;
         }
-        Ok(n)
+        Ok(Some(r.len))
+    }
+
+    /// Pulls the next bytes of the announced transfer into `dst` and returns how many
+    /// (at least one), once every read into `dst` has completed, so the caller's
+    /// buffer is never written after this borrow ends.
+    fn read_zero_copy(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: `dst` is exclusively borrowed for this call, and finish_reads waits
+        // for the reads (even on error) before we return.
+        let r = unsafe { self.start_reads(dst.as_mut_ptr(), dst.len()) }?;
+        Ok(self
+            .finish_reads(r, true)?
+            .expect("a waiting finish completes"))
     }
 
     fn take_ack(&self, ack: u64) -> io::Result<()> {
@@ -1722,16 +1760,99 @@ impl<F: Fabric> Receiver<F> {
     /// has been read; `ConnectionReset` when the peer vanished or the fabric failed;
     /// `InvalidData` if the ring holds something no correct peer writes.
     pub fn get(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        self.get_inner(iov, false)
+    }
+
+    /// As [`get`](Self::get), but never waits for the RDMA READs of a zero-copy
+    /// transfer (seed 001 sec. 5's `get`): when it reaches one it starts the reads into
+    /// `iov` and returns the bytes completed before them (possibly 0). While reads are
+    /// in flight, call it again with an `iov` that starts with the same buffer; it
+    /// returns 0 until they have landed, then counts them.
+    ///
+    /// ```
+    /// use std::io::{IoSlice, IoSliceMut};
+    /// let (mut a, mut b) = rdma_channel::RdmaStream::pair()?;
+    /// let big = a.alloc_mem(64 << 10)?;
+    /// // SAFETY: `big` stays untouched until put_nocopy counts it.
+    /// assert_eq!(unsafe { a.channel().sender().put_nocopy(&[IoSlice::new(&big)]) }?, 0);
+    /// let mut out = vec![1u8; 64 << 10];
+    /// let mut got = 0;
+    /// while got < out.len() {
+    ///     let rx = b.channel().receiver();
+    ///     // SAFETY: `out` is neither moved nor touched while reads are in flight.
+    ///     got += unsafe { rx.get_nowait(&mut [IoSliceMut::new(&mut out[got..])]) }?;
+    /// }
+    /// assert!(out.iter().all(|&x| x == 0));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Safety
+    ///
+    /// While reads are in flight (from a call that returned without counting them
+    /// until one that counts them), the buffer they target must stay allocated and
+    /// untouched: the fabric writes into it.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get); `InvalidInput` if reads are in flight and `iov` does not
+    /// start with their buffer.
+    pub unsafe fn get_nowait(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        self.get_inner(iov, true)
+    }
+
+    /// True while RDMA READs started by [`get_nowait`](Self::get_nowait) have not been
+    /// counted yet.
+    pub fn reads_in_flight(&self) -> bool {
+        self.reads.is_some()
+    }
+
+    fn get_inner(&mut self, iov: &mut [IoSliceMut<'_>], nowait: bool) -> io::Result<usize> {
         let mut done = 0;
+        let mut resumed = 0;
+        if let Some(r) = self.reads.take() {
+            // Reads in flight: the caller must offer their buffer first.
+            let first = iov.iter().find(|b| !b.is_empty());
+            if !first.is_some_and(|b| b.as_ptr() as usize == r.dst && b.len() >= r.len) {
+                self.reads = Some(r);
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "zero-copy reads are in flight: offer the same buffer again until they are counted",
+                ));
+            }
+            match self.finish_reads(r, !nowait)? {
+                None => return Ok(0),
+                Some(n) => resumed = n,
+            }
+        }
         for buf in iov.iter_mut() {
-            let mut at = 0;
+            if buf.is_empty() {
+                continue;
+            }
+            // Bytes of reads counted above landed at the start of the first buffer.
+            let mut at = std::mem::take(&mut resumed);
             while at < buf.len() {
                 if self.zc.is_none() && !self.in_packet && !self.next_packet()? {
                     break;
                 }
                 if self.zc.is_some() {
-                    at += self.read_zero_copy(&mut buf[at..])?;
-                    continue;
+                    if !nowait {
+                        at += self.read_zero_copy(&mut buf[at..])?;
+                        continue;
+                    }
+                    // SAFETY: get_nowait's contract keeps the buffer untouched while
+                    // the reads are in flight.
+                    let r = unsafe { self.start_reads(buf[at..].as_mut_ptr(), buf.len() - at) }?;
+                    match self.finish_reads(r, false)? {
+                        Some(n) => {
+                            at += n;
+                            continue;
+                        }
+                        None => {
+                            done += at;
+                            self.maintain()?;
+                            return Ok(done);
+                        }
+                    }
                 }
                 let n = self.cur_left.min(buf.len() - at);
                 // SAFETY: [cur_off, cur_off + n) lies inside the ring (next_packet checked
@@ -1844,6 +1965,12 @@ impl<F: Fabric> Receiver<F> {
 
 impl<F: Fabric> Drop for Receiver<F> {
     fn drop(&mut self) {
+        // Reads left in flight by get_nowait target the caller's memory: let them land
+        // before the caller can take that memory back.
+        if let Some(r) = self.reads.take() {
+            let _ = self.link.wait_completed(r.last);
+            self.link.rcache.release(r.handle);
+        }
         self.close();
     }
 }

@@ -1384,6 +1384,31 @@ impl<F: Fabric> Sender<F> {
         self.head
     }
 
+    /// One non-blocking step of [`wait_writable`](Self::wait_writable), for callers
+    /// that wait on many connections at once: true when a `put` would progress now
+    /// (the ring has room), or, while a zero-copy transfer is in flight, when the peer
+    /// has confirmed it (so that [`put_nocopy`](Self::put_nocopy) would count it).
+    /// Serves the peer's credit requests; asks for credit when the ring is full.
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Self::put).
+    pub fn poll_writable(&mut self) -> io::Result<bool> {
+        self.link.serve_credit()?;
+        if let Some(p) = &self.pending {
+            let id = p.id;
+            return self.zc_confirmed(id);
+        }
+        // Relaxed: a flag only.
+        if self.link.ctrl_word(CTRL_RX_CLOSED).load(Ordering::Relaxed) != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the peer closed its reading side",
+            ));
+        }
+        self.can_put()
+    }
+
     /// Waits (with the configured backoff) until `put` can progress.
     ///
     /// # Errors
@@ -1905,6 +1930,10 @@ impl<F: Fabric> Receiver<F> {
     /// Called when a poll found nothing: end of stream, and now and then the health
     /// of the connection.
     fn idle(&mut self) -> io::Result<()> {
+        // A failure seen by the other half or by a waiter is this half's too, at once.
+        if let Some(e) = self.link.error() {
+            return Err(e);
+        }
         if self.at_end() {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -1952,6 +1981,34 @@ impl<F: Fabric> Receiver<F> {
             self.idle()?;
             b.snooze();
         }
+    }
+
+    /// One non-blocking step of [`wait_readable`](Self::wait_readable), for callers
+    /// that wait on many connections at once: true when a `get` would return data
+    /// now, or when the RDMA READs that [`get_nowait`](Self::get_nowait) left in
+    /// flight have landed (so that it would count them). Serves credit requests and
+    /// delayed tail updates, and checks the connection's health now and then.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get): `UnexpectedEof` at end of stream.
+    pub fn poll_readable(&mut self) -> io::Result<bool> {
+        if let Some(r) = &self.reads {
+            let link = &*self.link;
+            let drained = link.drain_completions();
+            // Acquire: as in finish_reads.
+            if link.sq.completed.load(Ordering::Acquire) > r.last {
+                return Ok(true);
+            }
+            drained?;
+            return Ok(false);
+        }
+        if self.can_get()? {
+            return Ok(true);
+        }
+        self.maintain()?;
+        self.idle()?;
+        Ok(false)
     }
 
     /// Stops reading: the peer's `put` fails with `BrokenPipe` from now on. Dropping

@@ -38,6 +38,7 @@
 pub mod config;
 pub mod engine;
 pub mod fabric;
+pub mod ffi;
 pub mod oob;
 pub mod rcache;
 pub mod ring;

@@ -1,0 +1,197 @@
+#define _GNU_SOURCE
+/* Bad input from C: every misuse of rch.h gives its documented status code and a
+ * message, never a crash, a hang or lost data. Runs as a singleton (no PMI
+ * environment, no rchx): rank 0 of 1, with its loopback connection. */
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rch.h"
+
+static int failures;
+
+#define EXPECT(call, want)                                                                   \
+    do {                                                                                     \
+        int rc_ = (call);                                                                    \
+        if (rc_ != (want)) {                                                                 \
+            fprintf(stderr, "FAIL line %d: %s returned %d (%s), expected %d (%s): %s\n",     \
+                    __LINE__, #call, rc_, rch_strerror(rc_), (want), rch_strerror(want),     \
+                    rch_last_error());                                                       \
+            failures++;                                                                      \
+        } else if (rc_ != RCH_SUCCESS && rc_ != RCH_ERR_TIMEOUT && rch_last_error()[0] == 0) { \
+            fprintf(stderr, "FAIL line %d: %s gave no message\n", __LINE__, #call);          \
+            failures++;                                                                      \
+        }                                                                                    \
+    } while (0)
+
+static int cb_ok(void *c, const char *k, const void *v, size_t l) { (void)c; (void)k; (void)v; (void)l; return 0; }
+static int cb_lookup(void *c, int r, const char *k, void *b, size_t cap, size_t *l) { (void)c; (void)r; (void)k; (void)b; (void)cap; (void)l; return 1; }
+static int cb_fence(void *c) { (void)c; return 0; }
+
+int main(void)
+{
+    unsetenv("PMI_FD");
+    unsetenv("PMI_RANK");
+    unsetenv("PMI_SIZE");
+    unsetenv("PMI_PORT");
+    char data[64] = "hello, loopback";
+    struct iovec iov = {data, 15};
+    size_t nb = 99;
+    rch_vc *vc = NULL;
+    int rank = -1, size = -1, parent = -1;
+
+    /* strings */
+    for (int c = 0; c <= RCH_ERR_INTERNAL; c++)
+        if (!rch_strerror(c) || !rch_strerror(c)[0] || strcmp(rch_strerror(c), "unknown status code") == 0) {
+            fprintf(stderr, "FAIL: no description for %d\n", c);
+            failures++;
+        }
+    if (strcmp(rch_strerror(-1), "unknown status code") || strcmp(rch_strerror(1000), "unknown status code")) {
+        fprintf(stderr, "FAIL: unknown codes\n");
+        failures++;
+    }
+
+    /* before any init */
+    EXPECT(rch_init(), RCH_ERR_NOT_INITIALIZED);
+    EXPECT(rch_finalize(), RCH_ERR_NOT_INITIALIZED);
+    EXPECT(rch_vc_get(0, &vc), RCH_ERR_NOT_INITIALIZED);
+    EXPECT(rch_rank(&rank), RCH_ERR_NOT_INITIALIZED);
+    EXPECT(rch_wait(0), RCH_ERR_NOT_INITIALIZED);
+    EXPECT(rch_put_datav((rch_vc *)(uintptr_t)0xc5, &iov, 1, &nb), RCH_ERR_NOT_INITIALIZED);
+    if (nb != 0) {
+        fprintf(stderr, "FAIL: nbytes not zeroed on error\n");
+        failures++;
+    }
+    EXPECT(rch_read_datav((rch_vc *)(uintptr_t)0xc5, &iov, 1, &nb), RCH_ERR_NOT_INITIALIZED);
+
+    /* bad init arguments */
+    EXPECT(rch_init_process_group(NULL, &size, &parent), RCH_ERR_NULL);
+    EXPECT(rch_init_process_group(&rank, NULL, &parent), RCH_ERR_NULL);
+    EXPECT(rch_init_process_group(&rank, &size, NULL), RCH_ERR_NULL);
+    rch_exchange ex = {NULL, cb_ok, cb_lookup, cb_fence};
+    EXPECT(rch_init_process_group_external(0, 1, NULL), RCH_ERR_NULL);
+    EXPECT(rch_init_process_group_external(0, 0, &ex), RCH_ERR_INVALID);
+    EXPECT(rch_init_process_group_external(-1, 2, &ex), RCH_ERR_INVALID);
+    EXPECT(rch_init_process_group_external(2, 2, &ex), RCH_ERR_INVALID);
+    rch_exchange no_fence = {NULL, cb_ok, cb_lookup, NULL};
+    EXPECT(rch_init_process_group_external(0, 2, &no_fence), RCH_ERR_NULL);
+
+    /* singleton init */
+    EXPECT(rch_init_process_group(&rank, &size, &parent), RCH_SUCCESS);
+    if (rank != 0 || size != 1 || parent != 0) {
+        fprintf(stderr, "FAIL: singleton is rank %d of %d (parent %d)\n", rank, size, parent);
+        failures++;
+    }
+    EXPECT(rch_init_process_group(&rank, &size, &parent), RCH_ERR_STATE);
+    EXPECT(rch_init_process_group_external(0, 1, &ex), RCH_ERR_STATE);
+    EXPECT(rch_vc_get(0, &vc), RCH_ERR_NOT_INITIALIZED); /* before rch_init */
+    EXPECT(rch_init(), RCH_SUCCESS);
+    EXPECT(rch_init(), RCH_ERR_STATE);
+
+    /* vc handles */
+    EXPECT(rch_vc_get(0, NULL), RCH_ERR_NULL);
+    EXPECT(rch_vc_get(-1, &vc), RCH_ERR_INVALID);
+    EXPECT(rch_vc_get(1, &vc), RCH_ERR_INVALID);
+    EXPECT(rch_vc_get(INT_MAX, &vc), RCH_ERR_INVALID);
+    EXPECT(rch_vc_get(0, &vc), RCH_SUCCESS);
+    int r = -1;
+    EXPECT(rch_vc_rank(vc, &r), RCH_SUCCESS);
+    EXPECT(rch_vc_rank(vc, NULL), RCH_ERR_NULL);
+    EXPECT(rch_put_datav(NULL, &iov, 1, &nb), RCH_ERR_NULL);
+    EXPECT(rch_put_datav((rch_vc *)data, &iov, 1, &nb), RCH_ERR_UNKNOWN_VC);
+    EXPECT(rch_put_datav((rch_vc *)(uintptr_t)0x12345678, &iov, 1, &nb), RCH_ERR_UNKNOWN_VC);
+    EXPECT(rch_put_datav((rch_vc *)(uintptr_t)((5 << 8) | 0xc5), &iov, 1, &nb), RCH_ERR_UNKNOWN_VC);
+    EXPECT(rch_read_datav((rch_vc *)data, &iov, 1, &nb), RCH_ERR_UNKNOWN_VC);
+    EXPECT(rch_vc_wait_readable((rch_vc *)data, 0), RCH_ERR_UNKNOWN_VC);
+
+    /* iovec arguments */
+    EXPECT(rch_put_datav(vc, &iov, 1, NULL), RCH_ERR_NULL);
+    EXPECT(rch_put_datav(vc, NULL, 1, &nb), RCH_ERR_NULL);
+    EXPECT(rch_put_datav(vc, &iov, -1, &nb), RCH_ERR_INVALID);
+    EXPECT(rch_put_datav(vc, &iov, INT_MIN, &nb), RCH_ERR_INVALID);
+    EXPECT(rch_put_datav(vc, &iov, RCH_IOV_MAX + 1, &nb), RCH_ERR_INVALID);
+    EXPECT(rch_put_datav(vc, &iov, INT_MAX, &nb), RCH_ERR_INVALID);
+    EXPECT(rch_read_datav(vc, &iov, -5, &nb), RCH_ERR_INVALID);
+    EXPECT(rch_read_datav(vc, NULL, 2, &nb), RCH_ERR_NULL);
+    struct iovec nullbase[2] = {{data, 3}, {NULL, 4}};
+    EXPECT(rch_put_datav(vc, nullbase, 2, &nb), RCH_ERR_INVALID);
+    EXPECT(rch_read_datav(vc, nullbase, 2, &nb), RCH_ERR_INVALID);
+    struct iovec huge[2] = {{data, SIZE_MAX / 2}, {data, SIZE_MAX / 2 + 2}};
+    EXPECT(rch_put_datav(vc, huge, 2, &nb), RCH_ERR_INVALID);
+    EXPECT(rch_read_datav(vc, huge, 2, &nb), RCH_ERR_INVALID);
+    struct iovec one_huge = {data, (size_t)SSIZE_MAX + 1};
+    EXPECT(rch_put_datav(vc, &one_huge, 1, &nb), RCH_ERR_INVALID);
+    EXPECT(rch_put_datav(vc, NULL, 0, &nb), RCH_SUCCESS); /* n == 0: a no-op */
+    if (nb != 0) {
+        fprintf(stderr, "FAIL: n == 0 moved %zu bytes\n", nb);
+        failures++;
+    }
+
+    /* nothing was lost or sent by the refused calls: loopback data is exact */
+    struct iovec parts[3] = {{NULL, 0}, {data, 7}, {data + 7, 8}}; /* NULL base, length 0: fine */
+    size_t put = 0;
+    EXPECT(rch_put_datav(vc, parts, 3, &put), RCH_SUCCESS);
+    if (put != 15) {
+        fprintf(stderr, "FAIL: loopback put %zu of 15\n", put);
+        failures++;
+    }
+    char back[64] = {0};
+    size_t got = 0;
+    for (int i = 0; i < 1000000 && got < 15; i++) {
+        struct iovec in[2] = {{back + got, 15 - got}, {NULL, 0}};
+        size_t n = 0;
+        EXPECT(rch_read_datav(vc, in, 2, &n), RCH_SUCCESS);
+        got += n;
+    }
+    if (got != 15 || memcmp(back, data, 15) != 0) {
+        fprintf(stderr, "FAIL: loopback read %zu bytes: %.15s\n", got, back);
+        failures++;
+    }
+    size_t extra = 0;
+    EXPECT(rch_read_datav(vc, &iov, 1, &extra), RCH_SUCCESS);
+    if (extra != 0) {
+        fprintf(stderr, "FAIL: %zu bytes more than were sent\n", extra);
+        failures++;
+    }
+
+    /* waits */
+    EXPECT(rch_wait(-2), RCH_ERR_INVALID);
+    EXPECT(rch_wait(INT_MIN), RCH_ERR_INVALID);
+    EXPECT(rch_wait(0), RCH_ERR_TIMEOUT);
+    EXPECT(rch_wait(20), RCH_ERR_TIMEOUT);
+    EXPECT(rch_vc_wait_readable(vc, 10), RCH_ERR_TIMEOUT);
+    EXPECT(rch_vc_wait_writable(vc, 10), RCH_SUCCESS);
+    EXPECT(rch_vc_wait_readable(NULL, 0), RCH_ERR_NULL);
+
+    /* a closed vc */
+    EXPECT(rch_vc_close(vc), RCH_SUCCESS);
+    EXPECT(rch_vc_close(vc), RCH_SUCCESS);
+    EXPECT(rch_put_datav(vc, &iov, 1, &nb), RCH_ERR_VC_CLOSED);
+    EXPECT(rch_read_datav(vc, &iov, 1, &nb), RCH_ERR_VC_CLOSED);
+    EXPECT(rch_vc_close((rch_vc *)data), RCH_ERR_UNKNOWN_VC);
+    EXPECT(rch_vc_close(NULL), RCH_ERR_NULL);
+
+    /* after finalize */
+    EXPECT(rch_finalize(), RCH_SUCCESS);
+    EXPECT(rch_finalize(), RCH_ERR_FINALIZED);
+    EXPECT(rch_init(), RCH_ERR_FINALIZED);
+    EXPECT(rch_init_process_group(&rank, &size, &parent), RCH_ERR_FINALIZED);
+    EXPECT(rch_init_process_group_external(0, 1, &ex), RCH_ERR_FINALIZED);
+    EXPECT(rch_vc_get(0, &vc), RCH_ERR_FINALIZED);
+    EXPECT(rch_put_datav(vc, &iov, 1, &nb), RCH_ERR_FINALIZED);
+    EXPECT(rch_read_datav(vc, &iov, 1, &nb), RCH_ERR_FINALIZED);
+    EXPECT(rch_wait(0), RCH_ERR_FINALIZED);
+    EXPECT(rch_rank(&rank), RCH_ERR_FINALIZED);
+    if (strstr(rch_last_error(), "finalize") == NULL) {
+        fprintf(stderr, "FAIL: last error %s\n", rch_last_error());
+        failures++;
+    }
+    if (failures) {
+        fprintf(stderr, "badinput: %d failures\n", failures);
+        return 1;
+    }
+    printf("badinput ok\n");
+    return 0;
+}

@@ -1,0 +1,286 @@
+/*
+ * rch.h - the C interface of rdma-channel: the MPICH2 "RDMA channel" (ch3:rdma).
+ *
+ * This header is the source of truth: the Rust library is built against it (bindgen
+ * generates the types and the declarations the exports are checked against).
+ *
+ * The channel gives every pair of processes a connection ("virtual connection", vc)
+ * that is a FIFO byte pipe in each direction, built from one-sided RDMA writes into
+ * a ring in the receiver's memory, and an RDMA-READ path that moves large buffers
+ * without copying them. The five functions of MPICH2's channel are here under the
+ * prefix rch_:
+ *
+ *   MPIDI_CH3I_RDMA_init_process_group  rch_init_process_group (PMI-1 itself) or
+ *                                       rch_init_process_group_external (caller's PMI)
+ *   MPIDI_CH3I_RMDA_init                rch_init
+ *   MPIDI_CH3I_RMDA_finalize            rch_finalize
+ *   MPIDI_CH3I_RDMA_put_datav           rch_put_datav
+ *   MPIDI_CH3I_RDMA_read_datav          rch_read_datav
+ *
+ * plus what an upper layer needs around them: rch_vc_get (the handle of a rank's
+ * connection), rch_wait (sleep until a connection can progress), rch_vc_close, error
+ * codes with rch_strerror and rch_last_error.
+ *
+ * Life cycle
+ * ----------
+ *   1. rch_init_process_group() or rch_init_process_group_external(): learn rank and
+ *      size, open the fabric, publish this process's "hello" card.
+ *   2. rch_init(): wait for every process to publish (a fence) and read their cards.
+ *      Every pair is then connected logically: rch_vc_get works for every rank
+ *      (including this process's own rank: a loopback connection).
+ *   3. rch_put_datav / rch_read_datav / rch_wait on the connections.
+ *   4. rch_finalize(): collective (a fence), then every connection is torn down.
+ *   Calls out of this order fail with RCH_ERR_NOT_INITIALIZED, RCH_ERR_STATE or
+ *   RCH_ERR_FINALIZED; a process initialises the library once (as MPI_Init).
+ *
+ * Lazy connections
+ * ----------------
+ * The rings of a pair are allocated only when the pair first communicates: the
+ * first rch_put_datav on a vc starts a handshake with the peer (through a Unix socket
+ * named in the peer's hello card; the handshake carries the fabric's connection
+ * cards, and on the emulated fabric the shared-memory descriptors) and returns 0;
+ * the peer answers during any of its own rch_* calls (rch_wait included). Both sides
+ * may start at the same moment; the attempt of the lower rank wins. N idle processes
+ * therefore cost one listening socket each, not N rings. Connections are local to
+ * one machine (all ranks on one host), on either fabric.
+ *
+ * The data calls
+ * --------------
+ * rch_put_datav and rch_read_datav never block. Each returns RCH_SUCCESS with
+ * *nbytes = the bytes completed by this call (possibly 0); the caller offers the rest
+ * again later, with the iov advanced past *nbytes bytes. Bytes arrive in order (FIFO
+ * per direction). A put may be cut anywhere (a message is not atomic), and a read
+ * returns what has arrived, up to the iov's total length; message boundaries are the
+ * upper layer's business (packet headers, as CH3 does).
+ *
+ * Zero-copy contract. A put may announce a large buffer to the peer instead of
+ * copying it; the peer then reads it straight from the caller's memory with RDMA
+ * READ. In that case rch_put_datav counts the bytes before that buffer and reports 0
+ * for the buffer itself. The caller must call rch_put_datav again with an iov that
+ * starts with the same buffers (same addresses and lengths), whose memory it has not
+ * modified or freed, until they are counted (the peer has read them all); calling
+ * with other buffers first fails with RCH_ERR_IN_FLIGHT. Likewise a read may leave
+ * RDMA READs in flight into the caller's buffer and report 0 (or the bytes before
+ * it): call rch_read_datav again with an iov that starts at the first byte not yet
+ * counted, and do not touch, move or free that buffer until the bytes are counted.
+ * A plain upper-layer loop that advances its iov by *nbytes and retries honours both
+ * rules. Which buffers go zero-copy is the library's choice (RCH_ZCOPY_THRESHOLD,
+ * RCH_ZCOPY_PRIVATE_THRESHOLD; see the project README).
+ *
+ * Threads: every call is serialised by one lock inside the library, so calls from
+ * several threads are safe but do not run in parallel (rch_wait releases the lock
+ * while it sleeps). The zero-copy rules hold whichever thread retries.
+ *
+ * Errors: every function returns an rch_status. On an error, rch_last_error() in the
+ * same thread gives a message with the details. A connection that failed (peer gone,
+ * fabric error, protocol error) stays failed; other connections are unaffected.
+ * The library never aborts the process on bad input or a lost peer.
+ *
+ * Environment: RCH_FABRIC (emulated | verbs), the RCH_* settings of the channel
+ * (ring size, chunk size, wait policy, zero-copy thresholds: see the README), and
+ * in rch_init_process_group the PMI-1 variables PMI_FD, PMI_RANK, PMI_SIZE.
+ */
+#ifndef RCH_H
+#define RCH_H
+
+#include <stddef.h>
+#include <sys/uio.h> /* struct iovec */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Version of this interface. */
+#define RCH_VERSION_MAJOR 1
+#define RCH_VERSION_MINOR 0
+
+/* Most iovec entries one rch_put_datav / rch_read_datav accepts (IOV_MAX on Linux). */
+#define RCH_IOV_MAX 1024
+
+/* Longest hello card this library publishes, in bytes, terminating NUL excluded.
+ * Cards are printable ASCII without spaces or '=' (so that a string key-value store
+ * such as PMI's can hold them). */
+#define RCH_CARD_MAX 255
+
+/* Status codes. Every function returns one; RCH_SUCCESS is 0, errors are positive. */
+typedef enum rch_status {
+    RCH_SUCCESS = 0,
+    /* A required pointer argument was NULL. */
+    RCH_ERR_NULL = 1,
+    /* An argument is out of range: a negative count or one above RCH_IOV_MAX, an
+     * iovec entry with a NULL base and a non-zero length, lengths whose sum overflows,
+     * a rank outside [0, size), a size below 1, a timeout below -1, an exchange
+     * struct without a callback. */
+    RCH_ERR_INVALID = 2,
+    /* Called before rch_init_process_group* (or, for connection calls, before
+     * rch_init). */
+    RCH_ERR_NOT_INITIALIZED = 3,
+    /* Called after rch_finalize. */
+    RCH_ERR_FINALIZED = 4,
+    /* Called in the wrong state: an init function called twice. */
+    RCH_ERR_STATE = 5,
+    /* The vc pointer is not a handle this library gave out. */
+    RCH_ERR_UNKNOWN_VC = 6,
+    /* The vc was closed with rch_vc_close. */
+    RCH_ERR_VC_CLOSED = 7,
+    /* The peer closed the connection in order (rch_vc_close or rch_finalize): a read
+     * gets this after every byte the peer sent was read; a put gets it at once. */
+    RCH_ERR_PEER_CLOSED = 8,
+    /* The peer is gone: it died, or its end of the connection failed. */
+    RCH_ERR_PEER_GONE = 9,
+    /* A zero-copy transfer is in flight on this vc and the iov does not start with
+     * its buffer (see "Zero-copy contract"). Nothing was moved; retry correctly. */
+    RCH_ERR_IN_FLIGHT = 10,
+    /* PMI failed: no server at PMI_FD, a server that hung up or answered garbage,
+     * a bad PMI_* variable. */
+    RCH_ERR_PMI = 11,
+    /* A callback of rch_exchange returned non-zero or gave a malformed card. */
+    RCH_ERR_EXCHANGE = 12,
+    /* The fabric failed: it cannot be opened (RCH_FABRIC, no device), a registration
+     * or queue pair failed, processes use different fabrics. */
+    RCH_ERR_FABRIC = 13,
+    /* Out of memory. */
+    RCH_ERR_NO_MEMORY = 14,
+    /* rch_wait: the timeout passed without progress. Not a failure. */
+    RCH_ERR_TIMEOUT = 15,
+    /* The peer sent something no correct peer sends (a bad card, ring contents). */
+    RCH_ERR_PROTOCOL = 16,
+    /* A bad RCH_* setting in the environment. */
+    RCH_ERR_CONFIG = 17,
+    /* An operating-system call failed (the message names it). */
+    RCH_ERR_SYSTEM = 18,
+    /* A bug in the library (an internal panic, caught). The library refuses further
+     * calls with this code. */
+    RCH_ERR_INTERNAL = 19
+} rch_status;
+
+/* One connection to one rank (opaque). Handles stay valid until rch_finalize; after
+ * it, calls with them return RCH_ERR_FINALIZED. */
+typedef struct rch_vc rch_vc;
+
+/* Callbacks through which an upper layer that owns process management moves the hello
+ * cards (mode b, rch_init_process_group_external). Each returns 0 on success and
+ * non-zero on failure (the library then fails with RCH_ERR_EXCHANGE). They are called
+ * only from inside rch_init_process_group_external, rch_init and rch_finalize, from
+ * the calling thread; the struct is copied, `ctx` must stay valid until rch_finalize
+ * returns. */
+typedef struct rch_exchange {
+    /* Opaque pointer handed to every callback. */
+    void *ctx;
+    /* Makes `value` (`len` bytes, printable ASCII, at most RCH_CARD_MAX) visible to
+     * every process under (this process's rank, key). `key` is a NUL-terminated
+     * string of at most 31 characters [a-z0-9-]; a caller backed by a global store
+     * builds its own key from rank and key (e.g. "rch-hello-3"). */
+    int (*publish)(void *ctx, const char *key, const void *value, size_t len);
+    /* Copies the value published under (rank, key) into `buf` (capacity `cap`) and
+     * stores its length in *len. Called only after a fence that followed the
+     * publication. Returns non-zero if there is no such value or it does not fit. */
+    int (*lookup)(void *ctx, int rank, const char *key, void *buf, size_t cap, size_t *len);
+    /* A barrier over all `size` processes: returns once every process called it (as
+     * PMI_Barrier). */
+    int (*fence)(void *ctx);
+} rch_exchange;
+
+/* Mode (a): process management by PMI-1. With PMI_FD, PMI_RANK and PMI_SIZE set (a
+ * launcher such as rch-run, MPICH's Hydra or Slurm), the library talks PMI-1 to the
+ * launcher itself; without them it runs as a singleton (rank 0 of 1). Stores this
+ * process's rank, the number of processes, and whether it was spawned by another
+ * job (PMI's "spawned"; MPI_Comm_get_parent). Opens the fabric and publishes this
+ * process's hello card in the PMI key-value store.
+ * Errors: RCH_ERR_NULL (an output pointer), RCH_ERR_STATE (already initialised),
+ * RCH_ERR_FINALIZED, RCH_ERR_PMI, RCH_ERR_FABRIC, RCH_ERR_CONFIG, RCH_ERR_SYSTEM. */
+int rch_init_process_group(int *rank, int *size, int *has_parent);
+
+/* Mode (b): the caller owns process management (an MPI whose device already runs
+ * PMI; a second PMI client on the same PMI_FD would corrupt that conversation). The
+ * caller gives rank and size and the callbacks through which the hello cards move.
+ * Publishes this process's card with ex->publish (key "rch-hello").
+ * Errors: RCH_ERR_NULL (ex or a callback), RCH_ERR_INVALID (size < 1, rank outside
+ * [0, size)), RCH_ERR_STATE, RCH_ERR_FINALIZED, RCH_ERR_EXCHANGE, RCH_ERR_FABRIC,
+ * RCH_ERR_CONFIG, RCH_ERR_SYSTEM. */
+int rch_init_process_group_external(int rank, int size, const rch_exchange *ex);
+
+/* Connects the processes (logically; see "Lazy connections"): a fence, then every
+ * process's card is looked up. Collective: every process calls it.
+ * Errors: RCH_ERR_NOT_INITIALIZED, RCH_ERR_STATE (called twice), RCH_ERR_FINALIZED,
+ * RCH_ERR_PMI or RCH_ERR_EXCHANGE (a card missing or malformed), RCH_ERR_FABRIC (a
+ * process on another fabric). */
+int rch_init(void);
+
+/* Collective: a fence (PMI barrier or ex->fence), then every connection is closed
+ * and its memory released (the peers' reads see RCH_ERR_PEER_CLOSED after the data
+ * sent before). Complete all communication first: zero-copy transfers still in
+ * flight are revoked. Afterwards every call returns RCH_ERR_FINALIZED.
+ * Errors: RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED (second call), RCH_ERR_PMI or
+ * RCH_ERR_EXCHANGE (the fence failed; the library is finalised anyway). */
+int rch_finalize(void);
+
+/* This process's rank and the number of processes (after an init).
+ * Errors: RCH_ERR_NULL, RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
+int rch_rank(int *rank);
+int rch_size(int *size);
+
+/* The connection to `rank` (its own rank included) in *vc.
+ * Errors: RCH_ERR_NULL, RCH_ERR_INVALID (rank outside [0, size)),
+ * RCH_ERR_NOT_INITIALIZED (before rch_init), RCH_ERR_FINALIZED. */
+int rch_vc_get(int rank, rch_vc **vc);
+
+/* The rank at the other end of `vc`.
+ * Errors: RCH_ERR_NULL, RCH_ERR_UNKNOWN_VC, RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
+int rch_vc_rank(rch_vc *vc, int *rank);
+
+/* Non-blocking put (MPIDI_CH3I_RDMA_put_datav): sends what fits of the `n` buffers
+ * of `iov`, in order, and stores the number of bytes completed in *nbytes (possibly
+ * 0: ring full, connection being set up, or a zero-copy transfer announced and not
+ * yet read; see the contract above). Entries with length 0 are skipped (their base
+ * may be NULL); n == 0 is a no-op.
+ * Errors: RCH_ERR_NULL (vc, nbytes, or iov with n > 0), RCH_ERR_INVALID (n < 0,
+ * n > RCH_IOV_MAX, a NULL base with a non-zero length, a total above SSIZE_MAX),
+ * RCH_ERR_UNKNOWN_VC, RCH_ERR_VC_CLOSED, RCH_ERR_PEER_CLOSED, RCH_ERR_PEER_GONE,
+ * RCH_ERR_IN_FLIGHT, RCH_ERR_FABRIC, RCH_ERR_PROTOCOL, RCH_ERR_NOT_INITIALIZED,
+ * RCH_ERR_FINALIZED. *nbytes is 0 after an error. */
+int rch_put_datav(rch_vc *vc, const struct iovec *iov, int n, size_t *nbytes);
+
+/* Non-blocking read (MPIDI_CH3I_RDMA_read_datav): fills the `n` buffers of `iov`, in
+ * order, with bytes that have arrived and stores their number in *nbytes (possibly 0).
+ * May leave RDMA READs in flight into the buffers (see the contract above).
+ * Errors: as rch_put_datav; RCH_ERR_PEER_CLOSED once the peer closed and every byte
+ * it sent was read. */
+int rch_read_datav(rch_vc *vc, const struct iovec *iov, int n, size_t *nbytes);
+
+/* Waits until some connection may progress: a read would return data (or an error),
+ * a put that last returned fewer bytes than offered now has room or its zero-copy
+ * transfer was read, a connection handshake advanced or a peer asked to connect.
+ * It spins briefly, then yields the CPU, then sleeps with growing naps (the
+ * RCH_SPIN / RCH_YIELD / RCH_SLEEP_MAX_US policy), so more processes than cores
+ * still progress. timeout_ms: -1 waits without limit, 0 polls once.
+ * Returns RCH_SUCCESS (something may progress; it may be spurious) or
+ * RCH_ERR_TIMEOUT. Errors: RCH_ERR_INVALID (timeout_ms < -1),
+ * RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
+int rch_wait(int timeout_ms);
+
+/* As rch_wait, for one connection: returns once a read on `vc` would return data or
+ * an error (readable) or a put would progress (writable). Same return values, plus
+ * the vc errors. */
+int rch_vc_wait_readable(rch_vc *vc, int timeout_ms);
+int rch_vc_wait_writable(rch_vc *vc, int timeout_ms);
+
+/* Closes this process's ends of `vc`: the peer reads the bytes sent so far, then
+ * RCH_ERR_PEER_CLOSED; its puts fail with RCH_ERR_PEER_CLOSED. Later calls with `vc`
+ * return RCH_ERR_VC_CLOSED. Closing a closed vc is a no-op.
+ * Errors: RCH_ERR_NULL, RCH_ERR_UNKNOWN_VC, RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
+int rch_vc_close(rch_vc *vc);
+
+/* A static, constant description of a status code ("unknown status code" for others). */
+const char *rch_strerror(int code);
+
+/* The detailed message of the last error in the calling thread ("" if none yet).
+ * Successful calls leave it alone; it stays valid until the next failing rch_* call
+ * in that thread. */
+const char *rch_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RCH_H */

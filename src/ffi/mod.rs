@@ -1,0 +1,604 @@
+//! The C interface (`ffi/rch.h`): the MPICH2 RDMA channel's five functions
+//! (`rch_init_process_group`, `rch_init`, `rch_finalize`, `rch_put_datav`,
+//! `rch_read_datav`) and what an upper layer needs around them.
+//!
+//! The header is the source of truth and documents every function; `build.rs` runs
+//! bindgen on it, [`sys`] holds the result, and every export below is checked at
+//! compile time against the declaration bindgen generated (same parameter and return
+//! types), and every struct crossing the boundary against libc and std layouts.
+//!
+//! Design, in short (see the header and [`hello`] for more):
+//!
+//! * one global state behind one lock; every export catches panics and turns them and
+//!   every error into a status code plus a thread-local message (`rch_last_error`);
+//! * a process group comes from PMI-1 (mode a, [`exchange`]), or from the caller's
+//!   publish/lookup/fence callbacks (mode b);
+//! * connections are logical after `rch_init`; a pair's rings are set up when it first
+//!   communicates, through a handshake over the peer's abstract Unix socket, driven
+//!   by whatever library calls either side makes;
+//! * the data calls map onto [`Sender::put_nocopy`](crate::Sender::put_nocopy) and
+//!   [`Receiver::get_nowait`](crate::Receiver::get_nowait), so the zero-copy rules of
+//!   the header are the engine's.
+//!
+//! A C program links `librdma_channel.a` (or `.so`) and includes `rch.h`; see
+//! `ffi/README.md`. Rust programs have no reason to call these functions.
+
+mod error;
+mod exchange;
+pub(crate) mod hello;
+mod state;
+pub mod sys;
+
+use std::ffi::{c_char, c_int};
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use error::{report, Error};
+use exchange::{Callbacks, Exchange, Singleton};
+use state::{lock, Group, Phase};
+use sys::{iovec, rch_exchange, rch_status, rch_vc, size_t};
+
+/// Most iovec entries per data call (`RCH_IOV_MAX`).
+pub(crate) const IOV_MAX: usize = 1024;
+
+/// Low byte of every connection handle: handles are not addresses but tagged ranks,
+/// so that a stale or made-up pointer is recognised without being dereferenced.
+const VC_TAG: usize = 0xc5;
+
+fn vc_handle(rank: usize) -> *mut rch_vc {
+    ((rank << 8) | VC_TAG) as *mut rch_vc
+}
+
+fn vc_rank(vc: *mut rch_vc) -> Result<usize, Error> {
+    let v = vc as usize;
+    if vc.is_null() {
+        return Err(Error::new(rch_status::RCH_ERR_NULL, "vc is NULL"));
+    }
+    if v & 0xff != VC_TAG {
+        return Err(Error::new(
+            rch_status::RCH_ERR_UNKNOWN_VC,
+            format!("{vc:p} is not a connection handle of this library"),
+        ));
+    }
+    Ok(v >> 8)
+}
+
+/// Runs `f`, turning its error, or a panic, into a status code.
+fn guard(f: impl FnOnce() -> Result<(), Error>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => rch_status::RCH_SUCCESS as c_int,
+        Ok(Err(e)) => report(e),
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            report(Error::new(
+                rch_status::RCH_ERR_INTERNAL,
+                format!("internal error (panic): {what}"),
+            ))
+        }
+    }
+}
+
+fn null(what: &str) -> Error {
+    Error::new(rch_status::RCH_ERR_NULL, format!("{what} is NULL"))
+}
+
+fn invalid(msg: String) -> Error {
+    Error::new(rch_status::RCH_ERR_INVALID, msg)
+}
+
+/// Writes `v` through an out-pointer that the caller checked for NULL.
+///
+/// # Safety
+///
+/// `p` is non-NULL and valid for a write of a `T`, as the header requires.
+unsafe fn out<T>(p: *mut T, v: T) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { p.write(v) }
+}
+
+/// Checks a C iovec array: its pointer, its count, every entry, and the sum of the
+/// lengths. Returns the total; `clean` is false when some entry has a NULL base (with
+/// length 0), which a Rust slice may not have.
+///
+/// # Safety
+///
+/// When `n > 0` and `iov` is not NULL, `iov` points to `n` readable entries.
+unsafe fn check_iov(iov: *const iovec, n: c_int) -> Result<(usize, bool), Error> {
+    if n < 0 {
+        return Err(invalid(format!("iovec count {n} is negative")));
+    }
+    let n = n as usize;
+    if n > IOV_MAX {
+        return Err(invalid(format!(
+            "iovec count {n} is above RCH_IOV_MAX ({IOV_MAX})"
+        )));
+    }
+    if n == 0 {
+        return Ok((0, true));
+    }
+    if iov.is_null() {
+        return Err(null("iov"));
+    }
+    if iov as usize % std::mem::align_of::<iovec>() != 0 {
+        return Err(invalid(format!("iov {iov:p} is misaligned")));
+    }
+    let (mut total, mut clean) = (0usize, true);
+    for i in 0..n {
+        // SAFETY: i < n, and the caller promised n readable entries.
+        let e = unsafe { &*iov.add(i) };
+        let len = e.iov_len as usize;
+        if e.iov_base.is_null() {
+            if len != 0 {
+                return Err(invalid(format!(
+                    "iov[{i}] has a NULL base and length {len}"
+                )));
+            }
+            clean = false;
+        }
+        total = total
+            .checked_add(len)
+            .filter(|&t| t <= isize::MAX as usize)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "iovec lengths add up beyond SSIZE_MAX (at iov[{i}])"
+                ))
+            })?;
+    }
+    Ok((total, clean))
+}
+
+/// Gets the library ready for a data call on `vc`: its rank, checked.
+fn data_vc(g: &Group, vc: *mut rch_vc) -> Result<usize, Error> {
+    let r = vc_rank(vc)?;
+    g.check_rank(r)?;
+    Ok(r)
+}
+
+/// Mode (a): see `rch_init_process_group` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// Each pointer is NULL or valid for writing an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn rch_init_process_group(
+    rank: *mut c_int,
+    size: *mut c_int,
+    has_parent: *mut c_int,
+) -> c_int {
+    guard(|| {
+        for (p, name) in [(rank, "rank"), (size, "size"), (has_parent, "has_parent")] {
+            if p.is_null() {
+                return Err(null(name));
+            }
+        }
+        let mut lib = lock()?;
+        check_uninit(&lib)?;
+        let (r, s, spawned, ex) = pmi_group()?;
+        let g = Group::new(r, s, spawned, ex)?;
+        // SAFETY: checked non-NULL above; the caller promised writable ints.
+        unsafe {
+            out(rank, g.rank as c_int);
+            out(size, g.size as c_int);
+            out(has_parent, g.spawned as c_int);
+        }
+        *lib = Phase::Group(Box::new(g));
+        Ok(())
+    })
+}
+
+/// The process group from the PMI-1 environment, or a singleton without one.
+fn pmi_group() -> Result<(u32, u32, bool, Box<dyn Exchange>), Error> {
+    if std::env::var_os("PMI_FD").is_none() && std::env::var_os("PMI_PORT").is_none() {
+        return Ok((0, 1, false, Box::new(Singleton::default())));
+    }
+    Err(Error::new(
+        rch_status::RCH_ERR_PMI,
+        "PMI-1 support is not built in yet",
+    ))
+}
+
+fn check_uninit(lib: &Phase) -> Result<(), Error> {
+    match lib {
+        Phase::Uninit => Ok(()),
+        Phase::Finalized => Err(state::finalized()),
+        _ => Err(Error::new(
+            rch_status::RCH_ERR_STATE,
+            "the process group is already initialised",
+        )),
+    }
+}
+
+/// Mode (b): see `rch_init_process_group_external` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `ex` is NULL or points to a readable `rch_exchange` whose callbacks and context
+/// stay valid until `rch_finalize` returns, as the header requires.
+#[no_mangle]
+pub unsafe extern "C" fn rch_init_process_group_external(
+    rank: c_int,
+    size: c_int,
+    ex: *const rch_exchange,
+) -> c_int {
+    guard(|| {
+        if ex.is_null() {
+            return Err(null("ex"));
+        }
+        if size < 1 {
+            return Err(invalid(format!("size {size} is below 1")));
+        }
+        if rank < 0 || rank >= size {
+            return Err(invalid(format!("rank {rank} is outside [0, {size})")));
+        }
+        // SAFETY: non-NULL, and the caller promised a readable struct.
+        let cb = Callbacks::new(unsafe { &*ex })?;
+        let mut lib = lock()?;
+        check_uninit(&lib)?;
+        let g = Group::new(rank as u32, size as u32, false, Box::new(cb))?;
+        *lib = Phase::Group(Box::new(g));
+        Ok(())
+    })
+}
+
+/// See `rch_init` in `ffi/rch.h`.
+#[no_mangle]
+pub extern "C" fn rch_init() -> c_int {
+    guard(|| {
+        let mut lib = lock()?;
+        match std::mem::replace(&mut *lib, Phase::Uninit) {
+            Phase::Group(mut g) => match g.connect_all() {
+                Ok(()) => {
+                    *lib = Phase::Ready(g);
+                    Ok(())
+                }
+                Err(e) => {
+                    *lib = Phase::Group(g);
+                    Err(e)
+                }
+            },
+            other => {
+                let e = match &other {
+                    Phase::Uninit => Error::new(
+                        rch_status::RCH_ERR_NOT_INITIALIZED,
+                        "rch_init_process_group has not been called",
+                    ),
+                    Phase::Finalized => state::finalized(),
+                    _ => Error::new(rch_status::RCH_ERR_STATE, "rch_init was already called"),
+                };
+                *lib = other;
+                Err(e)
+            }
+        }
+    })
+}
+
+/// See `rch_finalize` in `ffi/rch.h`.
+#[no_mangle]
+pub extern "C" fn rch_finalize() -> c_int {
+    guard(|| {
+        let mut lib = lock()?;
+        match std::mem::replace(&mut *lib, Phase::Finalized) {
+            Phase::Group(mut g) | Phase::Ready(mut g) => {
+                let r = g.finish();
+                drop(g);
+                r
+            }
+            Phase::Uninit => {
+                *lib = Phase::Uninit;
+                Err(Error::new(
+                    rch_status::RCH_ERR_NOT_INITIALIZED,
+                    "rch_init_process_group has not been called",
+                ))
+            }
+            Phase::Finalized => Err(state::finalized()),
+        }
+    })
+}
+
+/// See `rch_rank` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `rank` is NULL or valid for writing an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn rch_rank(rank: *mut c_int) -> c_int {
+    guard(|| {
+        if rank.is_null() {
+            return Err(null("rank"));
+        }
+        let r = lock()?.group()?.rank;
+        // SAFETY: checked non-NULL; the caller promised a writable int.
+        unsafe { out(rank, r as c_int) };
+        Ok(())
+    })
+}
+
+/// See `rch_size` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `size` is NULL or valid for writing an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn rch_size(size: *mut c_int) -> c_int {
+    guard(|| {
+        if size.is_null() {
+            return Err(null("size"));
+        }
+        let s = lock()?.group()?.size;
+        // SAFETY: checked non-NULL; the caller promised a writable int.
+        unsafe { out(size, s as c_int) };
+        Ok(())
+    })
+}
+
+/// See `rch_vc_get` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `vc` is NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn rch_vc_get(rank: c_int, vc: *mut *mut rch_vc) -> c_int {
+    guard(|| {
+        if vc.is_null() {
+            return Err(null("vc"));
+        }
+        let mut lib = lock()?;
+        let g = lib.ready()?;
+        if rank < 0 || rank as u32 >= g.size {
+            return Err(invalid(format!("rank {rank} is outside [0, {})", g.size)));
+        }
+        // SAFETY: checked non-NULL; the caller promised a writable pointer.
+        unsafe { out(vc, vc_handle(rank as usize)) };
+        Ok(())
+    })
+}
+
+/// See `rch_vc_rank` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `rank` is NULL or valid for writing an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn rch_vc_rank(vc: *mut rch_vc, rank: *mut c_int) -> c_int {
+    guard(|| {
+        if rank.is_null() {
+            return Err(null("rank"));
+        }
+        let mut lib = lock()?;
+        let r = data_vc(lib.ready()?, vc)?;
+        // SAFETY: checked non-NULL; the caller promised a writable int.
+        unsafe { out(rank, r as c_int) };
+        Ok(())
+    })
+}
+
+/// See `rch_put_datav` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `iov` is NULL or points to `n` readable entries whose buffers are readable for
+/// their lengths; `nbytes` is NULL or writable; the header's zero-copy contract holds
+/// for buffers a call leaves in flight.
+#[no_mangle]
+pub unsafe extern "C" fn rch_put_datav(
+    vc: *mut rch_vc,
+    iov: *const iovec,
+    n: c_int,
+    nbytes: *mut size_t,
+) -> c_int {
+    guard(|| {
+        if nbytes.is_null() {
+            return Err(null("nbytes"));
+        }
+        // SAFETY: checked non-NULL; the caller promised a writable size_t.
+        unsafe { out(nbytes, 0) };
+        // SAFETY: the caller promised n readable entries at a non-NULL iov.
+        let (total, clean) = unsafe { check_iov(iov, n) }?;
+        let mut lib = lock()?;
+        let g = lib.ready()?;
+        let r = data_vc(g, vc)?;
+        let done = if clean {
+            let slices: &[IoSlice<'_>] = if n == 0 {
+                &[]
+            } else {
+                // SAFETY: n > 0 entries, aligned (checked), each with a non-NULL base
+                // valid for its length (the caller's promise); iovec and IoSlice have
+                // one layout (sys.rs asserts it, std guarantees ABI compatibility).
+                unsafe { std::slice::from_raw_parts(iov.cast::<IoSlice<'_>>(), n as usize) }
+            };
+            // SAFETY: the header's zero-copy contract is the caller's.
+            unsafe { g.put(r, slices, total) }?
+        } else {
+            // SAFETY: as above, reading the entries one by one and skipping the empty
+            // ones (whose base may be NULL).
+            let slices: Vec<IoSlice<'_>> = unsafe { entries(iov, n) }
+                .map(|(p, l)| {
+                    // SAFETY: a non-empty entry has a non-NULL base readable for its
+                    // length (checked / promised).
+                    IoSlice::new(unsafe { std::slice::from_raw_parts(p, l) })
+                })
+                .collect();
+            // SAFETY: the header's zero-copy contract is the caller's.
+            unsafe { g.put(r, &slices, total) }?
+        };
+        // SAFETY: checked non-NULL above.
+        unsafe { out(nbytes, done as size_t) };
+        Ok(())
+    })
+}
+
+/// The non-empty entries of a checked iovec array, as (base, length).
+///
+/// # Safety
+///
+/// `iov` points to `n` readable entries (`n >= 0`).
+unsafe fn entries(iov: *const iovec, n: c_int) -> impl Iterator<Item = (*mut u8, usize)> {
+    (0..n as usize).filter_map(move |i| {
+        // SAFETY: i < n, per this function's contract.
+        let e = unsafe { *iov.add(i) };
+        (e.iov_len != 0).then_some((e.iov_base.cast::<u8>(), e.iov_len as usize))
+    })
+}
+
+/// Entries of a read kept on the stack (more go to the heap).
+const STACK_IOV: usize = 8;
+
+/// See `rch_read_datav` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `iov` is NULL or points to `n` readable entries whose buffers are writable for
+/// their lengths and do not overlap; `nbytes` is NULL or writable; the header's rule
+/// for reads left in flight holds.
+#[no_mangle]
+pub unsafe extern "C" fn rch_read_datav(
+    vc: *mut rch_vc,
+    iov: *const iovec,
+    n: c_int,
+    nbytes: *mut size_t,
+) -> c_int {
+    guard(|| {
+        if nbytes.is_null() {
+            return Err(null("nbytes"));
+        }
+        // SAFETY: checked non-NULL; the caller promised a writable size_t.
+        unsafe { out(nbytes, 0) };
+        // SAFETY: the caller promised n readable entries at a non-NULL iov.
+        unsafe { check_iov(iov, n) }?;
+        let mut lib = lock()?;
+        let g = lib.ready()?;
+        let r = data_vc(g, vc)?;
+        // The entries are copied (the caller's array is const); empty ones dropped.
+        // SAFETY: checked above; the caller promised n readable entries.
+        let mut it = unsafe { entries(iov, n) }.map(|(p, l)| {
+            // SAFETY: a non-empty entry has a non-NULL base writable for its length,
+            // not overlapping the others (the caller's promise).
+            IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(p, l) })
+        });
+        let mut stack: [MaybeUninit<IoSliceMut<'_>>; STACK_IOV] =
+            [const { MaybeUninit::uninit() }; STACK_IOV];
+        let mut count = 0;
+        let mut heap = Vec::new();
+        for s in it.by_ref() {
+            if count < STACK_IOV {
+                stack[count].write(s);
+                count += 1;
+            } else {
+                heap.push(s);
+            }
+        }
+        let done = if heap.is_empty() {
+            // SAFETY: the first `count` entries were written above; MaybeUninit<T>
+            // has T's layout.
+            let slices = unsafe {
+                std::slice::from_raw_parts_mut(stack.as_mut_ptr().cast::<IoSliceMut<'_>>(), count)
+            };
+            // SAFETY: the header's rule for reads in flight is the caller's.
+            unsafe { g.read(r, slices) }?
+        } else {
+            let mut all: Vec<IoSliceMut<'_>> = Vec::with_capacity(count + heap.len());
+            // SAFETY: as above: `count` initialised entries, moved out once.
+            all.extend((0..count).map(|i| unsafe { stack[i].assume_init_read() }));
+            all.append(&mut heap);
+            // SAFETY: the header's rule for reads in flight is the caller's.
+            unsafe { g.read(r, &mut all) }?
+        };
+        // SAFETY: checked non-NULL above.
+        unsafe { out(nbytes, done as size_t) };
+        Ok(())
+    })
+}
+
+fn check_timeout(t: c_int) -> Result<(), Error> {
+    if t < -1 {
+        return Err(invalid(format!("timeout {t} ms is below -1")));
+    }
+    Ok(())
+}
+
+/// See `rch_wait` in `ffi/rch.h`.
+#[no_mangle]
+pub extern "C" fn rch_wait(timeout_ms: c_int) -> c_int {
+    guard(|| {
+        check_timeout(timeout_ms)?;
+        state::wait(timeout_ms, None, true, true)
+    })
+}
+
+/// See `rch_vc_wait_readable` in `ffi/rch.h`.
+#[no_mangle]
+pub extern "C" fn rch_vc_wait_readable(vc: *mut rch_vc, timeout_ms: c_int) -> c_int {
+    guard(|| {
+        check_timeout(timeout_ms)?;
+        let r = vc_rank(vc)?;
+        state::wait(timeout_ms, Some(r), true, false)
+    })
+}
+
+/// See `rch_vc_wait_writable` in `ffi/rch.h`.
+#[no_mangle]
+pub extern "C" fn rch_vc_wait_writable(vc: *mut rch_vc, timeout_ms: c_int) -> c_int {
+    guard(|| {
+        check_timeout(timeout_ms)?;
+        let r = vc_rank(vc)?;
+        state::wait(timeout_ms, Some(r), false, true)
+    })
+}
+
+/// See `rch_vc_close` in `ffi/rch.h`.
+#[no_mangle]
+pub extern "C" fn rch_vc_close(vc: *mut rch_vc) -> c_int {
+    guard(|| {
+        let mut lib = lock()?;
+        let g = lib.ready()?;
+        let r = data_vc(g, vc)?;
+        g.close(r);
+        Ok(())
+    })
+}
+
+/// See `rch_strerror` in `ffi/rch.h`.
+#[no_mangle]
+pub extern "C" fn rch_strerror(code: c_int) -> *const c_char {
+    error::describe(code).as_ptr()
+}
+
+/// See `rch_last_error` in `ffi/rch.h`.
+#[no_mangle]
+pub extern "C" fn rch_last_error() -> *const c_char {
+    error::last()
+}
+
+/// Every export has exactly the type of the declaration bindgen generated from the
+/// header: the array below only compiles if each pair has one function-pointer type.
+macro_rules! same_signature {
+    ($($f:ident),* $(,)?) => {
+        $(const _: () = {
+            let _ = [sys::$f, $f];
+        };)*
+    };
+}
+
+same_signature!(
+    rch_init_process_group,
+    rch_init_process_group_external,
+    rch_init,
+    rch_finalize,
+    rch_rank,
+    rch_size,
+    rch_vc_get,
+    rch_vc_rank,
+    rch_put_datav,
+    rch_read_datav,
+    rch_wait,
+    rch_vc_wait_readable,
+    rch_vc_wait_writable,
+    rch_vc_close,
+    rch_strerror,
+    rch_last_error,
+);

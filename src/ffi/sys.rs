@@ -1,0 +1,62 @@
+//! The types and declarations bindgen generated from `ffi/rch.h` (see `build.rs`),
+//! and compile-time checks that every struct crossing the boundary has the layout the
+//! Rust side relies on.
+//!
+//! The header documents every item; this module only re-exports what bindgen made of
+//! it, so it carries no documentation of its own.
+
+#![allow(
+    missing_docs,
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    clippy::all
+)]
+
+include!(concat!(env!("OUT_DIR"), "/rch_sys.rs"));
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::{align_of, size_of};
+
+use memoffset::offset_of;
+use static_assertions::{assert_eq_align, assert_eq_size, const_assert_eq};
+
+// `struct iovec` as the header sees it (through <sys/uio.h>) is the kernel's, libc's,
+// and std's IoSlice / IoSliceMut (which std guarantees to be ABI compatible with
+// iovec on Unix): the exports reinterpret a C iovec array as a slice of IoSlice.
+assert_eq_size!(iovec, libc::iovec);
+assert_eq_align!(iovec, libc::iovec);
+const_assert_eq!(
+    offset_of!(iovec, iov_base),
+    offset_of!(libc::iovec, iov_base)
+);
+const_assert_eq!(offset_of!(iovec, iov_len), offset_of!(libc::iovec, iov_len));
+assert_eq_size!(iovec, IoSlice<'static>);
+assert_eq_align!(iovec, IoSlice<'static>);
+assert_eq_size!(iovec, IoSliceMut<'static>);
+assert_eq_align!(iovec, IoSliceMut<'static>);
+const_assert_eq!(offset_of!(iovec, iov_base), 0);
+const_assert_eq!(offset_of!(iovec, iov_len), size_of::<usize>());
+
+// rch_exchange: a context pointer and three function pointers, in that order, with
+// no padding (what a C compiler lays out for the header's declaration on LP64).
+const_assert_eq!(size_of::<rch_exchange>(), 4 * size_of::<usize>());
+const_assert_eq!(align_of::<rch_exchange>(), align_of::<usize>());
+const_assert_eq!(offset_of!(rch_exchange, ctx), 0);
+const_assert_eq!(offset_of!(rch_exchange, publish), size_of::<usize>());
+const_assert_eq!(offset_of!(rch_exchange, lookup), 2 * size_of::<usize>());
+const_assert_eq!(offset_of!(rch_exchange, fence), 3 * size_of::<usize>());
+// The callbacks are nullable function pointers: Option<fn> is one pointer wide.
+assert_eq_size!(
+    Option<unsafe extern "C" fn(*mut std::os::raw::c_void) -> std::os::raw::c_int>,
+    usize
+);
+
+// Status codes are C ints on the wire (the functions return `int`).
+const_assert_eq!(rch_status::RCH_SUCCESS, 0);
+assert_eq_size!(rch_status::Type, std::os::raw::c_int);
+
+// The header's limits are what the Rust side enforces.
+const_assert_eq!(RCH_IOV_MAX as usize, super::IOV_MAX);
+const_assert_eq!(RCH_CARD_MAX as usize, super::hello::CARD_MAX);

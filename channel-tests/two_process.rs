@@ -1,5 +1,6 @@
-//! Tests across processes. The test binary re-executes itself as the child
-//! (`current_exe() --exact <child test> --nocapture --test-threads=1`) with
+//! Tests across processes, on the fabric `RCH_FABRIC` selects (the emulated one by
+//! default; children inherit the choice). The test binary re-executes itself as the
+//! child (`current_exe() --exact <child test> --nocapture --test-threads=1`) with
 //! `RCH_TEST_CHILD_ROLE` set; the child tests return at once when that variable is
 //! absent, so in a normal run they are no-ops.
 //!
@@ -7,9 +8,12 @@
 //!   `RCH_TEST_BYTES` (default 1 GiB) each way at once in random message sizes (some
 //!   vectored); every received byte is checked against the regenerated stream
 //!   (`RCH_TEST_SEED` picks other content). Throughput is printed, not asserted. A
-//!   watchdog kills the child and fails the test after 300 s.
+//!   watchdog kills the child and fails the test after 300 s (1500 s on verbs, where
+//!   rxe under emulation moves 1 GiB each way in about 70 s).
 //! * `config_from_env_rejects_bad_ring_size`: `Config::from_env` in a child whose
 //!   `RCH_RING_SIZE` is bad must fail with `InvalidInput` naming the variable.
+//! * `fabric_from_env_is_checked`: the same for `RCH_FABRIC` in `RdmaStream::pair` and
+//!   `RdmaListener::bind`.
 //! * `peer_process_death_is_an_error_not_a_hang`: the child aborts mid-stream; the
 //!   parent's blocked reader and blocked writer must fail with `ConnectionReset`.
 //! * in-process listener tests: mismatched configurations, missing listener, rebinding.
@@ -31,7 +35,10 @@ const SEED_PARENT: &str = "RCH_TEST_SEED_PARENT";
 const SEED_CHILD: &str = "RCH_TEST_SEED_CHILD";
 const BYTES: &str = "RCH_TEST_BYTES";
 const DEFAULT_BYTES: u64 = 1 << 30;
-const CHILD_LIMIT: Duration = Duration::from_secs(300);
+/// Time bound of the exchange (five times longer where writes land later).
+fn child_limit() -> Duration {
+    limit(300)
+}
 
 fn role() -> Option<String> {
     std::env::var(ROLE).ok().filter(|r| !r.is_empty())
@@ -66,9 +73,10 @@ fn spawn_self(test: &str, envs: &[(&str, String)]) -> ChildRun {
     let exe = std::env::current_exe().expect("current_exe");
     let mut cmd = Command::new(exe);
     cmd.args(["--exact", test, "--nocapture", "--test-threads=1"]);
-    // The child's configuration must not depend on the caller's RCH_* environment.
+    // The child's configuration must not depend on the caller's RCH_* environment,
+    // but it runs on the same fabric (and device) as the parent.
     for (k, _) in std::env::vars() {
-        if k.starts_with("RCH_") {
+        if k.starts_with("RCH_") && k != "RCH_FABRIC" && !k.starts_with("RCH_IB_") {
             cmd.env_remove(k);
         }
     }
@@ -263,7 +271,7 @@ fn two_processes_exchange_both_ways() {
         bytes >> 20
     );
     let start = Instant::now();
-    let deadline = start + CHILD_LIMIT;
+    let deadline = start + child_limit();
     let mut child = spawn_self(
         "two_process_child_peer",
         &[
@@ -296,7 +304,7 @@ fn two_processes_exchange_both_ways() {
         if child.exited().is_some() {
             // The child is done (or died): our side must finish promptly too (it has
             // all the data, or notices the lost peer).
-            break rx.recv_timeout(Duration::from_secs(30)).ok();
+            break rx.recv_timeout(limit(30)).ok();
         }
         if Instant::now() >= deadline {
             break None;
@@ -306,12 +314,16 @@ fn two_processes_exchange_both_ways() {
     let elapsed = start.elapsed();
     let child_report = format!("--- child stdout ---\n{out}\n--- child stderr ---\n{err}");
     match &parent_result {
-        None => panic!("watchdog: the exchange did not finish within {CHILD_LIMIT:?} (child status {status:?})\n{child_report}"),
+        None => panic!("watchdog: the exchange did not finish within {:?} (child status {status:?})\n{child_report}", child_limit()),
         Some(Err(e)) => panic!("parent side failed: {e}\nchild status {status:?}\n{child_report}"),
         Some(Ok(_)) => {}
     }
-    let status = status
-        .unwrap_or_else(|| panic!("watchdog: child killed after {CHILD_LIMIT:?}\n{child_report}"));
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "watchdog: child killed after {:?}\n{child_report}",
+            child_limit()
+        )
+    });
     assert!(
         status.success(),
         "child failed with {status}\n{child_report}"
@@ -358,6 +370,15 @@ fn two_process_child_peer() {
     assert_eq!((stats.sent, stats.received), (bytes, bytes));
 }
 
+/// Which fabric this run tests (see `RCH_FABRIC`); shown with `--nocapture`.
+#[test]
+fn fabric_under_test() {
+    if role().is_some() {
+        return;
+    }
+    report_fabric();
+}
+
 // -------------------------------------------------------------------------------------
 // Config::from_env in a child process (environment variables are process-global)
 // -------------------------------------------------------------------------------------
@@ -369,7 +390,7 @@ fn from_env_in_child(vars: &[(&str, &str)]) -> Vec<String> {
     let mut envs: Vec<(&str, String)> = vars.iter().map(|(k, v)| (*k, v.to_string())).collect();
     envs.push((ROLE, "from_env".into()));
     let run = spawn_self("from_env_child", &envs);
-    let (status, out, err) = run.wait(Instant::now() + Duration::from_secs(60));
+    let (status, out, err) = run.wait(Instant::now() + limit(60));
     let status = status.unwrap_or_else(|| panic!("from_env child hung\n{out}\n{err}"));
     assert!(
         status.success(),
@@ -417,6 +438,46 @@ fn from_env_child() {
 }
 
 #[test]
+fn fabric_from_env_is_checked() {
+    if role().is_some() {
+        return;
+    }
+    // An unknown fabric: InvalidInput naming RCH_FABRIC and the allowed values, from
+    // the constructors that open a fabric (Config::from_env does not read it).
+    for bad in ["bogus", "emu", "rxe0"] {
+        let lines = from_env_in_child(&[("RCH_FABRIC", bad)]);
+        assert!(lines[0].starts_with("from_env: ok "), "{lines:?}");
+        for line in &lines[1..] {
+            assert!(
+                line.contains(": err InvalidInput ")
+                    && line.contains("RCH_FABRIC")
+                    && line.contains("`emulated`")
+                    && line.contains("`verbs`"),
+                "RCH_FABRIC={bad:?}: {line}"
+            );
+        }
+    }
+    for ok in ["", "emulated"] {
+        let lines = from_env_in_child(&[("RCH_FABRIC", ok)]);
+        assert!(lines[1].starts_with("pair: ok"), "{ok:?}: {lines:?}");
+        assert!(lines[2].starts_with("bind: ok"), "{ok:?}: {lines:?}");
+    }
+    // verbs: opens where a device exists, else says why.
+    let lines = from_env_in_child(&[("RCH_FABRIC", "verbs")]);
+    for line in &lines[1..] {
+        let fine = if rdma_channel::fabric::FabricKind::Verbs.is_available() {
+            line.contains(": ok") || line.contains("no RDMA device")
+        } else {
+            line.contains(": err Unsupported ") && line.contains("built without the verbs feature")
+        };
+        assert!(fine, "RCH_FABRIC=verbs: {line}");
+        if std::env::var("SOFTROCE_VM").as_deref() == Ok("1") {
+            assert!(line.contains(": ok"), "a device exists in the VM: {line}");
+        }
+    }
+}
+
+#[test]
 fn config_from_env_rejects_bad_ring_size() {
     if role().is_some() {
         return;
@@ -460,7 +521,7 @@ fn config_from_env_rejects_bad_ring_size() {
 // -------------------------------------------------------------------------------------
 
 fn bounded(name: &str, f: impl FnOnce() + Send + 'static) {
-    with_watchdog(name, Duration::from_secs(120), f)
+    with_watchdog(name, limit(120), f)
 }
 
 /// Exchanges `bytes` each way between two connected streams with blocking I/O.
@@ -624,21 +685,17 @@ fn peer_process_death_is_an_error_not_a_hang() {
         let rest = w.write_all(&vec![0u8; 64 << 20]);
         (go.and(rest), t.elapsed())
     });
-    let (status, out, err) = child.wait(Instant::now() + Duration::from_secs(60));
+    let (status, out, err) = child.wait(Instant::now() + limit(60));
     assert!(
         status.is_some_and(|s| !s.success()),
         "child should have aborted: {status:?}\n{out}\n{err}"
     );
-    let (rres, rtime) = with_watchdog(
-        "reader after peer death",
-        Duration::from_secs(30),
-        move || reader.join().unwrap(),
-    );
-    let (wres, wtime) = with_watchdog(
-        "writer after peer death",
-        Duration::from_secs(30),
-        move || writer.join().unwrap(),
-    );
+    let (rres, rtime) = with_watchdog("reader after peer death", limit(30), move || {
+        reader.join().unwrap()
+    });
+    let (wres, wtime) = with_watchdog("writer after peer death", limit(30), move || {
+        writer.join().unwrap()
+    });
     let re = rres.expect_err("read from a dead peer must fail");
     let we = wres.expect_err("write to a dead peer must fail");
     assert_eq!(re.kind(), io::ErrorKind::ConnectionReset, "reader: {re}");

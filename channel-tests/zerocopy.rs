@@ -1,24 +1,28 @@
 //! Zero-copy transfers (RDMA READ rendezvous) and the registration cache, on the
-//! emulated fabric: the mixed eager/zero-copy model, blocking streams with zero-copy
-//! sizes, memory unmapped and mapped again at the same address between sends, cache
-//! bounds, and the error paths of a transfer in flight.
+//! fabric `RCH_FABRIC` selects (emulated by default): the mixed eager/zero-copy model,
+//! blocking streams with zero-copy sizes, memory unmapped and mapped again at the same
+//! address between sends, cache bounds, and the error paths of a transfer in flight.
+//! `RCH_TEST_CASE_SCALE` scales the model's case count.
 
 mod common;
 
 use std::io::{IoSlice, IoSliceMut, Read, Write};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use rdma_channel::fabric::emulated::EmuFabric;
+use rdma_channel::fabric::AnyFabric;
 use rdma_channel::rcache::WatchMode;
 use rdma_channel::{Channel, Config, Prepared, RdmaStream};
 
 use common::zc::{run_zc_model, ZcCase};
-use common::{ioe, join, stream_check, stream_fill, watched, Rng};
+use common::{ioe, join, stream_check, stream_fill, watched, Rng, SETTLE};
 
-fn chan_pair(cfg: Config) -> (Channel<EmuFabric>, Channel<EmuFabric>) {
-    let a = Prepared::new(EmuFabric::new().unwrap(), cfg.clone()).unwrap();
-    let b = Prepared::new(EmuFabric::new().unwrap(), cfg).unwrap();
+/// Two connected channels on the fabric `RCH_FABRIC` selects.
+fn chan_pair(cfg: Config) -> (Channel<AnyFabric>, Channel<AnyFabric>) {
+    let fa = AnyFabric::from_env().unwrap();
+    let fb = fa.for_connection().unwrap();
+    let a = Prepared::new(fa, cfg.clone()).unwrap();
+    let b = Prepared::new(fb, cfg).unwrap();
     let (ca, cb) = (a.card().unwrap(), b.card().unwrap());
     (a.connect(cb).unwrap(), b.connect(ca).unwrap())
 }
@@ -61,18 +65,24 @@ fn case_strategy() -> impl Strategy<Value = (Config, ZcCase)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, max_shrink_iters: 200, max_shrink_time: 60_000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: common::scaled(400), max_shrink_iters: 200, max_shrink_time: 60_000, ..ProptestConfig::default() })]
     /// Eager and zero-copy bytes, from private and allocated memory, interleave in one
     /// FIFO stream whatever the receiver's buffer sizes.
     #[test]
     fn model_mixed_eager_and_zero_copy((cfg, case) in case_strategy()) {
         let what = format!("{cfg:?} {case:?}");
-        let r = watched("zc-model", Duration::from_secs(60), move || {
+        let r = watched("zc-model", common::limit(60), move || {
             let (mut a, mut b) = chan_pair(cfg);
             run_zc_model(&mut a, &mut b, &case)
         });
         prop_assert!(r.is_ok(), "{what}: {:?}", r.err());
     }
+}
+
+/// Which fabric this run tests (see `RCH_FABRIC`); shown with `--nocapture`.
+#[test]
+fn fabric_under_test() {
+    common::report_fabric();
 }
 
 /// Blocking streams in two threads: every write at or above the threshold is a
@@ -284,7 +294,12 @@ fn zero_copy_endings() {
     let n = unsafe { a.sender().put_nocopy(&[IoSlice::new(&big)]) }.unwrap();
     assert_eq!(n, 0);
     drop(b);
+    let start = Instant::now();
     let e = loop {
+        assert!(
+            start.elapsed() < SETTLE,
+            "no error {SETTLE:?} after the peer went away"
+        );
         // SAFETY: as above.
         match unsafe { a.sender().put_nocopy(&[IoSlice::new(&big)]) } {
             Ok(0) => std::thread::sleep(Duration::from_millis(1)),
@@ -303,7 +318,12 @@ fn zero_copy_endings() {
     tx.close().unwrap();
     let mut got = vec![0u8; 60_000];
     let mut at = 0;
+    let start = Instant::now();
     loop {
+        assert!(
+            start.elapsed() < SETTLE,
+            "no end of stream after {at} bytes"
+        );
         match b.get(&mut [IoSliceMut::new(&mut got[at..])]) {
             Ok(n) => at += n,
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,

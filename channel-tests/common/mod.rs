@@ -9,7 +9,101 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use rdma_channel::fabric::FabricKind;
 use rdma_channel::ring::wire::{header_match, trailer_word, CELL};
+
+// ---------------------------------------------------------------------------------
+// The fabric under test and the size of the run
+// ---------------------------------------------------------------------------------
+
+/// The fabric `RCH_FABRIC` selects, which `RdmaStream::pair_with` and the listener
+/// use (the emulated one unless it says `verbs`).
+pub fn fabric_kind() -> FabricKind {
+    FabricKind::from_env().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Opens the fabric the stream constructors use in this run and says which it is
+/// (with the device on verbs), so that a log shows what was tested.
+pub fn report_fabric() {
+    let f = rdma_channel::fabric::AnyFabric::from_env()
+        .unwrap_or_else(|e| panic!("cannot open the fabric RCH_FABRIC selects: {e}"));
+    assert_eq!(f.kind(), fabric_kind());
+    println!("fabric under test (RCH_FABRIC): {f:?}");
+}
+
+/// True when a write may land in the peer's memory after `put` returned (verbs: the
+/// NIC moves the bytes later). Single-threaded checks then poll for what was put
+/// (for at most [`SETTLE`]) instead of expecting it at once, as they may on the
+/// emulated fabric, which executes every write inside `post`.
+pub fn lands_later() -> bool {
+    fabric_kind() != FabricKind::Emulated
+}
+
+/// How long a single-threaded check waits for bytes or notices still in flight on a
+/// fabric where writes land later (generous: rxe under emulation can be slow).
+pub const SETTLE: Duration = Duration::from_secs(20);
+
+/// A time bound of `secs` seconds for a watchdog or deadline, five times longer where
+/// writes land later: rxe under emulation is about a hundred times slower than the
+/// emulated fabric, and much slower still on a busy host. The bounds only turn hangs
+/// into failures; no test asserts on speed.
+pub fn limit(secs: u64) -> Duration {
+    Duration::from_secs(if lands_later() { 5 * secs } else { secs })
+}
+
+/// `cases` scaled by `RCH_TEST_CASE_SCALE` (a positive float, default 1.0), at least
+/// 1: for proptest configurations, so that slow fabrics (rxe under emulation moves
+/// ~40 MB/s) run the same properties with fewer cases.
+pub fn scaled(cases: u32) -> u32 {
+    let scale = match std::env::var("RCH_TEST_CASE_SCALE") {
+        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 => x,
+            _ => panic!("RCH_TEST_CASE_SCALE={v:?}: expected a positive number such as 0.1"),
+        },
+        _ => 1.0,
+    };
+    ((f64::from(cases) * scale).round() as u32).max(1)
+}
+
+/// Notices that a loop stopped making progress: after `sync_limit` idle rounds on a
+/// fabric that places writes at once, after [`SETTLE`] without progress on one whose
+/// writes land later (where idle rounds are expected while bytes are in flight).
+#[derive(Debug)]
+pub struct StallCheck {
+    idle: u64,
+    sync_limit: u64,
+    lands_later: bool,
+    last_progress: Instant,
+}
+
+impl StallCheck {
+    pub fn new(sync_limit: u64) -> StallCheck {
+        StallCheck {
+            idle: 0,
+            sync_limit,
+            lands_later: lands_later(),
+            last_progress: Instant::now(),
+        }
+    }
+
+    /// Records one round; true once the loop counts as stalled.
+    pub fn stalled(&mut self, progressed: bool) -> bool {
+        if progressed {
+            self.idle = 0;
+            self.last_progress = Instant::now();
+            return false;
+        }
+        self.idle += 1;
+        if self.lands_later {
+            if self.idle % 64 == 0 {
+                std::thread::yield_now();
+            }
+            self.last_progress.elapsed() > SETTLE
+        } else {
+            self.idle > self.sync_limit
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------------
 // PRNG
@@ -319,12 +413,28 @@ pub fn iovecs<'a>(data: &'a [u8], shape: &[usize], skip: usize) -> Vec<IoSlice<'
 }
 
 /// Mutable slices of `buf` cut as `shape` says.
-pub fn iovecs_mut<'a>(mut buf: &'a mut [u8], shape: &[usize]) -> Vec<IoSliceMut<'a>> {
+pub fn iovecs_mut<'a>(buf: &'a mut [u8], shape: &[usize]) -> Vec<IoSliceMut<'a>> {
+    iovecs_mut_from(buf, shape, 0)
+}
+
+/// Mutable slices of `buf` cut as `shape` says, from byte `skip` on (the piece
+/// holding `skip` is shortened, the ones before it left out).
+pub fn iovecs_mut_from<'a>(
+    mut buf: &'a mut [u8],
+    shape: &[usize],
+    skip: usize,
+) -> Vec<IoSliceMut<'a>> {
     let mut out = Vec::with_capacity(shape.len());
+    let mut at = 0usize;
     for &len in shape {
         let (head, tail) = std::mem::take(&mut buf).split_at_mut(len);
-        out.push(IoSliceMut::new(head));
         buf = tail;
+        let (s, e) = (at, at + len);
+        at = e;
+        if skip > 0 && e <= skip {
+            continue;
+        }
+        out.push(IoSliceMut::new(&mut head[skip.saturating_sub(s)..]));
     }
     out
 }

@@ -40,6 +40,7 @@ pub mod engine;
 pub mod fabric;
 pub mod ffi;
 pub mod oob;
+pub mod pmi;
 pub mod rcache;
 pub mod ring;
 pub mod stream;

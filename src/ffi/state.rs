@@ -16,9 +16,13 @@ use crate::fabric::{AnyFabric, Card};
 
 /// Key under which every process publishes its hello card.
 pub(crate) const HELLO_KEY: &str = "rch-hello";
-/// Library calls on connections that are not up between two looks at the listener
-/// and the handshakes in progress (each look costs a few system calls).
-const PROGRESS_EVERY: u32 = 16;
+/// Data calls on connections that are not up (yet) between two looks at the listener
+/// and the handshakes in progress (each look costs a few system calls), and polls of
+/// rch_wait between two such looks while it spins.
+const PROGRESS_EVERY: u32 = 64;
+/// Data calls on connections that are up between two such looks: a process that only
+/// ever polls its established connections still answers new peers.
+const BACKGROUND_EVERY: u32 = 4096;
 
 /// Where the library is in its life cycle.
 pub(crate) enum Phase {
@@ -238,6 +242,7 @@ impl Group {
         iov: &[IoSlice<'_>],
         total: usize,
     ) -> Result<usize, Error> {
+        self.background();
         let vc = &mut self.vcs[rank];
         if let Conn::Up(up) = &mut vc.conn {
             if up.confirm.is_none() {
@@ -303,6 +308,7 @@ impl Group {
         rank: usize,
         iov: &mut [IoSliceMut<'_>],
     ) -> Result<usize, Error> {
+        self.background();
         let vc = &mut self.vcs[rank];
         if let Conn::Up(up) = &mut vc.conn {
             // SAFETY: forwarded from this function's contract.
@@ -334,6 +340,14 @@ impl Group {
         match &self.vcs[rank].conn {
             Conn::Closed => return Err(closed(rank)),
             Conn::Failed(e) => return Err(e.clone()),
+            // Nothing to read before the peer connects; its HELLO is answered by the
+            // background looks and by rch_wait, so polling idle peers stays cheap.
+            Conn::Idle => return Ok(0),
+            Conn::Outbound { .. } => {
+                if !self.advance(rank) {
+                    self.maybe_progress();
+                }
+            }
             _ => self.maybe_progress(),
         }
         match &self.vcs[rank].conn {
@@ -358,10 +372,24 @@ impl Group {
     }
 
     fn maybe_progress(&mut self) {
-        self.tick = self.tick.wrapping_add(1);
         if self.tick % PROGRESS_EVERY == 0 {
             self.progress();
         }
+    }
+
+    /// Counts a data call; now and then looks at the listener and handshakes.
+    #[inline]
+    fn background(&mut self) {
+        self.tick = self.tick.wrapping_add(1);
+        if self.tick % BACKGROUND_EVERY == 0 {
+            self.progress_cold();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn progress_cold(&mut self) {
+        self.progress();
     }
 
     /// Starts the connection to `rank`: loopback at once, else an outbound HELLO.

@@ -1,4 +1,4 @@
-//! Process management: a PMI-1 client.
+//! Process management: a PMI-1 client and server.
 //!
 //! MPI jobs learn who they are and find each other through a process manager. The
 //! simple PMI-1 wire protocol is the one every MPICH-compatible process manager
@@ -7,7 +7,8 @@
 //! rank, size, a job-wide key-value space and a barrier. That is enough to publish each
 //! rank's connection card and fetch its peers'.
 //!
-//! [`PmiClient`] is the client, used by process-group initialisation.
+//! * [`PmiClient`]: the client, used by process-group initialisation;
+//! * [`server`]: the protocol's server side as pure logic (key-value space, barrier).
 //!
 //! The exchange, as one rank sees it:
 //!
@@ -37,6 +38,7 @@
 
 mod client;
 mod conn;
+pub mod server;
 mod wire;
 
 pub use client::{timeout_from_env, PmiClient, DEFAULT_TIMEOUT, TIMEOUT_ENV};

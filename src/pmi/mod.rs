@@ -1,4 +1,4 @@
-//! Process management: a PMI-1 client and server.
+//! Process management: a PMI-1 client, and the launcher behind `rch-run`.
 //!
 //! MPI jobs learn who they are and find each other through a process manager. The
 //! simple PMI-1 wire protocol is the one every MPICH-compatible process manager
@@ -8,7 +8,9 @@
 //! rank's connection card and fetch its peers'.
 //!
 //! * [`PmiClient`]: the client, used by process-group initialisation;
-//! * [`server`]: the protocol's server side as pure logic (key-value space, barrier).
+//! * [`server`]: the protocol's server side as pure logic (key-value space, barrier);
+//! * [`launch`]: runs N local ranks and serves them, the core of the `rch-run` binary
+//!   (`rch-run -n 4 prog args...`), so no MPI installation is needed.
 //!
 //! The exchange, as one rank sees it:
 //!
@@ -38,6 +40,7 @@
 
 mod client;
 mod conn;
+pub mod launch;
 pub mod server;
 mod wire;
 

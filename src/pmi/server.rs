@@ -3,7 +3,7 @@
 //!
 //! [`PmiServer::handle`] takes one line received from a rank and returns what to do:
 //! lines to send (to that rank, or to every rank when a barrier completes), an abort,
-//! a finalize. The launcher owns the sockets.
+//! a finalize. The launcher (`rch-run`, [`super::launch`]) owns the sockets.
 //!
 //! ```
 //! use rdma_channel::pmi::server::{Action, PmiServer};

@@ -270,6 +270,33 @@ fn bad_input_singleton() {
     check_ok(&o, "t_badinput", "badinput ok");
 }
 
+/// Memory per process for 2, 8 and 32 ranks, idle and after an all-to-all: idle
+/// ranks hold no rings (connections are lazy); t_mem checks the connection counts
+/// and prints RSS and registered bytes (`cargo test --test capi memory -- --nocapture`).
+#[test]
+fn memory_per_process() {
+    for n in [2, 8, 32] {
+        external("t_mem", n, &[], &[], "mem N=");
+    }
+}
+
+/// A PMI server that answers garbage, hangs up, goes silent or vanishes mid-way,
+/// and bad PMI variables: RCH_ERR_PMI with a message, within seconds.
+#[test]
+fn bad_pmi_server() {
+    let prog = program("t_pmibad", &["t_pmibad.c"], true);
+    for mode in ["garbage", "hangup", "silent", "midway", "badfd", "closedfd"] {
+        let mut cmd = Command::new(&prog);
+        cmd.arg(mode);
+        let o = run(cmd, &[]);
+        check_ok(
+            &o,
+            &format!("t_pmibad {mode}"),
+            &format!("pmibad {mode} ok"),
+        );
+    }
+}
+
 #[test]
 fn peer_closes_its_connection() {
     external("t_peer", 2, &["close"], &[], "peer close ok");
@@ -280,7 +307,37 @@ fn peer_dies() {
     external("t_peer", 2, &["die"], &[], "peer death ok");
 }
 
-/// The header compiles as C++ too, and `rch_status` values match the documented ones.
+/// The shared library (cdylib) works as well as the static one.
+#[test]
+fn shared_library_links_and_runs() {
+    if asan() {
+        return;
+    }
+    let lib = staticlib().with_extension("so");
+    let dir = profile_dir().join("capi");
+    std::fs::create_dir_all(&dir).expect("build folder");
+    let out = dir.join("t_badinput_shared");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let o = Command::new(cc)
+        .args(["-std=c11", "-O2", "-Wall", "-Werror"])
+        .arg(format!("-I{FFI_DIR}"))
+        .arg(Path::new(C_DIR).join("t_badinput.c"))
+        .arg("-o")
+        .arg(&out)
+        .arg(&lib)
+        .arg(format!(
+            "-Wl,-rpath,{}",
+            lib.parent().expect("dir").display()
+        ))
+        .output()
+        .expect("cc");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(Command::new(&out), &[]);
+    check_ok(&o, "t_badinput (shared library)", "badinput ok");
+}
+
+/// The header stands alone, compiles as strict C99, and its layout is the one the
+/// Rust side asserts.
 #[test]
 fn header_is_self_contained() {
     let dir = profile_dir().join("capi");
@@ -302,4 +359,13 @@ fn header_is_self_contained() {
         .output()
         .expect("cc");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // And from C++ (extern "C"), where a C++ compiler is installed.
+    if let Ok(o) = Command::new("c++")
+        .args(["-x", "c++", "-fsyntax-only", "-Wall", "-Werror"])
+        .arg(format!("-I{FFI_DIR}"))
+        .arg(Path::new(FFI_DIR).join("rch.h"))
+        .output()
+    {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
 }

@@ -271,6 +271,20 @@ int rch_vc_wait_writable(rch_vc *vc, int timeout_ms);
  * Errors: RCH_ERR_NULL, RCH_ERR_UNKNOWN_VC, RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
 int rch_vc_close(rch_vc *vc);
 
+/* What this process holds, for monitoring (rch_get_stats). */
+typedef struct rch_stats {
+    /* Connections whose rings are set up (a loopback connection counts once). */
+    int connections;
+    /* Handshakes in progress. */
+    int pending;
+    /* Bytes of memory registered for the rings, control words and staging buffers
+     * of those connections (not counting zero-copy registrations of user buffers). */
+    size_t registered_bytes;
+} rch_stats;
+
+/* Fills *stats. Errors: RCH_ERR_NULL, RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
+int rch_get_stats(rch_stats *stats);
+
 /* A static, constant description of a status code ("unknown status code" for others). */
 const char *rch_strerror(int code);
 

@@ -153,3 +153,70 @@ impl Exchange for Singleton {
         Ok(())
     }
 }
+
+/// PMI-1 (mode a): the process manager's key-value space and barrier.
+pub(crate) struct Pmi {
+    client: Option<crate::pmi::PmiClient>,
+    rank: u32,
+}
+
+fn pmi_error(what: &str, e: &std::io::Error) -> Error {
+    Error::new(rch_status::RCH_ERR_PMI, format!("PMI {what}: {e}"))
+}
+
+impl Pmi {
+    /// Connects to the process manager named by the environment; `None` without one.
+    pub(crate) fn from_env() -> Result<Option<Pmi>, Error> {
+        let client = crate::pmi::PmiClient::from_env().map_err(|e| pmi_error("init", &e))?;
+        Ok(client.map(|c| Pmi {
+            rank: c.rank(),
+            client: Some(c),
+        }))
+    }
+
+    /// (rank, size, spawned).
+    pub(crate) fn identity(&self) -> (u32, u32, bool) {
+        let c = self.client.as_ref().expect("until finish");
+        (c.rank(), c.size(), c.spawned())
+    }
+
+    fn client(&mut self) -> Result<&mut crate::pmi::PmiClient, Error> {
+        self.client.as_mut().ok_or_else(|| {
+            Error::new(
+                rch_status::RCH_ERR_PMI,
+                "the PMI connection is already finalised",
+            )
+        })
+    }
+}
+
+impl Exchange for Pmi {
+    fn publish(&mut self, key: &str, value: &[u8]) -> Result<(), Error> {
+        let k = format!("{key}-{}", self.rank);
+        let v = std::str::from_utf8(value).expect("hello cards are ASCII");
+        self.client()?
+            .put(&k, v)
+            .map_err(|e| pmi_error(&format!("put {k}"), &e))
+    }
+
+    fn lookup(&mut self, rank: u32, key: &str) -> Result<Vec<u8>, Error> {
+        let k = format!("{key}-{rank}");
+        self.client()?
+            .get(&k)
+            .map(String::into_bytes)
+            .map_err(|e| pmi_error(&format!("get {k}"), &e))
+    }
+
+    fn fence(&mut self) -> Result<(), Error> {
+        self.client()?
+            .barrier()
+            .map_err(|e| pmi_error("barrier", &e))
+    }
+
+    fn finish(&mut self) -> Result<(), Error> {
+        match self.client.take() {
+            Some(c) => c.finalize().map_err(|e| pmi_error("finalize", &e)),
+            None => Ok(()),
+        }
+    }
+}

@@ -35,9 +35,9 @@ use std::mem::MaybeUninit;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use error::{report, Error};
-use exchange::{Callbacks, Exchange, Singleton};
+use exchange::{Callbacks, Exchange, Pmi, Singleton};
 use state::{lock, Group, Phase};
-use sys::{iovec, rch_exchange, rch_status, rch_vc, size_t};
+use sys::{iovec, rch_exchange, rch_stats, rch_status, rch_vc, size_t};
 
 /// Most iovec entries per data call (`RCH_IOV_MAX`).
 pub(crate) const IOV_MAX: usize = 1024;
@@ -193,13 +193,13 @@ pub unsafe extern "C" fn rch_init_process_group(
 
 /// The process group from the PMI-1 environment, or a singleton without one.
 fn pmi_group() -> Result<(u32, u32, bool, Box<dyn Exchange>), Error> {
-    if std::env::var_os("PMI_FD").is_none() && std::env::var_os("PMI_PORT").is_none() {
-        return Ok((0, 1, false, Box::new(Singleton::default())));
+    match Pmi::from_env()? {
+        Some(p) => {
+            let (r, s, spawned) = p.identity();
+            Ok((r, s, spawned, Box::new(p)))
+        }
+        None => Ok((0, 1, false, Box::new(Singleton::default()))),
     }
-    Err(Error::new(
-        rch_status::RCH_ERR_PMI,
-        "PMI-1 support is not built in yet",
-    ))
 }
 
 fn check_uninit(lib: &Phase) -> Result<(), Error> {
@@ -562,6 +562,24 @@ pub extern "C" fn rch_vc_close(vc: *mut rch_vc) -> c_int {
     })
 }
 
+/// See `rch_get_stats` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `stats` is NULL or valid for writing an `rch_stats`.
+#[no_mangle]
+pub unsafe extern "C" fn rch_get_stats(stats: *mut rch_stats) -> c_int {
+    guard(|| {
+        if stats.is_null() {
+            return Err(null("stats"));
+        }
+        let s = lock()?.group()?.stats();
+        // SAFETY: checked non-NULL; the caller promised a writable struct.
+        unsafe { out(stats, s) };
+        Ok(())
+    })
+}
+
 /// See `rch_strerror` in `ffi/rch.h`.
 #[no_mangle]
 pub extern "C" fn rch_strerror(code: c_int) -> *const c_char {
@@ -599,6 +617,7 @@ same_signature!(
     rch_vc_wait_readable,
     rch_vc_wait_writable,
     rch_vc_close,
+    rch_get_stats,
     rch_strerror,
     rch_last_error,
 );

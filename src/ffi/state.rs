@@ -1,6 +1,7 @@
 //! The library's global state: the process group, its connections (set up lazily,
 //! see [`hello`](super::hello)), and the progress of their handshakes.
 
+use std::ffi::c_int;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Mutex, MutexGuard};
@@ -9,11 +10,13 @@ use std::time::{Duration, Instant};
 use super::error::Error;
 use super::exchange::Exchange;
 use super::hello::{self, Hello};
-use super::sys::rch_status;
+use super::sys::{rch_stats, rch_status};
 use crate::config::Config;
 use crate::engine::{Backoff, Prepared, Receiver, Sender};
-use crate::fabric::{AnyFabric, Card};
+use crate::fabric::{AnyFabric, Card, Fabric};
 
+/// Bytes of a connection's control region (`engine`'s `CTRL_SIZE`).
+const CTRL_BYTES: usize = 4096;
 /// Key under which every process publishes its hello card.
 pub(crate) const HELLO_KEY: &str = "rch-hello";
 /// Data calls on connections that are not up (yet) between two looks at the listener
@@ -689,6 +692,38 @@ impl Group {
             }
         }
         ready
+    }
+
+    /// rch_get_stats: connections up, handshakes, and the memory registered for
+    /// them (as `Prepared::new` and `connect` allocate it: the incoming ring and
+    /// control words, plus a staging copy of the outgoing ring where the fabric's
+    /// inline limit is below the chunk size).
+    pub(crate) fn stats(&self) -> rch_stats {
+        let ring = self.cfg.ring_size_bytes();
+        let inline = self
+            .fabric
+            .caps()
+            .max_inline
+            .min(self.cfg.max_inline_bytes().unwrap_or(usize::MAX));
+        let staging = if inline < self.cfg.chunk_size_bytes().min(ring / 2) {
+            ring
+        } else {
+            0
+        };
+        let per_direction = ring + CTRL_BYTES + staging;
+        let mut up = 0usize;
+        let mut ends = 0usize;
+        for vc in &self.vcs {
+            if let Conn::Up(u) = &vc.conn {
+                up += 1;
+                ends += if u._spare.is_some() { 2 } else { 1 };
+            }
+        }
+        rch_stats {
+            connections: up as c_int,
+            pending: (self.handshakes + self.inbound.len()) as c_int,
+            registered_bytes: (ends * per_direction) as _,
+        }
     }
 
     fn wait_policy(&self) -> Backoff {

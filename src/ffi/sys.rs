@@ -53,6 +53,16 @@ assert_eq_size!(
     usize
 );
 
+// rch_stats: two ints, then a size_t (aligned after them on LP64).
+const_assert_eq!(offset_of!(rch_stats, connections), 0);
+const_assert_eq!(
+    offset_of!(rch_stats, pending),
+    size_of::<std::os::raw::c_int>()
+);
+const_assert_eq!(offset_of!(rch_stats, registered_bytes), 8);
+const_assert_eq!(size_of::<rch_stats>(), 16);
+const_assert_eq!(align_of::<rch_stats>(), align_of::<usize>());
+
 // Status codes are C ints on the wire (the functions return `int`).
 const_assert_eq!(rch_status::RCH_SUCCESS, 0);
 assert_eq_size!(rch_status::Type, std::os::raw::c_int);

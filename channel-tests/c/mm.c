@@ -1,8 +1,9 @@
 /*
  * mm.c - the MPI-like layer of mm.h over rch.h (see mm.h).
  *
- * Wire format: every message is a 16-byte header (kind, tag, length) followed by
- * its payload, on the byte pipe of the (sender, receiver) connection. The sender
+ * Wire format: every message is a 40-byte slot (a 16-byte header: kind, tag,
+ * length; then the first 24 payload bytes, padded) followed by the rest of its
+ * payload, on the byte pipe of the (sender, receiver) connection. The sender
  * offers header and payload to rch_put_datav as one iov and retries the rest; the
  * channel copies small payloads through its ring and announces large ones for RDMA
  * READ (the zero-copy contract of rch.h: we retry with the same, untouched buffer,
@@ -35,15 +36,24 @@ typedef struct hdr {
     uint64_t len;
 } hdr;
 
+/* What goes first on the wire for every message: the header and the first INLINE
+ * bytes of the payload (padded), 40 bytes, which the channel writes as one 64-byte
+ * ring cell. A message of up to INLINE bytes is then one put and one read. */
+#define INLINE 24
+typedef struct slot {
+    hdr h;
+    char inl[INLINE];
+} slot;
+
 struct mm_request {
     int is_send;
     int done;
     int heap;
     mm_request *next; /* send queue of a peer, or the posted queue */
     /* send */
-    hdr h;
+    slot s;
     const char *sbuf;
-    size_t total, sent; /* header + payload */
+    size_t total, sent; /* slot + payload beyond INLINE */
     int dest;
     /* receive */
     char *rbuf;
@@ -66,11 +76,11 @@ typedef struct peer {
     mm_request *sq_head, *sq_tail;
     /* receive side: reading a header (in_data 0) or a payload (in_data 1) */
     int in_data;
-    hdr h;
-    size_t hgot;
+    slot s;
+    size_t sgot;
     char *dst;      /* where the payload goes */
     size_t dlen;    /* payload bytes that go to dst */
-    size_t dgot;    /* payload bytes read so far (into dst, then discarded) */
+    size_t dgot;    /* payload bytes received so far (into dst, then discarded) */
     mm_request *rreq; /* the matched receive, or NULL */
     umsg *um;       /* or the unexpected message */
 } peer;
@@ -249,15 +259,17 @@ static int send_step(peer *p, mm_request *q)
 {
     struct iovec iov[2];
     int n = 0;
-    if (q->sent < sizeof(hdr)) {
-        iov[n].iov_base = (char *)&q->h + q->sent;
-        iov[n].iov_len = sizeof(hdr) - q->sent;
+    if (q->sent < sizeof(slot)) {
+        iov[n].iov_base = (char *)&q->s + q->sent;
+        iov[n].iov_len = sizeof(slot) - q->sent;
         n++;
     }
-    size_t poff = q->sent > sizeof(hdr) ? q->sent - sizeof(hdr) : 0;
-    size_t plen = q->total - sizeof(hdr);
+    /* the rest of the payload, from byte INLINE on: always the same buffer from its
+     * first retry on, as the zero-copy contract wants */
+    size_t poff = q->sent > sizeof(slot) ? q->sent - sizeof(slot) : 0;
+    size_t plen = q->total - sizeof(slot);
     if (plen > poff) {
-        iov[n].iov_base = (char *)q->sbuf + poff;
+        iov[n].iov_base = (char *)q->sbuf + INLINE + poff;
         iov[n].iov_len = plen - poff;
         n++;
     }
@@ -284,14 +296,23 @@ static void init_send(mm_request *q, const void *buf, size_t len, int dest, int 
 {
     if (dest < 0 || dest >= g_size)
         mm_fatal("send to rank %d of %d", dest, g_size);
-    memset(q, 0, sizeof *q);
     q->is_send = 1;
-    q->h.kind = KIND_EAGER;
-    q->h.tag = tag;
-    q->h.len = len;
+    q->done = 0;
+    q->heap = 0;
+    q->next = NULL;
+    q->s.h.kind = KIND_EAGER;
+    q->s.h.tag = tag;
+    q->s.h.len = len;
+    size_t k = len < INLINE ? len : INLINE;
+    if (k)
+        memcpy(q->s.inl, buf, k);
+    if (k < INLINE)
+        memset(q->s.inl + k, 0, INLINE - k);
     q->sbuf = buf;
-    q->total = sizeof(hdr) + len;
+    q->total = sizeof(slot) + (len - k);
+    q->sent = 0;
     q->dest = dest;
+    memset(&q->st, 0, sizeof q->st);
 }
 
 /* Queues q behind the peer's earlier sends, trying it at once if it is first. */
@@ -330,7 +351,7 @@ static void complete_recv(mm_request *r, int src, int tag, size_t len)
 static void finish_message(peer *p, int src)
 {
     if (p->rreq) {
-        complete_recv(p->rreq, src, p->h.tag, p->h.len);
+        complete_recv(p->rreq, src, p->s.h.tag, p->s.h.len);
     } else {
         umsg *u = p->um;
         u->got = u->len;
@@ -359,14 +380,14 @@ static void finish_message(peer *p, int src)
 /* A header arrived from src: find its receive or queue it as unexpected. */
 static void start_message(peer *p, int src)
 {
-    if (p->h.kind != KIND_EAGER)
-        mm_fatal("bad packet kind %#x from rank %d", p->h.kind, src);
+    hdr *h = &p->s.h;
+    if (h->kind != KIND_EAGER)
+        mm_fatal("bad packet kind %#x from rank %d", h->kind, src);
     mm_request **pp = &g_posted_head, *prev = NULL;
     for (; *pp; prev = *pp, pp = &(*pp)->next)
-        if (matches((*pp)->source, (*pp)->tag, src, p->h.tag))
+        if (matches((*pp)->source, (*pp)->tag, src, h->tag))
             break;
     p->in_data = 1;
-    p->dgot = 0;
     if (*pp) {
         mm_request *r = *pp;
         *pp = r->next;
@@ -375,15 +396,15 @@ static void start_message(peer *p, int src)
         p->rreq = r;
         p->um = NULL;
         p->dst = r->rbuf;
-        p->dlen = p->h.len < r->cap ? p->h.len : r->cap;
+        p->dlen = h->len < r->cap ? h->len : r->cap;
     } else {
         umsg *u = calloc(1, sizeof *u);
         if (!u)
             mm_fatal("out of memory");
         u->source = src;
-        u->tag = p->h.tag;
-        u->len = p->h.len;
-        u->data = malloc(p->h.len ? p->h.len : 1);
+        u->tag = h->tag;
+        u->len = h->len;
+        u->data = malloc(h->len ? h->len : 1);
         if (!u->data)
             mm_fatal("out of memory for an unexpected message of %zu bytes", u->len);
         if (g_unexp_tail)
@@ -396,7 +417,11 @@ static void start_message(peer *p, int src)
         p->dst = u->data;
         p->dlen = u->len;
     }
-    if (p->h.len == 0)
+    /* the inline bytes are here already */
+    size_t k = h->len < INLINE ? h->len : INLINE;
+    memcpy(p->dst, p->s.inl, k < p->dlen ? k : p->dlen);
+    p->dgot = k;
+    if (p->dgot == h->len)
         finish_message(p, src);
 }
 
@@ -408,23 +433,23 @@ static int recv_progress(peer *p, int src)
         size_t n = 0;
         struct iovec v;
         if (!p->in_data) {
-            v.iov_base = (char *)&p->h + p->hgot;
-            v.iov_len = sizeof(hdr) - p->hgot;
+            v.iov_base = (char *)&p->s + p->sgot;
+            v.iov_len = sizeof(slot) - p->sgot;
             check(rch_read_datav(p->vc, &v, 1, &n), "rch_read_datav");
             if (n == 0)
                 return any;
             any = 1;
-            p->hgot += n;
-            if (p->hgot < sizeof(hdr))
+            p->sgot += n;
+            if (p->sgot < sizeof(slot))
                 continue;
-            p->hgot = 0;
+            p->sgot = 0;
             start_message(p, src);
         } else {
             if (p->dgot < p->dlen) {
                 v.iov_base = p->dst + p->dgot;
                 v.iov_len = p->dlen - p->dgot;
             } else { /* the part beyond a short receive buffer */
-                size_t left = p->h.len - p->dgot;
+                size_t left = p->s.h.len - p->dgot;
                 v.iov_base = g_scratch;
                 v.iov_len = left < sizeof g_scratch ? left : sizeof g_scratch;
             }
@@ -433,7 +458,7 @@ static int recv_progress(peer *p, int src)
                 return any;
             any = 1;
             p->dgot += n;
-            if (p->dgot == p->h.len)
+            if (p->dgot == p->s.h.len)
                 finish_message(p, src);
         }
     }

@@ -36,6 +36,7 @@ int main(void)
     unsetenv("PMI_RANK");
     unsetenv("PMI_SIZE");
     unsetenv("PMI_PORT");
+    setenv("RCH_ZCOPY_PRIVATE_THRESHOLD", "64k", 1); /* heap buffers from 64 KiB go zero-copy */
     char data[64] = "hello, loopback";
     struct iovec iov = {data, 15};
     size_t nb = 99;
@@ -154,6 +155,36 @@ int main(void)
     if (extra != 0) {
         fprintf(stderr, "FAIL: %zu bytes more than were sent\n", extra);
         failures++;
+    }
+
+    /* the zero-copy contract: a put that announced a buffer must be retried with it */
+    {
+        size_t big_len = (size_t)1 << 20;
+        char *big = malloc(big_len), *other = malloc(64), *sink = malloc(big_len);
+        memset(big, 'z', big_len);
+        struct iovec bv = {big, big_len}, ov = {other, 64};
+        size_t n = 99;
+        EXPECT(rch_put_datav(vc, &bv, 1, &n), RCH_SUCCESS);
+        if (n != 0) {
+            fprintf(stderr, "FAIL: a 1 MiB put above the zero-copy threshold counted %zu at once\n", n);
+            failures++;
+        }
+        EXPECT(rch_put_datav(vc, &ov, 1, &n), RCH_ERR_IN_FLIGHT);
+        /* the loopback peer (ourselves) pulls it, then the retry counts it */
+        size_t got2 = 0;
+        for (int i = 0; i < 1000000 && got2 < big_len; i++) {
+            struct iovec in = {sink + got2, big_len - got2};
+            EXPECT(rch_read_datav(vc, &in, 1, &n), RCH_SUCCESS);
+            got2 += n;
+        }
+        EXPECT(rch_put_datav(vc, &bv, 1, &n), RCH_SUCCESS);
+        if (got2 != big_len || n != big_len || memcmp(sink, big, big_len) != 0) {
+            fprintf(stderr, "FAIL: zero-copy loopback: read %zu, counted %zu\n", got2, n);
+            failures++;
+        }
+        free(big);
+        free(other);
+        free(sink);
     }
 
     /* waits */

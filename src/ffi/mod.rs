@@ -7,11 +7,11 @@
 //! compile time against the declaration bindgen generated (same parameter and return
 //! types), and every struct crossing the boundary against libc and std layouts.
 //!
-//! Design, in short (see the header and [`hello`] for more):
+//! Design, in short (see the header, and `src/ffi/hello.rs` for the handshake):
 //!
 //! * one global state behind one lock; every export catches panics and turns them and
 //!   every error into a status code plus a thread-local message (`rch_last_error`);
-//! * a process group comes from PMI-1 (mode a, [`exchange`]), or from the caller's
+//! * a process group comes from PMI-1 (mode a, `src/ffi/exchange.rs`), or from the caller's
 //!   publish/lookup/fence callbacks (mode b);
 //! * connections are logical after `rch_init`; a pair's rings are set up when it first
 //!   communicates, through a handshake over the peer's abstract Unix socket, driven

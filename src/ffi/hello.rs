@@ -21,6 +21,12 @@
 //!   the initiator waits for the peer's own `HELLO`;
 //! * `CLOSED` with a reason: the acceptor closed that connection or cannot set it up.
 //!
+//! Once connected, both ends keep the socket open as a liveness signal: the kernel
+//! closes it when a process ends, and an orderly close (`rch_vc_close`,
+//! `rch_finalize`) sends `BYE` first, so a hang-up without `BYE` means the peer died.
+//! The fabrics notice a dead peer too, but an RC queue pair on verbs only when it
+//! sends, and a process that only reads never does.
+//!
 //! Frames are [`oob`](crate::oob) frames starting with a four-byte tag.
 
 use std::io;
@@ -42,6 +48,7 @@ pub(crate) const TAG_ACCEPT: &[u8; 4] = b"RCHA";
 pub(crate) const TAG_READY: &[u8; 4] = b"RCHY";
 pub(crate) const TAG_REJECT: &[u8; 4] = b"RCHR";
 pub(crate) const TAG_CLOSED: &[u8; 4] = b"RCHX";
+pub(crate) const TAG_BYE: &[u8; 4] = b"RCHB";
 
 /// What a process publishes about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]

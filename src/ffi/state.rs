@@ -93,6 +93,77 @@ struct Up {
     /// As acceptor, the socket on which the initiator's READY is awaited; we do not
     /// write before it arrived.
     confirm: Option<UnixStream>,
+    /// The handshake socket, kept open as a liveness signal once the handshake is
+    /// done: the kernel closes it when the peer's process ends, and a peer that
+    /// closes the connection in order says BYE on it first. (An RC queue pair on
+    /// verbs only notices a dead peer when it sends, so a reader would wait forever.)
+    link: Option<UnixStream>,
+    /// The peer's process ended without BYE.
+    gone: bool,
+    /// Data calls that moved nothing, to look at `link` now and then.
+    empty: u32,
+}
+
+/// Empty data calls between two looks at a connection's liveness socket.
+const LIVENESS_EVERY: u32 = 1024;
+
+impl Up {
+    fn new(
+        rx: Receiver<AnyFabric>,
+        tx: Sender<AnyFabric>,
+        confirm: Option<UnixStream>,
+        link: Option<UnixStream>,
+    ) -> Up {
+        Up {
+            rx,
+            tx,
+            _spare: None,
+            confirm,
+            link,
+            gone: false,
+            empty: 0,
+        }
+    }
+
+    /// True once the peer's process is known to have ended without closing the
+    /// connection (its socket hung up without BYE).
+    fn peer_gone(&mut self) -> bool {
+        if self.gone {
+            return true;
+        }
+        let Some(s) = &self.link else {
+            return false;
+        };
+        if !hello::readable(s) {
+            return false;
+        }
+        match hello::recv(s) {
+            Ok((t, _)) if &t == hello::TAG_BYE => self.link = None,
+            _ => {
+                self.link = None;
+                self.gone = true;
+            }
+        }
+        self.gone
+    }
+
+    /// After a data call that moved nothing: true if the peer is gone (checked
+    /// every LIVENESS_EVERY such calls).
+    #[inline]
+    fn idle_gone(&mut self) -> bool {
+        self.empty = self.empty.wrapping_add(1);
+        self.gone || (self.empty % LIVENESS_EVERY == 0 && self.peer_gone())
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        // An orderly close: tell the peer before its liveness socket hangs up.
+        if let Some(s) = self.link.take() {
+            let _ = s.set_nonblocking(true);
+            let _ = hello::send(&s, hello::TAG_BYE, &[], None);
+        }
+    }
 }
 
 /// One virtual connection.
@@ -251,6 +322,10 @@ impl Group {
             if up.confirm.is_none() {
                 // SAFETY: forwarded from this function's contract.
                 return match unsafe { up.tx.put_nocopy(iov) } {
+                    Ok(0) if total > 0 && up.idle_gone() => {
+                        vc.want_write = false;
+                        Err(gone(rank))
+                    }
                     Ok(n) => {
                         vc.want_write = n < total || up.tx.zero_copy_pending();
                         Ok(n)
@@ -316,6 +391,10 @@ impl Group {
         if let Conn::Up(up) = &mut vc.conn {
             // SAFETY: forwarded from this function's contract.
             return match unsafe { up.rx.get_nowait(iov) } {
+                Ok(0) if up.idle_gone() => {
+                    vc.rx_done = true;
+                    Err(gone(rank))
+                }
                 Ok(n) => Ok(n),
                 Err(e) => {
                     if e.kind() != io::ErrorKind::InvalidInput {
@@ -424,12 +503,9 @@ impl Group {
         let (a, b) = (a.connect(cb)?, b.connect(ca)?);
         let (rx_a, tx_a) = a.split();
         let (rx_b, tx_b) = b.split();
-        Ok(Up {
-            tx: tx_a,
-            rx: rx_b,
-            _spare: Some((rx_a, tx_b)),
-            confirm: None,
-        })
+        let mut up = Up::new(rx_b, tx_a, None, None);
+        up._spare = Some((rx_a, tx_b));
+        Ok(up)
     }
 
     fn outbound(&mut self, rank: usize) -> Result<Conn, Error> {
@@ -512,7 +588,8 @@ impl Group {
                 let res = hello::recv(sock);
                 self.handshakes -= 1;
                 match res {
-                    Ok((t, _)) if &t == hello::TAG_READY => up.confirm = None,
+                    // The socket stays open as the connection's liveness signal.
+                    Ok((t, _)) if &t == hello::TAG_READY => up.link = up.confirm.take(),
                     Ok((t, c)) => {
                         self.vcs[r].conn = Conn::Failed(Error::new(
                             rch_status::RCH_ERR_PEER_GONE,
@@ -541,12 +618,7 @@ impl Group {
                 Ok(chan) => {
                     let (rx, tx) = chan.split();
                     match hello::send(&sock, hello::TAG_READY, &[], None) {
-                        Ok(()) => Conn::Up(Box::new(Up {
-                            tx,
-                            rx,
-                            _spare: None,
-                            confirm: None,
-                        })),
+                        Ok(()) => Conn::Up(Box::new(Up::new(rx, tx, None, Some(sock)))),
                         Err(e) => Conn::Failed(Error::new(
                             rch_status::RCH_ERR_PEER_GONE,
                             format!("rank {r} vanished while connecting: {e}"),
@@ -624,12 +696,10 @@ impl Group {
             }
         }
         self.vcs[from].conn = match self.accept(&s, peer_card) {
-            Ok(up) => {
+            Ok(mut up) => {
                 self.handshakes += 1;
-                Conn::Up(Box::new(Up {
-                    confirm: Some(s),
-                    ..up
-                }))
+                up.confirm = Some(s);
+                Conn::Up(Box::new(up))
             }
             Err(e) => {
                 let _ = hello::send(&s, hello::TAG_CLOSED, e.msg.as_bytes(), None);
@@ -653,12 +723,7 @@ impl Group {
             )
         })?;
         let (rx, tx) = chan.split();
-        Ok(Up {
-            tx,
-            rx,
-            _spare: None,
-            confirm: None,
-        })
+        Ok(Up::new(rx, tx, None, None))
     }
 
     /// One look at every connection for rch_wait: true when a read or a blocked put
@@ -676,6 +741,9 @@ impl Group {
             let vc = &mut self.vcs[r];
             match &mut vc.conn {
                 Conn::Up(up) => {
+                    if sockets && !vc.rx_done && up.peer_gone() {
+                        ready = true;
+                    }
                     if read && !vc.rx_done && up.rx.poll_readable().unwrap_or(true) {
                         ready = true;
                     }
@@ -771,6 +839,13 @@ fn unknown_vc() -> Error {
     Error::new(
         rch_status::RCH_ERR_UNKNOWN_VC,
         "not a connection handle of this library",
+    )
+}
+
+fn gone(rank: usize) -> Error {
+    Error::new(
+        rch_status::RCH_ERR_PEER_GONE,
+        format!("rank {rank} is gone: its process ended without closing the connection"),
     )
 }
 

@@ -210,6 +210,37 @@ fn alltoall_pmi() {
 }
 
 /// 8 ranks on this 2-core machine: completes only if waiting ranks yield.
+/// The same C programs under MPICH's own process manager, Debian's `mpiexec.hydra`,
+/// unmodified (mode a). The `hydra` test binary installs it; without it this test
+/// says so and passes, unless `RCH_REQUIRE_HYDRA` is set.
+#[test]
+fn alltoall_and_pingpong_under_hydra() {
+    let hydra = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("mpiexec.hydra"))
+            .find(|p| p.is_file())
+    });
+    let Some(hydra) = hydra else {
+        assert!(
+            std::env::var_os("RCH_REQUIRE_HYDRA").is_none(),
+            "mpiexec.hydra is not installed (package mpich)"
+        );
+        eprintln!("mpiexec.hydra not installed: SKIPPED");
+        return;
+    };
+    for (test, n, args, expect) in [
+        ("t_alltoall", "4", &["2"][..], "alltoall ok"),
+        ("t_pingpong", "2", &[][..], "pingpong ok"),
+    ] {
+        let mut cmd = Command::new(&hydra);
+        cmd.args(["-launcher", "fork", "-bind-to", "none", "-n", n])
+            .arg(mm_program(test))
+            .args(args);
+        let o = run(cmd, &[]);
+        check_ok(&o, &format!("{test} -n {n} (mpiexec.hydra)"), expect);
+    }
+}
+
 #[test]
 fn alltoall_8_ranks_oversubscribed() {
     external("t_alltoall", 8, &["3"], &[], "alltoall ok");

@@ -6,7 +6,9 @@
  *   latency:   ping-pong between ranks 0 and 1, one-way = half the mean round trip
  *   bandwidth: 64 messages in flight (non-blocking sends), then a 4-byte ack
  *
- *   rch-run -n 2 osu [--sizes 8,65536] [--iters N]
+ *   rch-run -n 2 osu [--sizes 8,65536] [--iters N] [--latency]
+ *
+ * --latency skips the bandwidth test.
  *
  * Rank r is pinned to CPU r (as bench/pingpong.rs pins its two processes), unless
  * OSU_NO_PIN is set. Separate send and receive buffers, as the OSU benchmarks use.
@@ -95,6 +97,7 @@ int main(int argc, char **argv)
     size_t sizes[64];
     int ns = 0;
     long fixed_iters = 0;
+    int latency_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) {
             char *s = argv[++i];
@@ -103,6 +106,8 @@ int main(int argc, char **argv)
                 if (*s == ',')
                     s++;
             }
+        } else if (strcmp(argv[i], "--latency") == 0) {
+            latency_only = 1;
         } else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
             fixed_iters = atol(argv[++i]);
         }
@@ -138,7 +143,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < ns; i++) {
         size_t s = sizes[i];
         double lat = latency(sbuf, lbuf, s, fixed_iters ? (size_t)fixed_iters : lat_iters(s));
-        double bw = bandwidth(sbuf, rbuf, s, fixed_iters ? (size_t)fixed_iters : bw_iters(s));
+        double bw = latency_only ? 0 : bandwidth(sbuf, rbuf, s, fixed_iters ? (size_t)fixed_iters : bw_iters(s));
         if (rank == 0) {
             printf("%10zu %12.3f %12.2f\n", s, lat, bw);
             fflush(stdout);

@@ -756,6 +756,8 @@ impl Group {
                     }
                 }
                 Conn::Closed | Conn::Failed(_) if only.is_some() => ready = true,
+                // A put on a connection nobody opened yet progresses: it starts one.
+                Conn::Idle if only.is_some() && write => ready = true,
                 _ => {}
             }
         }

@@ -26,6 +26,7 @@
 mod error;
 mod exchange;
 pub(crate) mod hello;
+mod lock;
 mod state;
 pub mod sys;
 
@@ -108,6 +109,7 @@ unsafe fn out<T>(p: *mut T, v: T) {
 /// # Safety
 ///
 /// When `n > 0` and `iov` is not NULL, `iov` points to `n` readable entries.
+#[inline]
 unsafe fn check_iov(iov: *const iovec, n: c_int) -> Result<(usize, bool), Error> {
     if n < 0 {
         return Err(invalid(format!("iovec count {n} is negative")));
@@ -186,7 +188,7 @@ pub unsafe extern "C" fn rch_init_process_group(
             out(size, g.size as c_int);
             out(has_parent, g.spawned as c_int);
         }
-        *lib = Phase::Group(Box::new(g));
+        *lib = Phase::Group(g);
         Ok(())
     })
 }
@@ -240,7 +242,7 @@ pub unsafe extern "C" fn rch_init_process_group_external(
         let mut lib = lock()?;
         check_uninit(&lib)?;
         let g = Group::new(rank as u32, size as u32, false, Box::new(cb))?;
-        *lib = Phase::Group(Box::new(g));
+        *lib = Phase::Group(g);
         Ok(())
     })
 }
@@ -473,6 +475,26 @@ pub unsafe extern "C" fn rch_read_datav(
         let mut lib = lock()?;
         let g = lib.ready()?;
         let r = data_vc(g, vc)?;
+        if n == 1 {
+            // The common case, without the general copy below.
+            // SAFETY: checked above: one readable entry.
+            let e = unsafe { *iov };
+            let done = if e.iov_len == 0 {
+                // SAFETY: the header's rule for reads in flight is the caller's.
+                unsafe { g.read(r, &mut []) }?
+            } else {
+                // SAFETY: a non-empty entry has a non-NULL base (checked) writable for
+                // its length (the caller's promise).
+                let b = unsafe {
+                    std::slice::from_raw_parts_mut(e.iov_base.cast::<u8>(), e.iov_len as usize)
+                };
+                // SAFETY: the header's rule for reads in flight is the caller's.
+                unsafe { g.read(r, &mut [IoSliceMut::new(b)]) }?
+            };
+            // SAFETY: checked non-NULL above.
+            unsafe { out(nbytes, done as size_t) };
+            return Ok(());
+        }
         // The entries are copied (the caller's array is const); empty ones dropped.
         // SAFETY: checked above; the caller promised n readable entries.
         let mut it = unsafe { entries(iov, n) }.map(|(p, l)| {

@@ -4,12 +4,12 @@
 use std::ffi::c_int;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::error::Error;
 use super::exchange::Exchange;
 use super::hello::{self, Hello};
+use super::lock::{Guard, SpinLock};
 use super::sys::{rch_stats, rch_status};
 use crate::config::Config;
 use crate::engine::{Backoff, Prepared, Receiver, Sender};
@@ -31,16 +31,17 @@ const BACKGROUND_EVERY: u32 = 4096;
 pub(crate) enum Phase {
     Uninit,
     /// After an init_process_group: rank, size and the card are known.
-    Group(Box<Group>),
+    Group(Group),
     /// After rch_init: connections can be used.
-    Ready(Box<Group>),
+    Ready(Group),
     Finalized,
 }
 
-pub(crate) static LIB: Mutex<Phase> = Mutex::new(Phase::Uninit);
+pub(crate) static LIB: SpinLock<Phase> = SpinLock::new(Phase::Uninit);
 
 /// Locks the library; a poisoned lock (a panic inside a call) makes it unusable.
-pub(crate) fn lock() -> Result<MutexGuard<'static, Phase>, Error> {
+#[inline]
+pub(crate) fn lock() -> Result<Guard<'static, Phase>, Error> {
     LIB.lock().map_err(|_| {
         Error::new(
             rch_status::RCH_ERR_INTERNAL,
@@ -167,6 +168,9 @@ impl Drop for Up {
 }
 
 /// One virtual connection.
+// `Up` is stored inline (3.4 KiB per rank, 110 KiB for 32 ranks): the data path
+// then reaches the channel without one more dependent load.
+#[allow(clippy::large_enum_variant)]
 enum Conn {
     /// Nothing set up yet.
     Idle,
@@ -177,7 +181,7 @@ enum Conn {
     },
     /// Our HELLO lost the race; the peer's HELLO is on its way.
     AwaitPeer,
-    Up(Box<Up>),
+    Up(Up),
     Closed,
     Failed(Error),
 }
@@ -480,7 +484,7 @@ impl Group {
             let up = self
                 .loopback()
                 .map_err(|e| Error::from_conn(&e, "loopback connection"))?;
-            self.vcs[rank].conn = Conn::Up(Box::new(up));
+            self.vcs[rank].conn = Conn::Up(up);
             return Ok(());
         }
         match self.outbound(rank) {
@@ -618,7 +622,7 @@ impl Group {
                 Ok(chan) => {
                     let (rx, tx) = chan.split();
                     match hello::send(&sock, hello::TAG_READY, &[], None) {
-                        Ok(()) => Conn::Up(Box::new(Up::new(rx, tx, None, Some(sock)))),
+                        Ok(()) => Conn::Up(Up::new(rx, tx, None, Some(sock))),
                         Err(e) => Conn::Failed(Error::new(
                             rch_status::RCH_ERR_PEER_GONE,
                             format!("rank {r} vanished while connecting: {e}"),
@@ -699,7 +703,7 @@ impl Group {
             Ok(mut up) => {
                 self.handshakes += 1;
                 up.confirm = Some(s);
-                Conn::Up(Box::new(up))
+                Conn::Up(up)
             }
             Err(e) => {
                 let _ = hello::send(&s, hello::TAG_CLOSED, e.msg.as_bytes(), None);

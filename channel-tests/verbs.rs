@@ -818,41 +818,7 @@ fn unmapped_and_remapped_buffer_on_verbs() {
     let mode = a.registration_cache().watch_mode();
     let writer = std::thread::spawn(move || {
         let mut a = RdmaStreamLike(a);
-        // SAFETY: a fresh anonymous mapping, not yet used by anything.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(base, libc::MAP_FAILED);
-        for round in 0..ROUNDS {
-            // SAFETY: our mapping (replaced below at the same address each round).
-            let buf = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, LEN) };
-            buf.fill(round as u8 + 1);
-            a.write_all(buf).unwrap();
-            // New memory at the same address: MAP_FIXED unmaps the old pages and maps
-            // fresh ones in one call (a separate munmap would let another test thread
-            // take the address in between).
-            // SAFETY: `buf` is not used after this; the mapping is replaced whole.
-            unsafe {
-                let again = libc::mmap(
-                    base,
-                    LEN,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                    -1,
-                    0,
-                );
-                assert_eq!(again, base, "could not map again at the same address");
-            }
-        }
-        // SAFETY: our mapping, no longer used.
-        unsafe { libc::munmap(base, LEN) };
+        common::zc::send_from_remapped_buffer(LEN, ROUNDS, |buf| a.write_all(buf)).unwrap();
         a.0
     });
     let mut buf = vec![0u8; LEN];

@@ -14,7 +14,7 @@ use rdma_channel::fabric::AnyFabric;
 use rdma_channel::rcache::WatchMode;
 use rdma_channel::{Channel, Config, Prepared, RdmaStream};
 
-use common::zc::{run_zc_model, ZcCase};
+use common::zc::{run_zc_model, send_from_remapped_buffer, ZcCase};
 use common::{ioe, join, stream_check, stream_fill, watched, Rng, SETTLE};
 
 /// Two connected channels on the fabric `RCH_FABRIC` selects.
@@ -151,42 +151,7 @@ fn unmapped_and_remapped_buffer_is_never_sent_stale() {
     let mode = a.registration_cache().watch_mode();
     let writer = std::thread::spawn(move || -> Result<RdmaStream, String> {
         let mut a = a;
-        // SAFETY: a fresh anonymous mapping, not yet used by anything.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(base, libc::MAP_FAILED);
-        for round in 0..ROUNDS {
-            // SAFETY: base..base+LEN is our mapping (remapped below at the same place).
-            let buf = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, LEN) };
-            buf.fill(round as u8 + 1);
-            a.write_all(buf)
-                .map_err(|e| format!("round {round}: {}", ioe(&e)))?;
-            // New memory at the same address: MAP_FIXED unmaps the old pages and maps
-            // fresh ones in one call (a separate munmap would let another test thread
-            // take the address in between).
-            // SAFETY: `buf` is not used after this; the mapping is replaced whole.
-            unsafe {
-                let again = libc::mmap(
-                    base,
-                    LEN,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                    -1,
-                    0,
-                );
-                assert_eq!(again, base, "could not map again at the same address");
-            }
-        }
-        // SAFETY: our mapping, no longer used.
-        unsafe { libc::munmap(base, LEN) };
+        send_from_remapped_buffer(LEN, ROUNDS, |buf| a.write_all(buf))?;
         Ok(a)
     });
     let mut buf = vec![0u8; LEN];

@@ -223,3 +223,58 @@ pub fn run_zc_model<F: Fabric>(
         in_flight_retries,
     })
 }
+
+/// The sending side of the stale-registration tests: maps `len` bytes, and `rounds`
+/// times fills them with `round + 1`, sends them with `send`, then replaces the
+/// mapping with fresh memory at the same address (`MAP_FIXED` unmaps the old pages
+/// and maps new ones in one call; a separate `munmap` would let another test thread
+/// take the address in between). A registration cache that missed the unmap would
+/// send the old pages' bytes in the next round.
+pub fn send_from_remapped_buffer(
+    len: usize,
+    rounds: usize,
+    mut send: impl FnMut(&[u8]) -> std::io::Result<()>,
+) -> Result<(), String> {
+    // SAFETY: a fresh anonymous mapping, not yet used by anything.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(format!("mmap: {}", std::io::Error::last_os_error()));
+    }
+    let mut result = Ok(());
+    for round in 0..rounds {
+        // SAFETY: base..base+len is our mapping (replaced below at the same place).
+        let buf = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, len) };
+        buf.fill(round as u8 + 1);
+        if let Err(e) = send(buf) {
+            result = Err(format!("round {round}: {e}"));
+            break;
+        }
+        // SAFETY: `buf` is not used after this; the mapping is replaced whole.
+        let again = unsafe {
+            libc::mmap(
+                base,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if again != base {
+            result = Err(format!("round {round}: could not map again at {base:?}"));
+            break;
+        }
+    }
+    // SAFETY: our mapping, no longer used.
+    unsafe { libc::munmap(base, len) };
+    result
+}

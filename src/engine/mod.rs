@@ -136,6 +136,18 @@ impl<F: Fabric> Link<F> {
         unsafe { &*(self.ctrl.addr().add(off as usize) as *const AtomicU64) }
     }
 
+    /// `Err(BrokenPipe)` once the peer's receiver has stopped reading.
+    fn check_peer_reading(&self) -> io::Result<()> {
+        // Relaxed: a flag only; nothing is read on its strength.
+        if self.ctrl_word(CTRL_RX_CLOSED).load(Ordering::Relaxed) != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the peer closed its reading side",
+            ));
+        }
+        Ok(())
+    }
+
     fn fail(&self, kind: io::ErrorKind, msg: String) -> io::Error {
         let mut b = self.broken.lock().unwrap_or_else(|p| p.into_inner());
         if b.is_none() {
@@ -914,13 +926,7 @@ impl<F: Fabric> Sender<F> {
         if link.ctrl_word(CTRL_ZC_DONE).load(Ordering::Acquire) >= id {
             return Ok(true);
         }
-        // Relaxed: a flag only.
-        if link.ctrl_word(CTRL_RX_CLOSED).load(Ordering::Relaxed) != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the peer closed its reading side",
-            ));
-        }
+        link.check_peer_reading()?;
         self.zc_polls += 1;
         if self.zc_polls >= HEALTH_EVERY {
             self.zc_polls = 0;
@@ -999,15 +1005,8 @@ impl<F: Fabric> Sender<F> {
             }
         }
         let link = &*self.link;
-        // Relaxed: a flag only; nothing is read on its strength.
-        if link.ctrl_word(CTRL_RX_CLOSED).load(Ordering::Relaxed) != 0 {
-            if done > 0 {
-                return Ok(done);
-            }
-            return Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the peer closed its reading side",
-            ));
+        if let Err(e) = link.check_peer_reading() {
+            return if done > 0 { Ok(done) } else { Err(e) };
         }
         link.serve_credit()?;
         while done < total {
@@ -1399,13 +1398,7 @@ impl<F: Fabric> Sender<F> {
             let id = p.id;
             return self.zc_confirmed(id);
         }
-        // Relaxed: a flag only.
-        if self.link.ctrl_word(CTRL_RX_CLOSED).load(Ordering::Relaxed) != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the peer closed its reading side",
-            ));
-        }
+        self.link.check_peer_reading()?;
         self.can_put()
     }
 
@@ -1418,12 +1411,7 @@ impl<F: Fabric> Sender<F> {
         let (s, y, m) = self.link.cfg.wait();
         let mut b = Backoff::new(s, y, m);
         loop {
-            if self.link.ctrl_word(CTRL_RX_CLOSED).load(Ordering::Relaxed) != 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::BrokenPipe,
-                    "the peer closed its reading side",
-                ));
-            }
+            self.link.check_peer_reading()?;
             self.link.serve_credit()?;
             if self.can_put()? {
                 return Ok(());

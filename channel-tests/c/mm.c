@@ -425,11 +425,15 @@ static void start_message(peer *p, int src)
         finish_message(p, src);
 }
 
-/* Reads whatever has arrived from peer src; returns 1 if anything did. */
-static int recv_progress(peer *p, int src)
+/* Reads whatever has arrived from peer src; returns 1 if anything did. Stops early
+ * once *stop is set (a blocking receive whose message is complete returns at once
+ * instead of polling for the next one). */
+static int recv_progress(peer *p, int src, const int *stop)
 {
     int any = 0;
     for (;;) {
+        if (stop && *stop)
+            return any;
         size_t n = 0;
         struct iovec v;
         if (!p->in_data) {
@@ -470,7 +474,7 @@ void mm_progress(void)
         peer *p = &g_peers[r];
         if (p->sq_head)
             send_progress(p);
-        recv_progress(p, r);
+        recv_progress(p, r, NULL);
     }
 }
 
@@ -496,7 +500,7 @@ static void progress_recv_from(mm_request *r, int src)
 {
     unsigned idle = 0;
     while (!r->done) {
-        int any = recv_progress(&g_peers[src], src);
+        int any = recv_progress(&g_peers[src], src, &r->done);
         if (r->done)
             break;
         if (any)

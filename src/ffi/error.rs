@@ -15,6 +15,7 @@ pub(crate) struct Error {
 }
 
 impl Error {
+    #[cold]
     pub(crate) fn new(code: Status, msg: impl Into<String>) -> Error {
         Error {
             code,
@@ -23,6 +24,7 @@ impl Error {
     }
 
     /// An error of a connection (put, read, handshake), from the engine's `io::Error`.
+    #[cold]
     pub(crate) fn from_conn(e: &io::Error, what: &str) -> Error {
         use io::ErrorKind as K;
         let code = match e.kind() {
@@ -57,6 +59,7 @@ thread_local! {
 }
 
 /// Records `e` as this thread's last error and returns its code as C sees it.
+#[cold]
 pub(crate) fn report(e: Error) -> c_int {
     // Interior NULs cannot come from our messages, but never fail here.
     let msg = CString::new(e.msg.replace('\0', " ")).unwrap_or_default();

@@ -51,6 +51,7 @@ fn vc_handle(rank: usize) -> *mut rch_vc {
     ((rank << 8) | VC_TAG) as *mut rch_vc
 }
 
+#[inline]
 fn vc_rank(vc: *mut rch_vc) -> Result<usize, Error> {
     let v = vc as usize;
     if vc.is_null() {
@@ -66,6 +67,7 @@ fn vc_rank(vc: *mut rch_vc) -> Result<usize, Error> {
 }
 
 /// Runs `f`, turning its error, or a panic, into a status code.
+#[inline]
 fn guard(f: impl FnOnce() -> Result<(), Error>) -> c_int {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => rch_status::RCH_SUCCESS as c_int,
@@ -84,10 +86,12 @@ fn guard(f: impl FnOnce() -> Result<(), Error>) -> c_int {
     }
 }
 
+#[cold]
 fn null(what: &str) -> Error {
     Error::new(rch_status::RCH_ERR_NULL, format!("{what} is NULL"))
 }
 
+#[cold]
 fn invalid(msg: String) -> Error {
     Error::new(rch_status::RCH_ERR_INVALID, msg)
 }
@@ -155,6 +159,7 @@ unsafe fn check_iov(iov: *const iovec, n: c_int) -> Result<(usize, bool), Error>
 }
 
 /// Gets the library ready for a data call on `vc`: its rank, checked.
+#[inline]
 fn data_vc(g: &Group, vc: *mut rch_vc) -> Result<usize, Error> {
     let r = vc_rank(vc)?;
     g.check_rank(r)?;

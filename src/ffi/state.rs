@@ -52,6 +52,7 @@ pub(crate) fn lock() -> Result<Guard<'static, Phase>, Error> {
 
 impl Phase {
     /// The group, once rch_init has run.
+    #[inline]
     pub(crate) fn ready(&mut self) -> Result<&mut Group, Error> {
         match self {
             Phase::Ready(g) => Ok(g),
@@ -76,6 +77,7 @@ impl Phase {
     }
 }
 
+#[cold]
 pub(crate) fn finalized() -> Error {
     Error::new(
         rch_status::RCH_ERR_FINALIZED,
@@ -300,6 +302,7 @@ impl Group {
         r.and(f)
     }
 
+    #[inline]
     pub(crate) fn check_rank(&self, rank: usize) -> Result<(), Error> {
         if rank >= self.size as usize {
             return Err(unknown_vc());
@@ -841,6 +844,7 @@ pub(crate) fn wait(
     }
 }
 
+#[cold]
 fn unknown_vc() -> Error {
     Error::new(
         rch_status::RCH_ERR_UNKNOWN_VC,
@@ -848,6 +852,7 @@ fn unknown_vc() -> Error {
     )
 }
 
+#[cold]
 fn gone(rank: usize) -> Error {
     Error::new(
         rch_status::RCH_ERR_PEER_GONE,
@@ -855,6 +860,7 @@ fn gone(rank: usize) -> Error {
     )
 }
 
+#[cold]
 fn closed(rank: usize) -> Error {
     Error::new(
         rch_status::RCH_ERR_VC_CLOSED,
@@ -862,6 +868,7 @@ fn closed(rank: usize) -> Error {
     )
 }
 
+#[cold]
 fn data_error(e: &io::Error, rank: usize, what: &str) -> Error {
     if e.kind() == io::ErrorKind::InvalidInput {
         return Error::new(

@@ -214,6 +214,10 @@ pub(crate) struct Group {
     /// Handshakes in progress (outbound or awaiting READY), to skip the scan when none.
     handshakes: usize,
     tick: u32,
+    /// Smallest buffer the engine may send zero-copy (C memory is never from
+    /// `alloc_mem`, so the threshold for other memory); smaller puts take the
+    /// plain copying path, which skips the eligibility checks.
+    zc_min: usize,
     uid: u32,
 }
 
@@ -238,6 +242,11 @@ impl Group {
             socket,
         };
         exchange.publish(HELLO_KEY, hello.encode().as_bytes())?;
+        let zc_min = cfg
+            .zero_copy_thresholds()
+            .1
+            .unwrap_or(fabric.zero_copy_defaults().1)
+            .max(1);
         let vcs = (0..size)
             .map(|_| Vc {
                 conn: Conn::Idle,
@@ -259,6 +268,7 @@ impl Group {
             inbound: Vec::new(),
             handshakes: 0,
             tick: 0,
+            zc_min,
             // SAFETY: getuid cannot fail and touches no memory.
             uid: unsafe { libc::getuid() },
         })
@@ -327,8 +337,13 @@ impl Group {
         let vc = &mut self.vcs[rank];
         if let Conn::Up(up) = &mut vc.conn {
             if up.confirm.is_none() {
-                // SAFETY: forwarded from this function's contract.
-                return match unsafe { up.tx.put_nocopy(iov) } {
+                let r = if total < self.zc_min && !up.tx.zero_copy_pending() {
+                    up.tx.put(iov)
+                } else {
+                    // SAFETY: forwarded from this function's contract.
+                    unsafe { up.tx.put_nocopy(iov) }
+                };
+                return match r {
                     Ok(0) if total > 0 && up.idle_gone() => {
                         vc.want_write = false;
                         Err(gone(rank))

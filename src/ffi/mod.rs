@@ -113,7 +113,7 @@ unsafe fn out<T>(p: *mut T, v: T) {
 /// # Safety
 ///
 /// When `n > 0` and `iov` is not NULL, `iov` points to `n` readable entries.
-#[inline]
+#[inline(always)]
 unsafe fn check_iov(iov: *const iovec, n: c_int) -> Result<(usize, bool), Error> {
     if n < 0 {
         return Err(invalid(format!("iovec count {n} is negative")));

@@ -545,11 +545,16 @@ static void init_recv(mm_request *r, void *buf, size_t cap, int source, int tag)
 {
     if (source != MM_ANY_SOURCE && (source < 0 || source >= g_size))
         mm_fatal("receive from rank %d of %d", source, g_size);
-    memset(r, 0, sizeof *r);
+    /* only the fields a receive uses (the send part stays unset) */
+    r->is_send = 0;
+    r->done = 0;
+    r->heap = 0;
+    r->next = NULL;
     r->rbuf = buf;
     r->cap = cap;
     r->source = source;
     r->tag = tag;
+    memset(&r->st, 0, sizeof r->st);
 }
 
 /* Matches r against the unexpected queue, else posts it. */

@@ -58,8 +58,12 @@ fn main() -> io::Result<()> {
     let cfg = s.config().clone();
     if parent {
         println!(
-            "# rdma-channel {} on the emulated fabric, two processes on CPUs 0 and 1",
-            env!("CARGO_PKG_VERSION")
+            "# rdma-channel {} on the {} fabric (RCH_FABRIC), two processes on CPUs 0 and 1",
+            env!("CARGO_PKG_VERSION"),
+            std::env::var("RCH_FABRIC")
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "emulated".into())
         );
         println!(
             "# ring {} B, chunk {} B, tail threshold {} B; one-way latency = half the mean round trip",

@@ -124,6 +124,9 @@ pub fn message_buffer<F: Fabric>(
     }
 }
 
+/// How a benchmark sends one message.
+pub type SendFn<F> = dyn FnMut(&mut RdmaStream<F>, &[u8]) -> io::Result<()>;
+
 /// One-way latency by ping-pong: half the mean round trip of `iters` exchanges. Each
 /// side sends from one buffer and receives into another, as osu_latency does.
 pub fn latency<F: Fabric>(
@@ -134,6 +137,18 @@ pub fn latency<F: Fabric>(
 ) -> io::Result<Duration> {
     let sbuf = message_buffer(s, size, 0x5a)?;
     let mut rbuf = message_buffer(s, size, 0)?;
+    latency_with(s, side, &sbuf, &mut rbuf, iters, &mut send_all)
+}
+
+/// [`latency`] with given buffers and a given way of sending.
+pub fn latency_with<F: Fabric>(
+    s: &mut RdmaStream<F>,
+    side: &Side,
+    sbuf: &[u8],
+    rbuf: &mut [u8],
+    iters: usize,
+    send: &mut SendFn<F>,
+) -> io::Result<Duration> {
     let warm = (iters / 10).max(10);
     let mut start = Instant::now();
     for i in 0..warm + iters {
@@ -141,11 +156,11 @@ pub fn latency<F: Fabric>(
             start = Instant::now();
         }
         if matches!(side, Side::Parent(_)) {
-            send_all(s, &sbuf)?;
-            recv_all(s, &mut rbuf)?;
+            send(s, sbuf)?;
+            recv_all(s, rbuf)?;
         } else {
-            recv_all(s, &mut rbuf)?;
-            send_all(s, &sbuf)?;
+            recv_all(s, rbuf)?;
+            send(s, sbuf)?;
         }
     }
     Ok(start.elapsed() / (2 * iters as u32))
@@ -162,6 +177,19 @@ pub fn bandwidth<F: Fabric>(
 ) -> io::Result<f64> {
     let sbuf = message_buffer(s, size, 0xa5)?;
     let mut rbuf = message_buffer(s, size, 0)?;
+    bandwidth_with(s, side, &sbuf, &mut rbuf, window, iters, &mut send_all)
+}
+
+/// [`bandwidth`] with given buffers and a given way of sending.
+pub fn bandwidth_with<F: Fabric>(
+    s: &mut RdmaStream<F>,
+    side: &Side,
+    sbuf: &[u8],
+    rbuf: &mut [u8],
+    window: usize,
+    iters: usize,
+    send: &mut SendFn<F>,
+) -> io::Result<f64> {
     let mut ack = [0u8; 4];
     let warm = (iters / 10).max(2);
     let mut start = Instant::now();
@@ -171,16 +199,16 @@ pub fn bandwidth<F: Fabric>(
         }
         if matches!(side, Side::Parent(_)) {
             for _ in 0..window {
-                send_all(s, &sbuf)?;
+                send(s, sbuf)?;
             }
             recv_all(s, &mut ack)?;
         } else {
             for _ in 0..window {
-                recv_all(s, &mut rbuf)?;
+                recv_all(s, rbuf)?;
             }
             send_all(s, &ack)?;
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    Ok((size * window * iters) as f64 / secs)
+    Ok((sbuf.len() * window * iters) as f64 / secs)
 }

@@ -25,9 +25,8 @@
 mod peer;
 
 use std::io::{self, IoSlice};
-use std::time::{Duration, Instant};
 
-use peer::{connect_pair, finish, recv_all, send_all, Side};
+use peer::{bandwidth_with, connect_pair, finish, latency_with, Side};
 use rdma_channel::RdmaStream;
 
 const WINDOW: usize = 16;
@@ -80,61 +79,6 @@ fn send(s: &mut RdmaStream, mode: Mode, buf: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-fn latency(
-    s: &mut RdmaStream,
-    side: &Side,
-    mode: Mode,
-    sbuf: &[u8],
-    rbuf: &mut [u8],
-    iters: usize,
-) -> io::Result<Duration> {
-    let warm = (iters / 10).max(5);
-    let mut start = Instant::now();
-    for i in 0..warm + iters {
-        if i == warm {
-            start = Instant::now();
-        }
-        if matches!(side, Side::Parent(_)) {
-            send(s, mode, sbuf)?;
-            recv_all(s, rbuf)?;
-        } else {
-            recv_all(s, rbuf)?;
-            send(s, mode, sbuf)?;
-        }
-    }
-    Ok(start.elapsed() / (2 * iters as u32))
-}
-
-fn bandwidth(
-    s: &mut RdmaStream,
-    side: &Side,
-    mode: Mode,
-    sbuf: &[u8],
-    rbuf: &mut [u8],
-    iters: usize,
-) -> io::Result<f64> {
-    let mut ack = [0u8; 4];
-    let warm = (iters / 10).max(2);
-    let mut start = Instant::now();
-    for i in 0..warm + iters {
-        if i == warm {
-            start = Instant::now();
-        }
-        if matches!(side, Side::Parent(_)) {
-            for _ in 0..WINDOW {
-                send(s, mode, sbuf)?;
-            }
-            recv_all(s, &mut ack)?;
-        } else {
-            for _ in 0..WINDOW {
-                recv_all(s, rbuf)?;
-            }
-            send_all(s, &ack)?;
-        }
-    }
-    Ok((sbuf.len() * WINDOW * iters) as f64 / start.elapsed().as_secs_f64())
-}
-
 fn main() -> io::Result<()> {
     // Make every buffer eligible: the modes choose the path explicitly.
     std::env::set_var("RCH_ZCOPY_THRESHOLD", "1");
@@ -168,8 +112,11 @@ fn main() -> io::Result<()> {
             } else {
                 (&private[..size], &mut recv_private[..size])
             };
-            let lat = latency(&mut s, &side, mode, sbuf, rbuf, lat_iters)?.as_secs_f64() * 1e6;
-            let bw = bandwidth(&mut s, &side, mode, sbuf, rbuf, bw_iters)? / 1e9;
+            let mut by_mode = move |s: &mut RdmaStream, b: &[u8]| send(s, mode, b);
+            let lat = latency_with(&mut s, &side, sbuf, rbuf, lat_iters, &mut by_mode)?;
+            let lat = lat.as_secs_f64() * 1e6;
+            let bw =
+                bandwidth_with(&mut s, &side, sbuf, rbuf, WINDOW, bw_iters, &mut by_mode)? / 1e9;
             if parent {
                 println!("{size:>9} {:>16} {lat:>11.2} {bw:>9.2}", mode.name());
             }

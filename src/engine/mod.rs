@@ -242,13 +242,7 @@ impl<F: Fabric> Link<F> {
         let mut signaled = false;
         let mut wr_id = 0;
         if self.sq.depth != u64::MAX {
-            let mut backoff = Backoff::new(1000, 100, std::time::Duration::from_micros(100));
-            while self.sq.posted.load(Ordering::Acquire) - self.sq.retired.load(Ordering::Acquire)
-                >= self.sq.depth
-            {
-                self.check_health()?;
-                backoff.snooze();
-            }
+            self.wait_for_send_slot()?;
             wr_id = self.sq.posted.fetch_add(1, Ordering::AcqRel);
             signaled = wr_id % self.sq.interval == self.sq.interval - 1;
         }
@@ -266,6 +260,19 @@ impl<F: Fabric> Link<F> {
         unsafe { self.qp.post(&wr) }.map_err(io::Error::from)
     }
 
+    /// Waits until the finite send queue has a free slot (requests posted and not yet
+    /// retired by a signalled completion stay below its depth).
+    fn wait_for_send_slot(&self) -> io::Result<()> {
+        let mut backoff = Backoff::new(1000, 100, std::time::Duration::from_micros(100));
+        while self.sq.posted.load(Ordering::Acquire) - self.sq.retired.load(Ordering::Acquire)
+            >= self.sq.depth
+        {
+            self.check_health()?;
+            backoff.snooze();
+        }
+        Ok(())
+    }
+
     /// Posts a signalled RDMA READ and returns its sequence number (see [`SendQueue`]).
     ///
     /// # Safety
@@ -274,13 +281,7 @@ impl<F: Fabric> Link<F> {
     /// number (see [`wait_completed`](Self::wait_completed)).
     unsafe fn post_read(&self, local: &[Sge], remote_addr: u64, rkey: u32) -> io::Result<u64> {
         if self.sq.depth != u64::MAX {
-            let mut backoff = Backoff::new(1000, 100, std::time::Duration::from_micros(100));
-            while self.sq.posted.load(Ordering::Acquire) - self.sq.retired.load(Ordering::Acquire)
-                >= self.sq.depth
-            {
-                self.check_health()?;
-                backoff.snooze();
-            }
+            self.wait_for_send_slot()?;
         }
         let seq = self.sq.posted.fetch_add(1, Ordering::AcqRel);
         let wr = WorkRequest {

@@ -22,10 +22,11 @@ mod common;
 
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::exchange::exchange;
+use common::peer::{across_hosts, spawn_peer, spawn_self};
 use common::*;
 use rdma_channel::{Config, RdmaListener, RdmaStream};
 
@@ -62,70 +63,21 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-/// A running child (this test binary, one test) with its output collected in threads.
-struct ChildRun {
-    child: Child,
-    out: std::thread::JoinHandle<String>,
-    err: std::thread::JoinHandle<String>,
-}
-
-fn spawn_self(test: &str, envs: &[(&str, String)]) -> ChildRun {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut cmd = Command::new(exe);
-    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"]);
-    // The child's configuration must not depend on the caller's RCH_* environment,
-    // but it runs on the same fabric (and device) as the parent.
-    for (k, _) in std::env::vars() {
-        if k.starts_with("RCH_") && k != "RCH_FABRIC" && !k.starts_with("RCH_IB_") {
-            cmd.env_remove(k);
-        }
-    }
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn child test process");
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = so.read_to_string(&mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = se.read_to_string(&mut s);
-        s
-    });
-    ChildRun { child, out, err }
-}
-
-impl ChildRun {
-    /// Waits until the child exits or `deadline` passes (then kills it). Returns the
-    /// exit status (None on timeout) and the child's stdout and stderr.
-    fn wait(mut self, deadline: Instant) -> (Option<ExitStatus>, String, String) {
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(st)) => break Some(st),
-                Ok(None) => {}
-                Err(e) => panic!("waiting for child: {e}"),
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+/// Where the parent listens for its child: a Unix socket path in `dir` when the child
+/// runs on this host, an IP address and port (rdma_cm, verbs) when it runs on the
+/// peer host of a test cluster. Returns the listener and what the child connects to.
+fn listen_for_child(dir: &Path, cfg: Config) -> (RdmaListener, String) {
+    if across_hosts() {
+        let listener = RdmaListener::bind_with("0.0.0.0:0", cfg).expect("bind an IP address");
+        let port = match listener.local_addr().expect("local_addr") {
+            rdma_channel::Address::Inet(a) => a.port(),
+            other => panic!("not an IP listener: {other}"),
         };
-        let out = self.out.join().unwrap_or_default();
-        let err = self.err.join().unwrap_or_default();
-        (status, out, err)
-    }
-
-    fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().ok().flatten()
+        (listener, format!("{}:{port}", my_ip()))
+    } else {
+        let path = dir.join("sock");
+        let listener = RdmaListener::bind_with(&path, cfg).expect("bind");
+        (listener, path.display().to_string())
     }
 }
 
@@ -136,136 +88,6 @@ fn transfer_bytes() -> u64 {
             as u64,
         _ => DEFAULT_BYTES,
     }
-}
-
-#[derive(Debug)]
-struct SideStats {
-    sent: u64,
-    received: u64,
-    send_secs: f64,
-    recv_secs: f64,
-}
-
-/// One side of the exchange: a writer thread sends `bytes` of stream `my_seed` in
-/// random messages (log-uniform 1 B ..= 1 MiB, a quarter of them vectored, a third
-/// from `alloc_mem`: ring, and zero-copy from shared and from heap memory), then shuts
-/// down; this thread reads (random sizes, some vectored) and checks every byte against
-/// stream `peer_seed` until end of stream.
-fn exchange(
-    stream: RdmaStream,
-    name: &str,
-    my_seed: u64,
-    peer_seed: u64,
-    bytes: u64,
-) -> Result<SideStats, String> {
-    let (mut r, mut w) = stream.split();
-    let wname = name.to_string();
-    let writer = std::thread::spawn(move || -> Result<(u64, f64), String> {
-        let start = Instant::now();
-        let mut rng = Rng::new(my_seed ^ 0x3141_5926);
-        let mut heap = vec![0u8; 1 << 20];
-        // A third of the messages come from alloc_mem memory, which goes zero-copy
-        // from the fabric's threshold (16 KiB emulated); heap messages go zero-copy
-        // from exchange_config's private threshold.
-        let mut shared = w
-            .alloc_mem(1 << 20)
-            .map_err(|e| format!("{wname} writer: alloc_mem: {}", ioe(&e)))?;
-        let mut off = 0u64;
-        let mut messages = 0u64;
-        while off < bytes {
-            let n = (rng.log_uniform(1, 1 << 20) as u64).min(bytes - off) as usize;
-            let buf: &mut [u8] = if rng.chance(1, 3) {
-                &mut shared
-            } else {
-                &mut heap
-            };
-            stream_fill(my_seed, off, &mut buf[..n]);
-            let r = if rng.chance(1, 4) {
-                let shape = random_shape(&mut rng, n, 8);
-                write_all_vectored(&mut w, &buf[..n], &shape)
-            } else {
-                w.write_all(&buf[..n])
-            };
-            r.map_err(|e| {
-                format!(
-                    "{wname} writer: after {off} bytes ({messages} messages): {}",
-                    ioe(&e)
-                )
-            })?;
-            off += n as u64;
-            messages += 1;
-        }
-        w.shutdown()
-            .map_err(|e| format!("{wname} writer: shutdown: {}", ioe(&e)))?;
-        // Every zero-copy message looked its buffer up in the cache.
-        let st = w.registration_cache().stats();
-        println!(
-            "{wname} writer: {messages} messages, {} zero-copy registrations looked up ({} hits)",
-            st.hits + st.misses,
-            st.hits
-        );
-        if bytes >= 64 << 20 && st.hits + st.misses == 0 {
-            return Err(format!("{wname} writer: no message went zero-copy"));
-        }
-        Ok((off, start.elapsed().as_secs_f64()))
-    });
-    let start = Instant::now();
-    let mut rng = Rng::new(my_seed ^ 0x2718_2818);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut scratch = Vec::with_capacity(1 << 20);
-    let mut got = 0u64;
-    let read_result: Result<(), String> = loop {
-        let cap = rng.log_uniform(1, buf.len());
-        let n = if rng.chance(1, 4) {
-            let shape = random_shape(&mut rng, cap, 6);
-            r.read_vectored(&mut iovecs_mut(&mut buf[..cap], &shape))
-        } else {
-            r.read(&mut buf[..cap])
-        };
-        let n = match n {
-            Ok(n) => n,
-            Err(e) => break Err(format!("{name} reader: after {got} bytes: {}", ioe(&e))),
-        };
-        if n == 0 {
-            break if got == bytes {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{name} reader: end of stream after {got} of {bytes} bytes"
-                ))
-            };
-        }
-        if n > cap {
-            break Err(format!("{name} reader: read returned {n} > {cap}"));
-        }
-        if let Err(e) = stream_check(peer_seed, got, &buf[..n], &mut scratch) {
-            break Err(format!("{name} reader: {e}"));
-        }
-        got += n as u64;
-        if got > bytes {
-            break Err(format!("{name} reader: received more than {bytes} bytes"));
-        }
-    };
-    let recv_secs = start.elapsed().as_secs_f64();
-    let wres = join(writer, &format!("{name} writer"));
-    let (sent, send_secs) = match (read_result, wres) {
-        (Ok(()), Ok(w)) => w,
-        (r, w) => return Err(format!("{:?} / {:?}", r.err(), w.err())),
-    };
-    let mb = |b: u64, s: f64| b as f64 / 1e6 / s.max(1e-9);
-    println!(
-        "{name}: sent {} MiB in {send_secs:.2} s ({:.0} MB/s), received {} MiB in {recv_secs:.2} s ({:.0} MB/s), all bytes checked",
-        sent >> 20,
-        mb(sent, send_secs),
-        got >> 20,
-        mb(got, recv_secs)
-    );
-    Ok(SideStats {
-        sent,
-        received: got,
-        send_secs,
-        recv_secs,
-    })
 }
 
 /// The defaults, but heap buffers from 256 KiB also go zero-copy (on the emulated
@@ -282,8 +104,7 @@ fn two_processes_exchange_both_ways() {
     let bytes = transfer_bytes();
     let dir = scratch_dir("two-process");
     let _cleanup = RemoveOnDrop(dir.clone());
-    let path = dir.join("sock");
-    let listener = RdmaListener::bind_with(&path, exchange_config()).expect("bind");
+    let (listener, address) = listen_for_child(&dir, exchange_config());
     // Deterministic content; RCH_TEST_SEED picks another stream.
     let seed: u64 = std::env::var("RCH_TEST_SEED")
         .ok()
@@ -296,11 +117,11 @@ fn two_processes_exchange_both_ways() {
     );
     let start = Instant::now();
     let deadline = start + child_limit();
-    let mut child = spawn_self(
+    let mut child = spawn_peer(
         "two_process_child_peer",
         &[
             (ROLE, "peer".into()),
-            (SOCKET, path.to_str().unwrap().into()),
+            (SOCKET, address),
             (BYTES, bytes.to_string()),
             (SEED_PARENT, seed_parent.to_string()),
             (SEED_CHILD, seed_child.to_string()),
@@ -325,7 +146,7 @@ fn two_processes_exchange_both_ways() {
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
-        if child.exited().is_some() {
+        if child.exited() {
             // The child is done (or died): our side must finish promptly too (it has
             // all the data, or notices the lost peer).
             break rx.recv_timeout(limit(30)).ok();
@@ -383,11 +204,11 @@ fn two_process_child_peer() {
         return;
     }
     let env = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("child: {k} not set"));
-    let path = PathBuf::from(env(SOCKET));
+    let address = env(SOCKET);
     let bytes: u64 = env(BYTES).parse().unwrap();
     let seed_parent: u64 = env(SEED_PARENT).parse().unwrap();
     let seed_child: u64 = env(SEED_CHILD).parse().unwrap();
-    let s = RdmaStream::connect_with(&path, exchange_config())
+    let s = RdmaStream::connect_with(address.as_str(), exchange_config())
         .unwrap_or_else(|e| panic!("child: connect: {}", ioe(&e)));
     let stats = exchange(s, "child", seed_child, seed_parent, bytes)
         .unwrap_or_else(|e| panic!("child: {e}"));
@@ -668,8 +489,8 @@ fn crashing_child_peer() {
     if role().as_deref() != Some("crash") {
         return;
     }
-    let path = PathBuf::from(std::env::var(SOCKET).unwrap());
-    let mut s = RdmaStream::connect_with(&path, Config::default()).unwrap();
+    let address = std::env::var(SOCKET).unwrap();
+    let mut s = RdmaStream::connect_with(address.as_str(), Config::default()).unwrap();
     s.write_all(&[7u8; 100]).unwrap();
     let mut go = [0u8; 1];
     s.read_exact(&mut go).unwrap();
@@ -686,11 +507,10 @@ fn peer_process_death_is_an_error_not_a_hang() {
     }
     let dir = scratch_dir("crash");
     let _cleanup = RemoveOnDrop(dir.clone());
-    let path = dir.join("sock");
-    let listener = RdmaListener::bind_with(&path, Config::default()).unwrap();
-    let child = spawn_self(
+    let (listener, address) = listen_for_child(&dir, Config::default());
+    let child = spawn_peer(
         "crashing_child_peer",
-        &[(ROLE, "crash".into()), (SOCKET, path.display().to_string())],
+        &[(ROLE, "crash".into()), (SOCKET, address)],
     );
     let mut s = listener.accept().unwrap();
     let mut first = [0u8; 100];
@@ -711,7 +531,7 @@ fn peer_process_death_is_an_error_not_a_hang() {
     });
     let (status, out, err) = child.wait(Instant::now() + limit(60));
     assert!(
-        status.is_some_and(|s| !s.success()),
+        status.as_ref().is_some_and(|s| !s.success()),
         "child should have aborted: {status:?}\n{out}\n{err}"
     );
     let (rres, rtime) = with_watchdog("reader after peer death", limit(30), move || {

@@ -15,6 +15,7 @@
 //! | `RCH_ZCOPY_PRIVATE_THRESHOLD` | the same for any other memory | fabric's |
 //! | `RCH_RCACHE_ENTRIES` | most cached registrations per connection | 512 |
 //! | `RCH_RCACHE_BYTES` | most bytes of cached registrations per connection | 1 GiB |
+//! | `RCH_CONNECT_TIMEOUT_MS` | limit on connecting by address (resolution, request, reply) | 10000 |
 //! | `RCH_FABRIC` | fabric of the [`RdmaStream`](crate::RdmaStream) constructors and [`RdmaListener`](crate::RdmaListener): `emulated` or `verbs` (feature `verbs`; device from `RCH_IB_*`) | `emulated` |
 //!
 //! `RCH_FABRIC` is read by [`AnyFabric::from_env`](crate::fabric::AnyFabric::from_env),
@@ -56,6 +57,7 @@ pub struct Config {
     zcopy_private_threshold: Option<usize>,
     rcache_entries: usize,
     rcache_bytes: usize,
+    connect_timeout: Duration,
 }
 
 /// Default receive ring size, chosen with `bench/sweep.sh` (see README): rings that hold
@@ -63,6 +65,8 @@ pub struct Config {
 pub const DEFAULT_RING_SIZE: usize = 4 << 20;
 /// Default largest packet (chosen by measurement, see README).
 pub const DEFAULT_CHUNK_SIZE: usize = 64 << 10;
+/// Default limit on setting up a connection by address (resolution, request, reply).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Default for Config {
     fn default() -> Self {
@@ -78,6 +82,7 @@ impl Default for Config {
             zcopy_private_threshold: None,
             rcache_entries: 512,
             rcache_bytes: 1 << 30,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
     }
 }
@@ -186,6 +191,10 @@ impl Config {
             c.rcache_bytes = size("RCH_RCACHE_BYTES", v)?;
             check(&c, "RCH_RCACHE_BYTES")?;
         }
+        if let Some(v) = var("RCH_CONNECT_TIMEOUT_MS") {
+            c.connect_timeout = Duration::from_millis(num("RCH_CONNECT_TIMEOUT_MS", v)?);
+            check(&c, "RCH_CONNECT_TIMEOUT_MS")?;
+        }
         Ok(c)
     }
 
@@ -244,6 +253,24 @@ impl Config {
         self.rcache_entries = max_entries;
         self.rcache_bytes = max_bytes;
         self
+    }
+
+    /// Limit on setting up a connection by address: address and route resolution,
+    /// the request and its reply (`RCH_CONNECT_TIMEOUT_MS`, default 10 s).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cfg = rdma_channel::Config::default().connect_timeout(Duration::from_secs(2));
+    /// assert_eq!(cfg.connect_timeout_duration(), Duration::from_secs(2));
+    /// ```
+    pub fn connect_timeout(mut self, limit: Duration) -> Self {
+        self.connect_timeout = limit;
+        self
+    }
+
+    /// The connect timeout in force.
+    pub fn connect_timeout_duration(&self) -> Duration {
+        self.connect_timeout
     }
 
     /// Zero-copy thresholds set by the user, as (allocated memory, other memory).
@@ -331,6 +358,9 @@ impl Config {
             return Err(bad(
                 "registration cache bounds must be at least 1 entry and 1 byte".into(),
             ));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(bad("the connect timeout must be positive".into()));
         }
         Ok(())
     }

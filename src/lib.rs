@@ -39,6 +39,7 @@ pub mod config;
 pub mod engine;
 pub mod fabric;
 pub mod ffi;
+pub mod handshake;
 pub mod oob;
 pub mod pmi;
 pub mod rcache;
@@ -47,4 +48,4 @@ pub mod stream;
 
 pub use config::Config;
 pub use engine::{Channel, Prepared, RdmaBuf, Receiver, Sender};
-pub use stream::{RdmaListener, RdmaStream, ReadHalf, WriteHalf};
+pub use stream::{Address, RdmaListener, RdmaStream, ReadHalf, ToAddress, WriteHalf};

@@ -36,7 +36,25 @@ pub fn report_fabric() {
 /// (for at most [`SETTLE`]) instead of expecting it at once, as they may on the
 /// emulated fabric, which executes every write inside `post`.
 pub fn lands_later() -> bool {
-    fabric_kind() != FabricKind::Emulated
+    fabric_kind() != FabricKind::Emulated || peer::across_hosts()
+}
+
+/// This host's IP address on the RDMA link, for peers to connect to: `RCH_TEST_IP`,
+/// else the Soft-RoCE VM's `SOFTROCE_IP`.
+pub fn my_ip() -> String {
+    ["RCH_TEST_IP", "SOFTROCE_IP"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        .expect("RCH_TEST_IP or SOFTROCE_IP must name this host's RDMA address")
+}
+
+/// True when an RDMA device with an IP address is there for rdma_cm tests (in the
+/// Soft-RoCE VM, or where `RCH_TEST_IP` names one).
+pub fn rdma_ip_available() -> bool {
+    cfg!(feature = "verbs")
+        && ["RCH_TEST_IP", "SOFTROCE_IP"]
+            .iter()
+            .any(|k| std::env::var(k).is_ok_and(|v| !v.is_empty()))
 }
 
 /// How long a single-threaded check waits for bytes or notices still in flight on a
@@ -593,4 +611,6 @@ pub fn join<T>(h: std::thread::JoinHandle<Result<T, String>>, who: &str) -> Resu
 pub fn ioe(e: &io::Error) -> String {
     format!("{:?}: {}", e.kind(), e)
 }
+pub mod exchange;
+pub mod peer;
 pub mod zc;

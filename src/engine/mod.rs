@@ -29,8 +29,10 @@
 //! caller's buffers with RDMA READ, then writes the announcement's number into the
 //! sender's control word 16. See [`Sender::put_nocopy`] for the contract.
 
+pub mod card;
 mod wait;
 
+pub use card::CTRL_SIZE;
 pub use wait::Backoff;
 
 use std::io::{self, IoSlice, IoSliceMut};
@@ -49,16 +51,13 @@ use crate::ring::wire::{
     MAX_RNDV_SEGS, ONE_CELL_PAYLOAD, OVERHEAD, TRAILER_LEN,
 };
 use crate::ring::{boundary_offsets, max_payload_now, PAYLOAD_OFFSET};
+use card::ConnCard;
 
-const CTRL_SIZE: usize = 4096;
 const CTRL_TAIL: u64 = 0;
 const CTRL_RX_CLOSED: u64 = 8;
 const CTRL_ZC_DONE: u64 = 16;
 const CTRL_CREDIT: u64 = 64;
 const CTRL_FIN: u64 = 72;
-
-const CARD_MAGIC: &[u8; 4] = b"RCHC";
-const CARD_VERSION: u16 = 1;
 
 /// Most gather entries one packet uses (header, payload pieces, padding, trailer).
 const MAX_SGE: usize = 32;
@@ -405,13 +404,23 @@ impl<F: Fabric> Prepared<F> {
     ///
     /// An invalid `cfg` or a fabric failure.
     pub fn new(fabric: F, cfg: Config) -> io::Result<Prepared<F>> {
+        let pending = fabric.create_qp()?;
+        Self::with_pending(fabric, pending, cfg)
+    }
+
+    /// As [`new`](Self::new), with a queue pair the caller created (for instance
+    /// through rdma_cm, which connects it while the cards travel).
+    ///
+    /// # Errors
+    ///
+    /// An invalid `cfg` or a fabric failure.
+    pub fn with_pending(fabric: F, pending: F::Pending, cfg: Config) -> io::Result<Prepared<F>> {
         cfg.validate()?;
         let ring = fabric.alloc_region(
             cfg.ring_size_bytes(),
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         )?;
         let ctrl = fabric.alloc_region(CTRL_SIZE, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
-        let pending = fabric.create_qp()?;
         Ok(Prepared {
             fabric,
             pending,
@@ -428,13 +437,7 @@ impl<F: Fabric> Prepared<F> {
     /// A fabric failure.
     pub fn card(&self) -> io::Result<Card> {
         let fabric_card = self.pending.card()?;
-        let mut bytes = Vec::with_capacity(fabric_card.bytes.len() + 50);
-        bytes.extend_from_slice(CARD_MAGIC);
-        bytes.extend_from_slice(&CARD_VERSION.to_le_bytes());
-        bytes.extend_from_slice(&(fabric_card.bytes.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(&fabric_card.bytes);
-        bytes.extend_from_slice(&self.ring.remote().to_bytes());
-        bytes.extend_from_slice(&self.ctrl.remote().to_bytes());
+        let bytes = ConnCard::encode(self.ring.remote(), self.ctrl.remote(), &fabric_card.bytes)?;
         Ok(Card {
             bytes,
             fds: fabric_card.fds,
@@ -445,44 +448,12 @@ impl<F: Fabric> Prepared<F> {
     ///
     /// # Errors
     ///
-    /// `InvalidData` for a malformed card or one whose ring is unusable; fabric
+    /// `InvalidData` for a malformed card (see [`ConnCard::new_checked`]); fabric
     /// failures as they come.
     pub fn connect(self, peer: Card) -> io::Result<Channel<F>> {
-        let invalid = |m: &str| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("bad connection card: {m}"),
-            )
-        };
-        let b = &peer.bytes;
-        if b.len() < 10 || &b[0..4] != CARD_MAGIC {
-            return Err(invalid("not an rdma-channel card"));
-        }
-        let version = u16::from_le_bytes([b[4], b[5]]);
-        if version != CARD_VERSION {
-            return Err(invalid(&format!(
-                "version {version}, expected {CARD_VERSION}"
-            )));
-        }
-        let flen = u32::from_le_bytes(b[6..10].try_into().unwrap()) as usize;
-        if b.len() != 10 + flen + 40 {
-            return Err(invalid("wrong length"));
-        }
-        let fabric_bytes = b[10..10 + flen].to_vec();
-        let peer_ring = RemoteRegion::from_bytes(&b[10 + flen..]).ok_or_else(|| invalid("ring"))?;
-        let peer_ctrl =
-            RemoteRegion::from_bytes(&b[30 + flen..]).ok_or_else(|| invalid("control"))?;
-        if !peer_ring.len.is_power_of_two()
-            || peer_ring.len < 4096
-            || peer_ring.addr % CELL as u64 != 0
-        {
-            return Err(invalid(
-                "peer ring size must be a power of two of at least 4 KiB, cell aligned",
-            ));
-        }
-        if peer_ctrl.len < 128 || peer_ctrl.addr % 64 != 0 {
-            return Err(invalid("peer control region too small or misaligned"));
-        }
+        let card = ConnCard::new_checked(&peer.bytes[..])?;
+        let (peer_ring, peer_ctrl) = (card.ring(), card.ctrl());
+        let fabric_bytes = card.fabric_card().to_vec();
         let qp = self.pending.connect(Card {
             bytes: fabric_bytes,
             fds: peer.fds,

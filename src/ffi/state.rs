@@ -15,8 +15,6 @@ use crate::config::Config;
 use crate::engine::{Backoff, Prepared, Receiver, Sender};
 use crate::fabric::{AnyFabric, Card, Fabric};
 
-/// Bytes of a connection's control region (`engine`'s `CTRL_SIZE`).
-const CTRL_BYTES: usize = 4096;
 /// Key under which every process publishes its hello card.
 pub(crate) const HELLO_KEY: &str = "rch-hello";
 /// Data calls on connections that are not up (yet) between two looks at the listener
@@ -802,7 +800,7 @@ impl Group {
         } else {
             0
         };
-        let per_direction = ring + CTRL_BYTES + staging;
+        let per_direction = ring + crate::engine::CTRL_SIZE + staging;
         let mut up = 0usize;
         let mut ends = 0usize;
         for vc in &self.vcs {

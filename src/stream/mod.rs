@@ -3,14 +3,22 @@
 //! [`RdmaStream`] offers both faces of the channel: the non-blocking vectored
 //! [`try_put`](RdmaStream::try_put)/[`try_get`](RdmaStream::try_get) of seed 001, and
 //! blocking `std::io::Read`/`Write`. [`RdmaStream::pair`] connects two streams inside
-//! one process; [`RdmaListener`] and [`RdmaStream::connect`] connect two processes on
-//! one machine, exchanging connection cards (and, on the emulated fabric, the
-//! shared-memory descriptors they carry) over an out-of-band Unix socket, as rsocket
-//! and rdma_cm use side channels.
+//! one process; [`RdmaListener`] and [`RdmaStream::connect`] connect two processes,
+//! by [`Address`]:
 //!
-//! Those constructors run on the fabric `RCH_FABRIC` selects ([`AnyFabric::from_env`]:
-//! the emulated fabric unless it says `verbs`); [`RdmaStream::handshake`] takes any
-//! fabric value, of any [`Fabric`] type.
+//! * a Unix socket path: processes of one host, exchanging connection cards (and, on
+//!   the emulated fabric, the shared-memory descriptors they carry) over the socket,
+//!   on the fabric `RCH_FABRIC` selects ([`AnyFabric::from_env`]: the emulated fabric
+//!   unless it says `verbs`);
+//! * an IP address and port (`"10.0.0.1:7471"`): processes on any hosts, through
+//!   rdma_cm on the verbs fabric (feature `verbs`), on the RDMA device that reaches
+//!   the address; the cards travel in the connection manager's messages.
+//!
+//! [`RdmaStream::handshake`] takes any fabric value, of any [`Fabric`] type.
+
+pub mod addr;
+
+pub use addr::{Address, ToAddress};
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -39,6 +47,10 @@ use crate::rcache::{CacheStats, RegCache};
 /// ```
 pub struct RdmaStream<F: Fabric = AnyFabric> {
     chan: Channel<F>,
+    /// Where the peer is, when known (streams made by address).
+    peer: Option<Address>,
+    /// Our own address, for streams made through rdma_cm.
+    local: Option<Address>,
 }
 
 impl RdmaStream<AnyFabric> {
@@ -77,33 +89,61 @@ impl RdmaStream<AnyFabric> {
         let b = Prepared::new(other, cfg)?;
         let (ca, cb) = (a.card()?, b.card()?);
         Ok((
-            RdmaStream {
-                chan: a.connect(cb)?,
-            },
-            RdmaStream {
-                chan: b.connect(ca)?,
-            },
+            RdmaStream::from_channel(a.connect(cb)?),
+            RdmaStream::from_channel(b.connect(ca)?),
         ))
     }
 
-    /// Connects to an [`RdmaListener`] bound at `path`, with the `RCH_*` configuration,
-    /// on the fabric `RCH_FABRIC` selects (the listener must use the same fabric).
+    /// Connects to an [`RdmaListener`] at `addr`, with the `RCH_*` configuration:
+    /// a Unix socket path (the listener must use the same `RCH_FABRIC`) or an IP
+    /// address and port (rdma_cm on the verbs fabric). See [`ToAddress`] for what
+    /// `addr` can be; with several addresses (a host name), each is tried in turn.
+    ///
+    /// ```no_run
+    /// use std::io::Write;
+    /// let mut s = rdma_channel::RdmaStream::connect("10.0.0.1:7471")?;
+    /// s.write_all(b"hello")?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     ///
     /// # Errors
     ///
-    /// Nobody listening at `path`, a peer that is not an rdma-channel listener or is
-    /// on another fabric, a bad `RCH_*` variable, or a fabric failure.
-    pub fn connect<P: AsRef<Path>>(path: P) -> io::Result<RdmaStream> {
-        Self::connect_with(path, Config::from_env()?)
+    /// As [`connect_with`](Self::connect_with), plus a bad `RCH_*` variable.
+    pub fn connect<A: ToAddress>(addr: A) -> io::Result<RdmaStream> {
+        Self::connect_with(addr, Config::from_env()?)
     }
 
     /// Connects to an [`RdmaListener`] with an explicit configuration.
     ///
     /// # Errors
     ///
-    /// As [`connect`](Self::connect).
-    pub fn connect_with<P: AsRef<Path>>(path: P, cfg: Config) -> io::Result<RdmaStream> {
-        let path = path.as_ref();
+    /// * Unix path: nobody listening there, a peer that is not an rdma-channel
+    ///   listener or is on another fabric, a fabric failure.
+    /// * IP address: `ConnectionRefused` (nothing listens there, or the listener
+    ///   refused, with its reason), `HostUnreachable` (no RDMA device reaches the
+    ///   address, no route, no answer), `TimedOut` after
+    ///   [`Config::connect_timeout`], `NotFound` (no RDMA device on this host),
+    ///   `Unsupported` in a build without the `verbs` feature or with
+    ///   `RCH_FABRIC=emulated` (shared memory cannot cross hosts).
+    pub fn connect_with<A: ToAddress>(addr: A, cfg: Config) -> io::Result<RdmaStream> {
+        let mut last = None;
+        for a in addr.to_addresses()? {
+            let r = match &a {
+                Address::Unix(p) => Self::connect_unix(p, cfg.clone()),
+                Address::Inet(sa) => Self::connect_inet(sa, &cfg),
+            };
+            match r {
+                Ok(mut s) => {
+                    s.peer = Some(a);
+                    return Ok(s);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address")))
+    }
+
+    fn connect_unix(path: &Path, cfg: Config) -> io::Result<RdmaStream> {
         let sock = UnixStream::connect(path).map_err(|e| {
             io::Error::new(
                 e.kind(),
@@ -115,9 +155,76 @@ impl RdmaStream<AnyFabric> {
         })?;
         Self::handshake(AnyFabric::from_env()?, &sock, cfg)
     }
+
+    #[cfg(feature = "verbs")]
+    fn connect_inet(addr: &std::net::SocketAddr, cfg: &Config) -> io::Result<RdmaStream> {
+        inet_allowed(&Address::Inet(*addr))?;
+        let c = crate::handshake::cm::connect(addr, cfg, &[])?;
+        let mut s = RdmaStream::from_channel(c.channel);
+        s.local = Some(Address::Inet(c.local));
+        Ok(s)
+    }
+
+    #[cfg(not(feature = "verbs"))]
+    fn connect_inet(addr: &std::net::SocketAddr, _cfg: &Config) -> io::Result<RdmaStream> {
+        Err(inet_allowed(&Address::Inet(*addr))
+            .err()
+            .unwrap_or_else(|| no_verbs(addr)))
+    }
+}
+
+/// Refuses an IP address when `RCH_FABRIC` explicitly asks for the emulated fabric.
+fn inet_allowed(addr: &Address) -> io::Result<()> {
+    let forced = std::env::var(crate::fabric::any::FABRIC_ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    if let Some(v) = forced {
+        if v.parse::<crate::fabric::FabricKind>()? == crate::fabric::FabricKind::Emulated {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{addr} is an IP address, which needs the verbs fabric, but \
+                     RCH_FABRIC={v} asks for shared memory (which connects by Unix socket path)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "verbs"))]
+fn no_verbs(addr: &std::net::SocketAddr) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!(
+            "{addr} is an IP address, which needs the verbs fabric (rdma_cm): \
+             rdma-channel was built without it (build with `--features verbs`)"
+        ),
+    )
 }
 
 impl<F: Fabric> RdmaStream<F> {
+    fn from_channel(chan: Channel<F>) -> RdmaStream<F> {
+        RdmaStream {
+            chan,
+            peer: None,
+            local: None,
+        }
+    }
+
+    /// Our end's IP address and port, for a stream made through rdma_cm (connected
+    /// to or accepted on an IP address); `None` otherwise.
+    pub fn local_addr(&self) -> Option<&Address> {
+        self.local.as_ref()
+    }
+
+    /// Where the peer is: the address this stream connected to, or (for a stream a
+    /// listener accepted by IP address) the peer's address; `None` for
+    /// [`pair`](RdmaStream::pair) and Unix-socket accepts.
+    pub fn peer_addr(&self) -> Option<&Address> {
+        self.peer.as_ref()
+    }
+
     /// Sets up a connection on `fabric` by exchanging cards over `sock`, a connected
     /// Unix socket whose other end runs the same call.
     ///
@@ -147,7 +254,7 @@ impl<F: Fabric> RdmaStream<F> {
                 ),
             ));
         }
-        Ok(RdmaStream { chan })
+        Ok(RdmaStream::from_channel(chan))
     }
 
     /// Non-blocking put (seed 001 sec. 3.2): writes what fits of `iov`, in order, and
@@ -225,7 +332,7 @@ impl<F: Fabric> RdmaStream<F> {
         w: WriteHalf<F>,
     ) -> Result<RdmaStream<F>, (ReadHalf<F>, WriteHalf<F>)> {
         Channel::unsplit(r.rx, w.tx)
-            .map(|chan| RdmaStream { chan })
+            .map(RdmaStream::from_channel)
             .map_err(|(rx, tx)| (ReadHalf { rx }, WriteHalf { tx }))
     }
 
@@ -412,9 +519,11 @@ impl<F: Fabric> Write for WriteHalf<F> {
     }
 }
 
-/// Accepts connections from other processes on this machine, on the fabric
-/// `RCH_FABRIC` selects (opened by [`bind`](Self::bind); every connection gets its own
-/// emulated domain, or shares the listener's verbs protection domain).
+/// Accepts connections from other processes: on a Unix socket path (processes of
+/// this host, on the fabric `RCH_FABRIC` selects, opened by [`bind`](Self::bind):
+/// every connection gets its own emulated domain, or shares the listener's verbs
+/// protection domain), or on an IP address and port (peers on any host, through
+/// rdma_cm on the verbs fabric: each connection on the RDMA device it arrived on).
 ///
 /// ```
 /// use std::io::{Read, Write};
@@ -436,34 +545,73 @@ impl<F: Fabric> Write for WriteHalf<F> {
 /// # std::fs::remove_dir_all(&dir)?;
 /// # Ok::<(), std::io::Error>(())
 /// ```
+///
+/// Across hosts, by address (the `verbs` feature and an RDMA device with an IP
+/// address, e.g. RoCE):
+///
+/// ```no_run
+/// use std::io::Read;
+/// let listener = rdma_channel::RdmaListener::bind("0.0.0.0:7471")?;
+/// let mut s = listener.accept()?; // a peer ran RdmaStream::connect("<our ip>:7471")
+/// let mut buf = [0u8; 5];
+/// s.read_exact(&mut buf)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub struct RdmaListener {
-    listener: UnixListener,
-    cfg: Config,
-    fabric: AnyFabric,
+    inner: Listening,
+}
+
+enum Listening {
+    Unix {
+        listener: UnixListener,
+        path: std::path::PathBuf,
+        cfg: Config,
+        fabric: AnyFabric,
+    },
+    #[cfg(feature = "verbs")]
+    Inet(crate::handshake::cm::CmListener),
 }
 
 impl RdmaListener {
-    /// Listens on a Unix socket at `path` with the `RCH_*` configuration, on the fabric
-    /// `RCH_FABRIC` selects; an existing socket file at `path` is replaced.
+    /// Listens at `addr` with the `RCH_*` configuration: a Unix socket path (an
+    /// existing socket file there is replaced) on the fabric `RCH_FABRIC` selects,
+    /// or an IP address and port (rdma_cm, verbs fabric; port 0 picks a free port,
+    /// see [`local_addr`](Self::local_addr)). See [`ToAddress`].
     ///
     /// # Errors
     ///
-    /// A bad `RCH_*` variable, a fabric that cannot be opened, or the socket cannot be
-    /// bound.
-    pub fn bind<P: AsRef<Path>>(path: P) -> io::Result<RdmaListener> {
-        Self::bind_with(path, Config::from_env()?)
+    /// As [`bind_with`](Self::bind_with), plus a bad `RCH_*` variable.
+    pub fn bind<A: ToAddress>(addr: A) -> io::Result<RdmaListener> {
+        Self::bind_with(addr, Config::from_env()?)
     }
 
-    /// Listens with an explicit configuration, on the fabric `RCH_FABRIC` selects.
+    /// Listens with an explicit configuration.
     ///
     /// # Errors
     ///
-    /// An invalid configuration, a bad `RCH_FABRIC`, a fabric that cannot be opened
-    /// (see [`AnyFabric::from_env`]), or the socket cannot be bound.
-    pub fn bind_with<P: AsRef<Path>>(path: P, cfg: Config) -> io::Result<RdmaListener> {
+    /// An invalid configuration; for a path a bad `RCH_FABRIC`, a fabric that cannot
+    /// be opened (see [`AnyFabric::from_env`]) or a socket that cannot be bound; for
+    /// an IP address `NotFound` (no RDMA device), `AddrInUse`, `AddrNotAvailable` (not
+    /// an address of this host), `Unsupported` (no `verbs` feature, or
+    /// `RCH_FABRIC=emulated`). With several addresses, the first that works.
+    pub fn bind_with<A: ToAddress>(addr: A, cfg: Config) -> io::Result<RdmaListener> {
         cfg.validate()?;
+        let mut last = None;
+        for a in addr.to_addresses()? {
+            let r = match &a {
+                Address::Unix(p) => Self::bind_unix(p, cfg.clone()),
+                Address::Inet(sa) => Self::bind_inet(sa, cfg.clone()),
+            };
+            match r {
+                Ok(l) => return Ok(l),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address")))
+    }
+
+    fn bind_unix(path: &Path, cfg: Config) -> io::Result<RdmaListener> {
         let fabric = AnyFabric::from_env()?;
-        let path = path.as_ref();
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             use std::os::unix::fs::FileTypeExt;
             if meta.file_type().is_socket() {
@@ -477,35 +625,101 @@ impl RdmaListener {
             )
         })?;
         Ok(RdmaListener {
-            listener,
-            cfg,
-            fabric,
+            inner: Listening::Unix {
+                listener,
+                path: path.to_path_buf(),
+                cfg,
+                fabric,
+            },
         })
     }
 
-    /// The fabric connections are made on.
+    #[cfg(feature = "verbs")]
+    fn bind_inet(addr: &std::net::SocketAddr, cfg: Config) -> io::Result<RdmaListener> {
+        inet_allowed(&Address::Inet(*addr))?;
+        // A stream's connection request carries no hello.
+        let check = Box::new(|hello: &[u8]| {
+            if hello.is_empty() {
+                Ok(())
+            } else {
+                Err("this listener takes streams, not process-group connections".to_string())
+            }
+        });
+        Ok(RdmaListener {
+            inner: Listening::Inet(crate::handshake::cm::CmListener::bind(addr, cfg, check)?),
+        })
+    }
+
+    #[cfg(not(feature = "verbs"))]
+    fn bind_inet(addr: &std::net::SocketAddr, _cfg: Config) -> io::Result<RdmaListener> {
+        Err(inet_allowed(&Address::Inet(*addr))
+            .err()
+            .unwrap_or_else(|| no_verbs(addr)))
+    }
+
+    /// Where this listener listens: its path, or its IP address with the port it
+    /// got.
+    ///
+    /// # Errors
+    ///
+    /// rdma_cm failing to report the address.
+    pub fn local_addr(&self) -> io::Result<Address> {
+        match &self.inner {
+            Listening::Unix { path, .. } => Ok(Address::Unix(path.clone())),
+            #[cfg(feature = "verbs")]
+            Listening::Inet(l) => l.local_addr().map(Address::Inet),
+        }
+    }
+
+    /// The fabric connections are made on, for a listener on a Unix socket path;
+    /// `None` for one on an IP address, whose connections are on the verbs fabric of
+    /// the device each arrives on.
     ///
     /// ```
     /// use rdma_channel::fabric::Fabric;
     /// let dir = std::env::temp_dir().join(format!("rch-doc-fabric-{}", std::process::id()));
     /// std::fs::create_dir_all(&dir)?;
     /// let listener = rdma_channel::RdmaListener::bind(dir.join("sock"))?;
-    /// println!("listening on the {} fabric", listener.fabric().name());
+    /// println!("listening on the {} fabric", listener.fabric().unwrap().name());
     /// # std::fs::remove_dir_all(&dir)?;
     /// # Ok::<(), std::io::Error>(())
     /// ```
-    pub fn fabric(&self) -> &AnyFabric {
-        &self.fabric
+    pub fn fabric(&self) -> Option<&AnyFabric> {
+        match &self.inner {
+            Listening::Unix { fabric, .. } => Some(fabric),
+            #[cfg(feature = "verbs")]
+            Listening::Inet(_) => None,
+        }
     }
 
     /// Waits for a peer and connects to it.
     ///
     /// # Errors
     ///
-    /// The handshake failing (see [`RdmaStream::handshake`]), for instance with a peer
-    /// on another fabric.
+    /// On a path, the handshake failing (see [`RdmaStream::handshake`]), for instance
+    /// with a peer on another fabric. On an IP address only a failure of the
+    /// listener itself: a request that cannot be served is refused (its peer learns
+    /// why) and accepting goes on.
     pub fn accept(&self) -> io::Result<RdmaStream> {
-        let (sock, _) = self.listener.accept()?;
-        RdmaStream::handshake(self.fabric.for_connection()?, &sock, self.cfg.clone())
+        match &self.inner {
+            Listening::Unix {
+                listener,
+                cfg,
+                fabric,
+                ..
+            } => {
+                let (sock, _) = listener.accept()?;
+                RdmaStream::handshake(fabric.for_connection()?, &sock, cfg.clone())
+            }
+            #[cfg(feature = "verbs")]
+            Listening::Inet(l) => loop {
+                if let Some(c) = l.accept(None)? {
+                    let mut s = RdmaStream::from_channel(c.channel);
+                    s.peer = Some(Address::Inet(c.peer));
+                    s.local = Some(Address::Inet(c.local));
+                    return Ok(s);
+                }
+            },
+        }
     }
 }

@@ -14,10 +14,15 @@
 //! | 18 | 1 | RDMA READs this end accepts in flight (`max_dest_rd_atomic`) |
 //! | 19 | 1 | reserved (0) |
 //! | 20 | 16 | GID (network byte order, as the device reports it) |
+//!
+//! A queue pair connected by rdma_cm has the 6-byte card [`CM_CARD`] instead.
 
 use std::io;
 
 const MAGIC: &[u8; 4] = b"RCHV";
+/// The whole card of a queue pair that rdma_cm connects: the connection manager
+/// exchanges addressing itself, so only the fabric's magic and a marker travel.
+pub(crate) const CM_CARD: &[u8; 6] = b"RCHVcm";
 const VERSION: u16 = 1;
 /// Length of an encoded card.
 pub(crate) const CARD_LEN: usize = 36;

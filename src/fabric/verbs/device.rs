@@ -25,6 +25,8 @@ struct Failures {
 pub struct Context {
     ctx: NonNull<sys::ibv_context>,
     name: String,
+    /// Opened by us (closed on drop), or librdmacm's (see [`Context::of_rdma_cm`]).
+    owned: bool,
     /// Set by `IBV_EVENT_DEVICE_FATAL`.
     device_fatal: AtomicBool,
     /// Number of `IBV_EVENT_PORT_ERR` events seen.
@@ -129,25 +131,60 @@ impl Context {
             let c = Context {
                 ctx,
                 name: dev_name,
+                owned: true,
                 device_fatal: AtomicBool::new(false),
                 port_errors: AtomicU64::new(0),
                 failures: Mutex::new(Failures::default()),
                 epoch: Instant::now(),
             };
-            // SAFETY: the context is valid; async_fd is its event descriptor, which we
-            // only switch to non-blocking mode.
-            let fd = unsafe { (*c.ctx.as_ptr()).async_fd };
-            // SAFETY: fcntl on a descriptor the context owns and keeps open.
-            let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-            if flags < 0 {
-                return Err(last_verb_error("fcntl(async_fd, F_GETFL)"));
-            }
-            // SAFETY: as above.
-            if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-                return Err(last_verb_error("fcntl(async_fd, F_SETFL)"));
-            }
+            c.async_nonblocking()?;
             Ok(c)
         })
+    }
+
+    /// The context librdmacm opened for the device of an rdma_cm id (`id->verbs`).
+    /// Queue pairs and regions used with that id must come from a protection domain
+    /// on this very context. It is not closed on drop: librdmacm keeps it open while
+    /// the device list taken by [`keep_rdma_cm_devices`] is held, that is for the
+    /// rest of the process.
+    ///
+    /// # Safety
+    ///
+    /// `ctx` is a context of librdmacm's device list, kept open as said.
+    pub(crate) unsafe fn of_rdma_cm(ctx: NonNull<sys::ibv_context>) -> io::Result<Context> {
+        // SAFETY: a valid context (the contract); its device and name live as long.
+        let name = unsafe { CStr::from_ptr(sys::ibv_get_device_name((*ctx.as_ptr()).device)) }
+            .to_string_lossy()
+            .into_owned();
+        let c = Context {
+            ctx,
+            name,
+            owned: false,
+            device_fatal: AtomicBool::new(false),
+            port_errors: AtomicU64::new(0),
+            failures: Mutex::new(Failures::default()),
+            epoch: Instant::now(),
+        };
+        c.async_nonblocking()?;
+        Ok(c)
+    }
+
+    /// Makes the asynchronous event descriptor non-blocking, so that the queue
+    /// pairs' state checks can drain events without ever waiting.
+    fn async_nonblocking(&self) -> io::Result<()> {
+        // SAFETY: the context is valid; async_fd is its event descriptor, which we
+        // only switch to non-blocking mode.
+        let fd = unsafe { (*self.ctx.as_ptr()).async_fd };
+        // SAFETY: fcntl on a descriptor the context owns and keeps open.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(last_verb_error("fcntl(async_fd, F_GETFL)"));
+        }
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(last_verb_error("fcntl(async_fd, F_SETFL)"));
+        }
+        Ok(())
     }
 
     /// The device name, e.g. `rxe0` or `mlx5_0`.
@@ -297,11 +334,42 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: every object made from this context holds an Arc of it, so none is
         // left; the context is closed once.
         let r = unsafe { sys::ibv_close_device(self.ctx.as_ptr()) };
         debug_assert_eq!(r, 0, "ibv_close_device failed");
     }
+}
+
+/// Takes librdmacm's device list once and never frees it, so that librdmacm keeps
+/// every device context open for the rest of the process (the contexts of rdma_cm
+/// ids, see [`Context::of_rdma_cm`]).
+///
+/// # Errors
+///
+/// [`io::ErrorKind::NotFound`] when librdmacm finds no device.
+pub(crate) fn keep_rdma_cm_devices() -> io::Result<()> {
+    static KEPT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let n = *KEPT.get_or_init(|| {
+        let mut n: i32 = 0;
+        // SAFETY: valid out-pointer. The list is deliberately never freed (see above).
+        let list = unsafe { sys::rdma_get_devices(&mut n) };
+        if list.is_null() {
+            0
+        } else {
+            n.max(0) as usize
+        }
+    });
+    if n == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "no RDMA device found: rdma_get_devices returned no device",
+        ));
+    }
+    Ok(())
 }
 
 /// A protection domain (`ibv_pd`). Deallocated on drop, after every region and queue

@@ -80,6 +80,7 @@
 //! [`CompletionStatus`]: crate::fabric::CompletionStatus
 
 mod card;
+pub mod cm;
 mod device;
 mod error;
 mod mr;
@@ -90,6 +91,7 @@ pub use mr::VerbsRegion;
 pub use qp::{RcQueuePair, VerbsPending, VerbsQp, MAX_SGE};
 
 use self::card::{LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND};
+use self::cm::CmId;
 use self::qp::{Endpoint, QpRequest};
 use super::{Access, Caps, Fabric};
 use std::io;
@@ -123,6 +125,10 @@ pub struct VerbsConfig {
     /// Receiver-not-ready retries (7: forever; the channel posts no receives, so RNR
     /// never happens).
     pub rnr_retry: u8,
+    /// Silence on a queue pair's send queue after which it sends a keepalive (a
+    /// zero-length RDMA WRITE), so that a process that only reads still learns of a
+    /// dead peer or link (`RCH_IB_KEEPALIVE_MS`; 0 turns keepalives off).
+    pub keepalive: std::time::Duration,
 }
 
 impl Default for VerbsConfig {
@@ -137,6 +143,7 @@ impl Default for VerbsConfig {
             timeout: 14,
             retry_count: 6,
             rnr_retry: 7,
+            keepalive: std::time::Duration::from_millis(1000),
         }
     }
 }
@@ -154,8 +161,9 @@ fn env_number<T: std::str::FromStr>(name: &str) -> io::Result<Option<T>> {
 }
 
 impl VerbsConfig {
-    /// The defaults, overridden by `RCH_IB_DEVICE`, `RCH_IB_PORT` and
-    /// `RCH_IB_GID_INDEX` (or, without it, `SOFTROCE_GID_INDEX`).
+    /// The defaults, overridden by `RCH_IB_DEVICE`, `RCH_IB_PORT`,
+    /// `RCH_IB_GID_INDEX` (or, without it, `SOFTROCE_GID_INDEX`) and
+    /// `RCH_IB_KEEPALIVE_MS`.
     ///
     /// ```
     /// let cfg = rdma_channel::fabric::verbs::VerbsConfig::from_env()?;
@@ -180,6 +188,9 @@ impl VerbsConfig {
             Some(i) => Some(i),
             None => env_number::<u32>("SOFTROCE_GID_INDEX")?,
         };
+        if let Some(ms) = env_number::<u64>("RCH_IB_KEEPALIVE_MS")? {
+            cfg.keepalive = std::time::Duration::from_millis(ms);
+        }
         Ok(cfg)
     }
 }
@@ -245,6 +256,52 @@ impl VerbsFabric {
     /// `InvalidInput` for an empty GID entry; failures of the verbs with their errno.
     pub fn open_with(cfg: VerbsConfig) -> io::Result<VerbsFabric> {
         let ctx = Arc::new(Context::open(cfg.device.as_deref())?);
+        Self::on_context(ctx, cfg)
+    }
+
+    /// The fabric on the device and port an rdma_cm id is bound to (after address or
+    /// route resolution, a bind to a device's address, or on a connection request):
+    /// one per device and port for the whole process, on librdmacm's own context of
+    /// the device, so that queue pairs made with [`create_qp_on`](Self::create_qp_on)
+    /// and the memory they use are in the same protection domain. The settings other
+    /// than device, port and GID come from [`VerbsConfig::from_env`].
+    ///
+    /// # Errors
+    ///
+    /// `NotConnected` when the id is bound to no device yet; as
+    /// [`open_with`](Self::open_with) otherwise.
+    pub fn for_cm_id(id: &CmId) -> io::Result<VerbsFabric> {
+        static FABRICS: std::sync::Mutex<Vec<(usize, u8, VerbsFabric)>> =
+            std::sync::Mutex::new(Vec::new());
+        let ctx = id.verbs().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the rdma_cm id is bound to no RDMA device",
+            )
+        })?;
+        let port = id.port_num().max(1);
+        let mut all = FABRICS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, _, f)) = all
+            .iter()
+            .find(|(c, p, _)| *c == ctx.as_ptr() as usize && *p == port)
+        {
+            return Ok(f.clone());
+        }
+        device::keep_rdma_cm_devices()?;
+        // SAFETY: `ctx` is librdmacm's context of the id's device, which
+        // keep_rdma_cm_devices keeps open for the rest of the process.
+        let context = Arc::new(unsafe { Context::of_rdma_cm(ctx) }?);
+        let mut cfg = VerbsConfig::from_env()?;
+        cfg.device = Some(context.name().to_string());
+        cfg.port = port;
+        // The connection manager picks the GID of its queue pairs itself; the fabric's
+        // own choice only serves queue pairs connected by card exchange.
+        let f = Self::on_context(context, cfg)?;
+        all.push((ctx.as_ptr() as usize, port, f.clone()));
+        Ok(f)
+    }
+
+    fn on_context(ctx: Arc<Context>, cfg: VerbsConfig) -> io::Result<VerbsFabric> {
         let dev = ctx.query_device()?;
         let port = ctx.query_port(cfg.port).map_err(|e| {
             io::Error::new(
@@ -374,6 +431,62 @@ impl VerbsFabric {
         self.inner.link_layer == LINK_LAYER_ETHERNET
     }
 
+    /// Creates a queue pair on an rdma_cm id whose device is this fabric's (see
+    /// [`for_cm_id`](Self::for_cm_id)); the connection manager connects it, and its
+    /// [`PendingQp::card`](crate::fabric::PendingQp::card) is the short rdma_cm card.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` when the id is on another device; `rdma_create_qp` failures.
+    pub fn create_qp_on(&self, id: Arc<CmId>) -> io::Result<VerbsPending> {
+        if id.verbs().map(|c| c.as_ptr()) != Some(self.inner.pd.context().as_ptr()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the rdma_cm id is on another device context than this fabric \
+                 (use VerbsFabric::for_cm_id)",
+            ));
+        }
+        let i = &self.inner;
+        VerbsPending::new_on(i.pd.clone(), i.request, self.endpoint()?, i.caps, id)
+    }
+
+    /// The rdma_cm connection parameters of this fabric's queue pairs: the RDMA READ
+    /// depths the device allows and the retry counts of [`VerbsConfig`].
+    pub fn conn_params(&self) -> cm::ConnParams {
+        let i = &self.inner;
+        cm::ConnParams {
+            responder_resources: i.rd_atomic_dest,
+            initiator_depth: i.rd_atomic_init,
+            retry_count: i.cfg.retry_count.min(7),
+            rnr_retry_count: i.cfg.rnr_retry.min(7),
+        }
+    }
+
+    /// The local ACK timeout exponent of [`VerbsConfig`].
+    pub fn ack_timeout(&self) -> u8 {
+        self.inner.cfg.timeout.min(31)
+    }
+
+    fn endpoint(&self) -> io::Result<Endpoint> {
+        let i = &self.inner;
+        // Ask the port again: LID and active MTU may have changed since `open`.
+        let port = i.pd.context().query_port(i.cfg.port)?;
+        Ok(Endpoint {
+            port: i.cfg.port,
+            gid_index: i.gid_index,
+            gid: i.gid,
+            lid: port.lid,
+            link_layer: i.link_layer,
+            active_mtu: port.active_mtu,
+            rd_atomic_dest: i.rd_atomic_dest,
+            rd_atomic_init: i.rd_atomic_init,
+            timeout: i.cfg.timeout.min(31),
+            retry_cnt: i.cfg.retry_count.min(7),
+            rnr_retry: i.cfg.rnr_retry.min(7),
+            keepalive: i.cfg.keepalive,
+        })
+    }
+
     /// The protection domain (and through it the device context).
     pub fn protection_domain(&self) -> &Arc<ProtectionDomain> {
         &self.inner.pd
@@ -405,22 +518,7 @@ impl Fabric for VerbsFabric {
 
     fn create_qp(&self) -> io::Result<VerbsPending> {
         let i = &self.inner;
-        // Ask the port again: LID and active MTU may have changed since `open`.
-        let port = i.pd.context().query_port(i.cfg.port)?;
-        let me = Endpoint {
-            port: i.cfg.port,
-            gid_index: i.gid_index,
-            gid: i.gid,
-            lid: port.lid,
-            link_layer: i.link_layer,
-            active_mtu: port.active_mtu,
-            rd_atomic_dest: i.rd_atomic_dest,
-            rd_atomic_init: i.rd_atomic_init,
-            timeout: i.cfg.timeout.min(31),
-            retry_cnt: i.cfg.retry_count.min(7),
-            rnr_retry: i.cfg.rnr_retry.min(7),
-        };
-        VerbsPending::new(i.pd.clone(), i.request, me, i.caps)
+        VerbsPending::new(i.pd.clone(), i.request, self.endpoint()?, i.caps)
     }
 
     fn name(&self) -> &'static str {

@@ -1,7 +1,8 @@
 //! Reliable-connection queue pairs: the RAII [`RcQueuePair`], the unconnected
 //! [`VerbsPending`] and the connected [`VerbsQp`].
 
-use super::card::{QpCard, LINK_LAYER_ETHERNET};
+use super::card::{QpCard, CM_CARD, LINK_LAYER_ETHERNET};
+use super::cm::{CmEventKind, CmId};
 use super::device::{CompletionQueue, Context, ProtectionDomain};
 use super::error::{check, errno_of, last_verb_error, verb_error};
 use crate::fabric::{
@@ -25,6 +26,16 @@ const POLL_BATCH: usize = 16;
 
 /// How often (nanoseconds) [`VerbsQp::state`] asks the device.
 const STATE_CHECK_NS: u64 = 1_000_000;
+
+/// Send queue entries beyond the engine's depth, for the queue pair's own requests:
+/// one keepalive and one linger marker (see [`VerbsQp`]).
+const RESERVED_WR: u32 = 2;
+/// `wr_id` of a keepalive write; never returned by [`VerbsQp::poll`].
+const KEEPALIVE_WR_ID: u64 = u64::MAX - 1;
+/// `wr_id` of the linger marker posted on drop.
+const LINGER_WR_ID: u64 = u64::MAX - 2;
+/// How long a dropped queue pair waits for its last writes to be acknowledged.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What a queue pair is created with (upper bounds; the device may give more).
 #[derive(Clone, Copy, Debug)]
@@ -54,6 +65,8 @@ pub(crate) struct Endpoint {
     pub retry_cnt: u8,
     /// RNR retries (7 = infinite).
     pub rnr_retry: u8,
+    /// Silence on the send queue after which a keepalive is sent.
+    pub keepalive: std::time::Duration,
 }
 
 /// An RC queue pair (`ibv_qp`) with its own completion queue (send and receive).
@@ -65,6 +78,9 @@ pub struct RcQueuePair {
     /// Dropped after `qp` is destroyed (in `Drop`).
     cq: CompletionQueue,
     pd: Arc<ProtectionDomain>,
+    /// The rdma_cm id the queue pair was made on (`rdma_create_qp`), which then
+    /// destroys it (`rdma_destroy_qp`) and outlives it.
+    cm: Option<Arc<CmId>>,
 }
 
 // SAFETY: verbs on a QP are thread-safe (providers lock the send queue); the raw
@@ -92,41 +108,86 @@ impl RcQueuePair {
     ///
     /// `ibv_create_cq` / `ibv_create_qp` failures with their errno.
     pub(crate) fn create(pd: Arc<ProtectionDomain>, req: QpRequest) -> io::Result<RcQueuePair> {
+        Self::create_with(pd, req, None)
+    }
+
+    /// As [`create`](Self::create), through `rdma_create_qp` on an rdma_cm id whose
+    /// device context is `pd`'s. librdmacm moves it to INIT, and later (on connect or
+    /// accept) to RTR and RTS.
+    ///
+    /// # Errors
+    ///
+    /// `rdma_create_qp` failures with their errno (`EINVAL` when `pd` is on another
+    /// context than the id).
+    pub(crate) fn create_on(
+        pd: Arc<ProtectionDomain>,
+        req: QpRequest,
+        cm: Arc<CmId>,
+    ) -> io::Result<RcQueuePair> {
+        Self::create_with(pd, req, Some(cm))
+    }
+
+    fn create_with(
+        pd: Arc<ProtectionDomain>,
+        req: QpRequest,
+        cm: Option<Arc<CmId>>,
+    ) -> io::Result<RcQueuePair> {
         // Room for one completion per send queue entry, twice over: flushed requests
         // after an error and signalled completions never overflow it.
         let cq = CompletionQueue::new(pd.context().clone(), req.send_wr.saturating_mul(2) + 16)?;
         let mut inline = req.inline;
         loop {
-            // SAFETY: ibv_qp_init_attr is plain C data; all-zero is a valid value.
+            // SAFETY: ibv_qp_init_attr is plain C data; all-zero is valid.
             let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
             init.send_cq = cq.as_ptr();
             init.recv_cq = cq.as_ptr();
             init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
             init.sq_sig_all = 0;
             init.cap = sys::ibv_qp_cap {
-                max_send_wr: req.send_wr,
+                max_send_wr: req.send_wr + RESERVED_WR,
                 max_recv_wr: 1,
                 max_send_sge: req.send_sge,
                 max_recv_sge: 1,
                 max_inline_data: inline,
             };
-            // SAFETY: valid PD and CQ; `init` is initialised; on success the provider
-            // writes the granted capabilities back into `init.cap`.
-            let qp = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) };
+            let qp = match &cm {
+                // SAFETY: valid PD and CQ; `init` is initialised; on success the
+                // provider writes the granted capabilities back into `init.cap`.
+                None => unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) },
+                Some(id) => {
+                    // SAFETY: valid id, PD and CQ, `init` as above; on success the id's
+                    // `qp` field holds the new queue pair.
+                    let r = unsafe { sys::rdma_create_qp(id.as_ptr(), pd.as_ptr(), &mut init) };
+                    if r == 0 {
+                        // SAFETY: valid id, whose qp rdma_create_qp just set.
+                        unsafe { (*id.as_ptr()).qp }
+                    } else {
+                        std::ptr::null_mut()
+                    }
+                }
+            };
             match NonNull::new(qp) {
                 Some(qp) => {
                     // SAFETY: a freshly created, valid QP.
                     let qpn = unsafe { (*qp.as_ptr()).qp_num };
+                    let mut cap = init.cap;
+                    cap.max_send_wr = cap.max_send_wr.saturating_sub(RESERVED_WR);
                     return Ok(RcQueuePair {
                         qp,
                         qpn,
-                        cap: init.cap,
+                        cap,
                         cq,
                         pd,
+                        cm,
                     });
                 }
                 None => {
-                    let e = last_verb_error("ibv_create_qp");
+                    let verb = if cm.is_some() {
+                        "rdma_create_qp"
+                    } else {
+                        "ibv_create_qp"
+                    };
+                    let e = last_verb_error(verb);
                     if e.kind() == io::ErrorKind::InvalidInput && inline > 0 {
                         inline /= 2;
                         continue;
@@ -248,28 +309,48 @@ impl RcQueuePair {
     ///
     /// The verb's failure with its errno.
     pub fn query_state(&self) -> io::Result<u32> {
+        Ok(self.query(sys::ibv_qp_attr_mask::IBV_QP_STATE)?.qp_state)
+    }
+
+    /// `ibv_query_qp` for the RDMA READs this end may have in flight
+    /// (`max_rd_atomic`, as rdma_cm negotiated it).
+    ///
+    /// # Errors
+    ///
+    /// The verb's failure with its errno.
+    pub fn query_rd_atomic(&self) -> io::Result<u8> {
+        Ok(self
+            .query(sys::ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC)?
+            .max_rd_atomic)
+    }
+
+    fn query(&self, mask: sys::ibv_qp_attr_mask) -> io::Result<sys::ibv_qp_attr> {
         // SAFETY: plain C data; all-zero is valid.
         let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
         let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         // SAFETY: valid QP and out-pointers.
         check("ibv_query_qp", unsafe {
-            sys::ibv_query_qp(
-                self.qp.as_ptr(),
-                &mut a,
-                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
-                &mut init,
-            )
+            sys::ibv_query_qp(self.qp.as_ptr(), &mut a, mask.0 as i32, &mut init)
         })?;
-        Ok(a.qp_state)
+        Ok(a)
     }
 }
 
 impl Drop for RcQueuePair {
     fn drop(&mut self) {
-        // SAFETY: the QP is valid and destroyed once; the CQ (a field) outlives this call.
-        let r = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
-        debug_assert_eq!(r, 0, "ibv_destroy_qp failed");
+        match &self.cm {
+            // SAFETY: the QP is the id's (made by rdma_create_qp) and destroyed once,
+            // through the id, which also forgets it; the id outlives this call (we
+            // hold an Arc of it) and so does the CQ (a field).
+            Some(id) => unsafe { sys::rdma_destroy_qp(id.as_ptr()) },
+            None => {
+                // SAFETY: the QP is valid and destroyed once; the CQ (a field) outlives
+                // this call.
+                let r = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+                debug_assert_eq!(r, 0, "ibv_destroy_qp failed");
+            }
+        }
         self.context().forget(self.qpn, self.cq.as_ptr() as usize);
     }
 }
@@ -316,6 +397,23 @@ impl VerbsPending {
     ) -> io::Result<VerbsPending> {
         let qp = RcQueuePair::create(pd, req)?;
         qp.to_init(me.port)?;
+        Ok(Self::with_qp(qp, req, me, caps))
+    }
+
+    /// Creates the queue pair on an rdma_cm id (librdmacm moves it to INIT and, when
+    /// the connection is made, on to RTS).
+    pub(crate) fn new_on(
+        pd: Arc<ProtectionDomain>,
+        req: QpRequest,
+        me: Endpoint,
+        caps: Caps,
+        cm: Arc<CmId>,
+    ) -> io::Result<VerbsPending> {
+        let qp = RcQueuePair::create_on(pd, req, cm)?;
+        Ok(Self::with_qp(qp, req, me, caps))
+    }
+
+    fn with_qp(qp: RcQueuePair, req: QpRequest, me: Endpoint, caps: Caps) -> VerbsPending {
         // What this very queue pair was granted (the same as the fabric's probe asked
         // for, on any sane device).
         let caps = Caps {
@@ -324,12 +422,12 @@ impl VerbsPending {
             max_send_wr: qp.cap.max_send_wr.min(req.send_wr) as usize,
             ..caps
         };
-        Ok(VerbsPending {
+        VerbsPending {
             qp,
             me,
             psn: random_psn(),
             caps,
-        })
+        }
     }
 
     /// The queue pair number.
@@ -347,6 +445,12 @@ impl PendingQp for VerbsPending {
     type Qp = VerbsQp;
 
     fn card(&self) -> io::Result<Card> {
+        if self.qp.cm.is_some() {
+            return Ok(Card {
+                bytes: CM_CARD.to_vec(),
+                fds: Vec::new(),
+            });
+        }
         let card = QpCard {
             link_layer: self.me.link_layer,
             mtu: self.me.active_mtu,
@@ -362,19 +466,41 @@ impl PendingQp for VerbsPending {
         })
     }
 
+    /// Connects to the peer's card. A queue pair made on an rdma_cm id was connected
+    /// by the connection manager: its peer's card must be the rdma_cm card too, and
+    /// the connection established.
     fn connect(self, peer: Card) -> io::Result<VerbsQp> {
-        let card = QpCard::from_bytes(&peer.bytes)?;
-        if card.link_layer != self.me.link_layer {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "bad verbs card: the peer's link layer ({}) differs from ours ({})",
-                    link_layer_name(card.link_layer),
-                    link_layer_name(self.me.link_layer)
-                ),
-            ));
-        }
-        let rd_atomic = self.qp.connect_to(&self.me, self.psn, &card)?;
+        let rd_atomic = match &self.qp.cm {
+            Some(id) => {
+                if peer.bytes != CM_CARD {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "bad verbs card: the peer's queue pair was not connected by rdma_cm, ours was",
+                    ));
+                }
+                if !id.is_established() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotConnected,
+                        "the rdma_cm connection is not established yet",
+                    ));
+                }
+                self.qp.query_rd_atomic()?.max(1)
+            }
+            None => {
+                let card = QpCard::from_bytes(&peer.bytes)?;
+                if card.link_layer != self.me.link_layer {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "bad verbs card: the peer's link layer ({}) differs from ours ({})",
+                            link_layer_name(card.link_layer),
+                            link_layer_name(self.me.link_layer)
+                        ),
+                    ));
+                }
+                self.qp.connect_to(&self.me, self.psn, &card)?
+            }
+        };
         let ctx = self.qp.context().clone();
         let port_errors_at = ctx.port_errors();
         let caps = Caps {
@@ -390,6 +516,10 @@ impl PendingQp for VerbsPending {
             last_check: AtomicU64::new(0),
             port_errors_at,
             last_error: Mutex::new(None),
+            keepalive_ns: self.me.keepalive.as_nanos().min(u128::from(u64::MAX)) as u64,
+            quiet: Mutex::new(Quiet::default()),
+            keepalive_in_flight: AtomicBool::new(false),
+            linger_done: AtomicBool::new(false),
         })
     }
 }
@@ -404,9 +534,23 @@ fn link_layer_name(l: u8) -> &'static str {
 
 /// A connected RC queue pair (state RTS) and its completion queue.
 ///
-/// Any error completion, a QP found in `IBV_QPS_ERR`, or a fatal asynchronous event
-/// (QP fatal / request / access error, CQ error, port error, device fatal) puts it in a
-/// sticky [`QpState::Error`]; [`last_error`](Self::last_error) says why.
+/// Any error completion, a QP found in `IBV_QPS_ERR`, a fatal asynchronous event
+/// (QP fatal / request / access error, CQ error, port error, device fatal), or, for a
+/// queue pair rdma_cm connected, a disconnect event of its id puts it in a sticky
+/// [`QpState::Error`]; [`last_error`](Self::last_error) says why.
+///
+/// An RC queue pair only learns that its peer is unreachable when it sends, and a
+/// process that only reads never does. So [`QueuePair::state`] (which the engine asks
+/// while it waits) posts a *keepalive*, a zero-length RDMA WRITE, once the send queue
+/// has been silent for [`VerbsConfig::keepalive`](super::VerbsConfig::keepalive): a
+/// vanished peer or a dead link then exhausts the transport retries (7 tries of
+/// 4.096 µs × 2^timeout each, about 0.5 s with the defaults) and the queue pair fails.
+/// Two send queue entries beyond [`Caps::max_send_wr`] are reserved for it and for the
+/// *linger* marker: dropping a queue pair that rdma_cm connected first waits (up to
+/// 2 s) until everything posted before was acknowledged, so that the last writes (the
+/// end of stream) are not flushed by the disconnect, then disconnects, which the peer
+/// sees at once. (A queue pair connected by card exchange is destroyed at once, as
+/// before; its users close by protocol before they drop it.)
 pub struct VerbsQp {
     /// The one work request and gather list this queue pair posts, reused for every
     /// post (seed 000 sec. 4.3): constant fields are set once, each post patches the
@@ -420,6 +564,20 @@ pub struct VerbsQp {
     last_check: AtomicU64,
     port_errors_at: u64,
     last_error: Mutex<Option<String>>,
+    /// Silence (nanoseconds) on the send queue after which `state` posts a keepalive.
+    keepalive_ns: u64,
+    quiet: Mutex<Quiet>,
+    keepalive_in_flight: AtomicBool,
+    linger_done: AtomicBool,
+}
+
+/// Since when the send queue has been silent (for keepalives).
+#[derive(Default)]
+struct Quiet {
+    /// [`Descriptor::posts`] at the last look.
+    posts: u64,
+    /// `Context::now_ns` when it last changed.
+    since: u64,
 }
 
 /// A reusable send work request with its scatter/gather array. Boxed so that
@@ -427,6 +585,9 @@ pub struct VerbsQp {
 struct Descriptor {
     wr: sys::ibv_send_wr,
     sges: [sys::ibv_sge; MAX_SGE],
+    /// Requests the engine posted (a plain count under the lock: the data path pays
+    /// no atomic for it), for the keepalive's idea of silence.
+    posts: u64,
 }
 
 // SAFETY: the raw pointers inside point only into the descriptor itself (sg_list to
@@ -443,6 +604,7 @@ impl Descriptor {
                 length: 0,
                 lkey: 0,
             }; MAX_SGE],
+            posts: 0,
         });
         d.wr.sg_list = d.sges.as_mut_ptr();
         d
@@ -528,6 +690,88 @@ impl VerbsQp {
             Ok(_) => {}
             Err(e) => self.set_error(e.to_string()),
         }
+        self.check_cm_events();
+        self.keepalive_tick();
+    }
+
+    /// Reads the events of our rdma_cm id (it has a channel of its own once
+    /// connected): a disconnect or a device removal fails the queue pair.
+    fn check_cm_events(&self) {
+        let Some(id) = &self.qp.cm else {
+            return;
+        };
+        let ch = id.channel();
+        while let Ok(Some(ev)) = ch.next(std::time::Duration::ZERO) {
+            if !ev.is_for(id) {
+                continue;
+            }
+            match ev.kind {
+                CmEventKind::Disconnected
+                | CmEventKind::DeviceRemoval
+                | CmEventKind::ConnectError
+                | CmEventKind::Unreachable => self.set_error(format!(
+                    "rdma_cm reported {} from the peer {}",
+                    ev.describe(),
+                    id.peer_addr()
+                        .map_or_else(|_| "?".into(), |a| a.to_string())
+                )),
+                _ => {}
+            }
+        }
+    }
+
+    /// Posts a keepalive when the send queue has been silent long enough.
+    fn keepalive_tick(&self) {
+        if self.keepalive_ns == 0 || self.error.load(Ordering::Acquire) {
+            return;
+        }
+        let posts = self
+            .descriptor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .posts;
+        let now = self.ctx.now_ns();
+        let mut q = self.quiet.lock().unwrap_or_else(|p| p.into_inner());
+        if posts != q.posts {
+            *q = Quiet { posts, since: now };
+            return;
+        }
+        // Relaxed: the flag only limits keepalives to one in flight; its completion
+        // carries no data.
+        if now.saturating_sub(q.since) >= self.keepalive_ns
+            && !self.keepalive_in_flight.swap(true, Ordering::Relaxed)
+        {
+            q.since = now;
+            if let Err(e) = self.post_own(KEEPALIVE_WR_ID) {
+                self.keepalive_in_flight.store(false, Ordering::Relaxed);
+                self.set_error(format!("posting a keepalive: {e}"));
+            }
+        }
+    }
+
+    /// Posts one of the queue pair's own requests: a signalled zero-length RDMA WRITE
+    /// (no memory is touched, and the responder checks no key for zero bytes), into
+    /// the send queue entries reserved for it.
+    fn post_own(&self, wr_id: u64) -> io::Result<()> {
+        let mut d = self.descriptor.lock().unwrap_or_else(|p| p.into_inner());
+        let d = &mut **d;
+        d.wr.wr_id = wr_id;
+        d.wr.num_sge = 0;
+        d.wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+        d.wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        d.wr.wr.rdma = sys::rdma_t {
+            remote_addr: 0,
+            rkey: 0,
+        };
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: valid QP; the descriptor is ours under the lock and describes no
+        // memory at all (zero gather entries).
+        let r = unsafe { sys::ibv_post_send(self.qp.qp.as_ptr(), &mut d.wr, &mut bad) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(verb_error("ibv_post_send", errno_of(r)))
+        }
     }
 }
 
@@ -591,6 +835,7 @@ impl QueuePair for VerbsQp {
         if wr.signaled {
             flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
+        d.posts += 1;
         d.wr.wr_id = wr.wr_id;
         d.wr.num_sge = n as i32;
         d.wr.opcode = opcode;
@@ -635,12 +880,28 @@ impl QueuePair for VerbsQp {
                     CompletedOp::Write
                 };
                 if status != CompletionStatus::Success {
+                    let what = match w.wr_id {
+                        KEEPALIVE_WR_ID => "a keepalive".to_string(),
+                        LINGER_WR_ID => "the linger marker".to_string(),
+                        id => format!("work request {id}"),
+                    };
                     self.set_error(format!(
-                        "work request {} completed with {} (vendor error {:#x})",
-                        w.wr_id,
+                        "{what} completed with {} (vendor error {:#x})",
                         wc_status_str(w.status),
                         w.vendor_err
                     ));
+                }
+                // Our own requests are not the engine's business.
+                match w.wr_id {
+                    KEEPALIVE_WR_ID => {
+                        self.keepalive_in_flight.store(false, Ordering::Relaxed);
+                        continue;
+                    }
+                    LINGER_WR_ID => {
+                        self.linger_done.store(true, Ordering::Release);
+                        continue;
+                    }
+                    _ => {}
                 }
                 out[filled] = Completion {
                     wr_id: w.wr_id,
@@ -679,6 +940,37 @@ impl QueuePair for VerbsQp {
 
     fn caps(&self) -> Caps {
         self.caps
+    }
+}
+
+impl Drop for VerbsQp {
+    fn drop(&mut self) {
+        let Some(id) = &self.qp.cm else {
+            return;
+        };
+        // Linger: let everything posted so far be acknowledged before rdma_disconnect
+        // moves the queue pair to the error state, which flushes what is not yet sent
+        // (the end of stream, typically). Not when the peer has already disconnected.
+        self.check_cm_events();
+        if !self.error.load(Ordering::Acquire) && self.post_own(LINGER_WR_ID).is_ok() {
+            let start = std::time::Instant::now();
+            let mut scratch = [Completion {
+                wr_id: 0,
+                status: CompletionStatus::Success,
+                op: CompletedOp::Write,
+                byte_len: 0,
+            }; POLL_BATCH];
+            while !self.linger_done.load(Ordering::Acquire)
+                && !self.error.load(Ordering::Acquire)
+                && start.elapsed() < LINGER
+            {
+                if self.poll(&mut scratch) == 0 {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+            }
+        }
+        // The peer sees DISCONNECTED at once (a peer that is gone: no harm).
+        let _ = id.disconnect();
     }
 }
 

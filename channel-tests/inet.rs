@@ -1,0 +1,412 @@
+//! Connections by IP address: `RdmaListener::bind("ip:port")` and
+//! `RdmaStream::connect("ip:port")` through rdma_cm on the verbs fabric.
+//!
+//! * Without RDMA (the host's `cargo test`): an IP address is a clear error, never a
+//!   hang (`Unsupported` without the `verbs` feature, `NotFound` without a device).
+//! * With an RDMA device that has an IP address (the Soft-RoCE VM: `SOFTROCE_IP`; or
+//!   `RCH_TEST_IP`): the peer is a child process (this binary, one role) that
+//!   connects to our address; in a test cluster (`RCH_TEST_PEER_AGENT`, see
+//!   `common::peer`) that child runs on the other host, so every byte crosses the link.
+//!
+//! The role tests (`*_role`) return at once unless `RCH_TEST_CHILD_ROLE` names them.
+
+mod common;
+
+use std::io::{self, Read, Write};
+use std::time::{Duration, Instant};
+
+use common::exchange::exchange;
+use common::peer::{across_hosts, spawn_peer, PeerRun};
+use common::*;
+use rdma_channel::{Address, Config, RdmaListener, RdmaStream};
+
+const ROLE: &str = "RCH_TEST_CHILD_ROLE";
+const TARGET: &str = "RCH_TEST_TARGET";
+const BYTES: &str = "RCH_TEST_BYTES";
+
+fn role() -> Option<String> {
+    std::env::var(ROLE).ok().filter(|r| !r.is_empty())
+}
+
+fn env(k: &str) -> String {
+    std::env::var(k).unwrap_or_else(|_| panic!("role: {k} not set"))
+}
+
+/// Skips (returns true, with a note) where no RDMA device with an address is there.
+fn no_rdma(test: &str) -> bool {
+    if role().is_some() {
+        return true;
+    }
+    if !rdma_ip_available() {
+        println!("{test}: skipped (no RDMA device with an IP address: run it in the Soft-RoCE VM)");
+        return true;
+    }
+    false
+}
+
+/// A listener on all addresses, port picked by the system; and the address a peer
+/// connects to (`my_ip():port`).
+fn listen(cfg: Config) -> (RdmaListener, String) {
+    let l = RdmaListener::bind_with("0.0.0.0:0", cfg).expect("bind 0.0.0.0:0");
+    let Address::Inet(a) = l.local_addr().expect("local_addr") else {
+        panic!("an IP listener reports a path");
+    };
+    assert_ne!(a.port(), 0, "the listener must report the port it got");
+    (l, format!("{}:{}", my_ip(), a.port()))
+}
+
+/// Accepts one connection, failing the test if none arrives in time or the peer
+/// process ended first.
+fn accept_from(l: RdmaListener, peer: &mut PeerRun) -> RdmaStream {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(l.accept());
+    });
+    let deadline = Instant::now() + limit(60);
+    loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(r) => return r.expect("accept"),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(e) => panic!("accept thread: {e}"),
+        }
+        assert!(!peer.exited(), "the peer ended before connecting");
+        assert!(
+            Instant::now() < deadline,
+            "no connection within {:?}",
+            limit(60)
+        );
+    }
+}
+
+fn finish(peer: PeerRun, what: &str) -> String {
+    let (status, out, err) = peer.wait(Instant::now() + limit(120));
+    let report = format!("--- peer stdout ---\n{out}\n--- peer stderr ---\n{err}");
+    let status = status.unwrap_or_else(|| panic!("{what}: the peer hung\n{report}"));
+    assert!(status.success(), "{what}: peer failed: {status}\n{report}");
+    assert!(
+        out.contains("1 passed"),
+        "{what}: the peer's role did not run\n{report}"
+    );
+    out
+}
+
+// -------------------------------------------------------------------------------------
+// Without RDMA
+// -------------------------------------------------------------------------------------
+
+#[test]
+fn ip_address_without_rdma_is_a_clear_error() {
+    if role().is_some() || rdma_ip_available() {
+        return;
+    }
+    let started = Instant::now();
+    let bind = RdmaListener::bind("127.0.0.1:0")
+        .err()
+        .expect("no RDMA: bind must fail");
+    let connect = RdmaStream::connect("127.0.0.1:7471")
+        .err()
+        .expect("no RDMA: connect must fail");
+    for e in [&bind, &connect] {
+        if cfg!(feature = "verbs") {
+            assert!(
+                matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::Unsupported
+                ),
+                "{}",
+                ioe(e)
+            );
+            assert!(
+                e.to_string().contains("RDMA") || e.to_string().contains("rdma"),
+                "{e}"
+            );
+        } else {
+            assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{}", ioe(e));
+            assert!(e.to_string().contains("--features verbs"), "{e}");
+        }
+        assert!(
+            e.to_string().contains("127.0.0.1"),
+            "names the address: {e}"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "fails fast");
+    // A path still works as before.
+    let dir = std::env::temp_dir().join(format!("rch-inet-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let l = RdmaListener::bind(dir.join("sock")).expect("a path needs no RDMA");
+    assert_eq!(l.local_addr().unwrap(), Address::Unix(dir.join("sock")));
+    drop(l);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// -------------------------------------------------------------------------------------
+// A connection by address, both directions checked byte for byte
+// -------------------------------------------------------------------------------------
+
+fn exchange_bytes() -> u64 {
+    std::env::var(BYTES)
+        .ok()
+        .and_then(|v| rdma_channel::config::parse_size(&v).ok())
+        .map_or(32 << 20, |b| b as u64)
+}
+
+#[test]
+fn connect_by_address_and_exchange() {
+    if no_rdma("connect_by_address_and_exchange") {
+        return;
+    }
+    let bytes = exchange_bytes();
+    let (l, target) = listen(Config::default());
+    let mut peer = spawn_peer(
+        "exchange_role",
+        &[
+            (ROLE, "exchange".into()),
+            (TARGET, target.clone()),
+            (BYTES, bytes.to_string()),
+        ],
+    );
+    let s = accept_from(l, &mut peer);
+    let Some(Address::Inet(peer_addr)) = s.peer_addr().cloned() else {
+        panic!("an accepted IP stream knows its peer's address");
+    };
+    assert!(s.local_addr().is_some());
+    println!(
+        "inet: accepted {peer_addr} on {} ({})",
+        s.local_addr().unwrap(),
+        if across_hosts() {
+            "other host"
+        } else {
+            "this host"
+        }
+    );
+    let t = Instant::now();
+    let stats = with_watchdog("exchange by address", limit(600), move || {
+        exchange(s, "listener", 11, 22, bytes)
+    })
+    .unwrap_or_else(|e| panic!("listener side: {e}"));
+    assert_eq!((stats.sent, stats.received), (bytes, bytes));
+    let out = finish(peer, "exchange");
+    println!(
+        "inet: {} MiB each way in {:.1} s",
+        bytes >> 20,
+        t.elapsed().as_secs_f64()
+    );
+    assert!(out.contains("connector: sent"), "{out}");
+}
+
+#[test]
+fn exchange_role() {
+    if role().as_deref() != Some("exchange") {
+        return;
+    }
+    let target = env(TARGET);
+    let bytes: u64 = env(BYTES).parse().unwrap();
+    let s = RdmaStream::connect(target.as_str())
+        .unwrap_or_else(|e| panic!("connect {target}: {}", ioe(&e)));
+    assert_eq!(s.peer_addr(), Some(&Address::Inet(target.parse().unwrap())));
+    let stats = exchange(s, "connector", 22, 11, bytes).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((stats.sent, stats.received), (bytes, bytes));
+}
+
+// -------------------------------------------------------------------------------------
+// Failing connects: refused, absent host
+// -------------------------------------------------------------------------------------
+
+#[test]
+fn connect_where_nothing_listens_is_refused_fast() {
+    if no_rdma("connect_where_nothing_listens_is_refused_fast") {
+        return;
+    }
+    // A port of our own address where nobody listens (bound and dropped).
+    let (l, target) = listen(Config::default());
+    drop(l);
+    let t = Instant::now();
+    let e = RdmaStream::connect(target.as_str())
+        .err()
+        .expect("nothing listens: connect must fail");
+    let took = t.elapsed();
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{}", ioe(&e));
+    assert!(e.to_string().contains(&target), "names the address: {e}");
+    assert!(took < Duration::from_secs(5), "refused after {took:?}");
+    println!("inet: refused in {took:?}: {e}");
+}
+
+#[test]
+fn connect_to_an_absent_host_fails_within_the_timeout() {
+    if no_rdma("connect_to_an_absent_host_fails_within_the_timeout") {
+        return;
+    }
+    // An address on our own private link where no host is (the link exists only
+    // between the test VMs).
+    let ip: std::net::Ipv4Addr = my_ip().parse().expect("an IPv4 address");
+    let o = ip.octets();
+    let absent = format!("{}.{}.{}.{}:7471", o[0], o[1], o[2], 250);
+    let cfg = Config::default().connect_timeout(Duration::from_secs(3));
+    let t = Instant::now();
+    let e = RdmaStream::connect_with(absent.as_str(), cfg)
+        .err()
+        .expect("no host there: connect must fail");
+    let took = t.elapsed();
+    assert!(
+        matches!(
+            e.kind(),
+            io::ErrorKind::TimedOut | io::ErrorKind::HostUnreachable
+        ),
+        "{}",
+        ioe(&e)
+    );
+    assert!(e.to_string().contains(&absent), "names the address: {e}");
+    assert!(took < Duration::from_secs(8), "gave up after {took:?}");
+    println!("inet: absent host: {took:?}: {e}");
+}
+
+// -------------------------------------------------------------------------------------
+// Several connections at once; close and death of the peer
+// -------------------------------------------------------------------------------------
+
+const CONNECTIONS: usize = 4;
+
+#[test]
+fn listener_serves_concurrent_connects() {
+    if no_rdma("listener_serves_concurrent_connects") {
+        return;
+    }
+    let (l, target) = listen(Config::default().ring_size(64 << 10).chunk_size(8 << 10));
+    let mut peer = spawn_peer("many_role", &[(ROLE, "many".into()), (TARGET, target)]);
+    let l = std::sync::Arc::new(l);
+    let mut servers = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let l = l.clone();
+        servers.push(std::thread::spawn(move || -> Result<u8, String> {
+            let mut s = l.accept().map_err(|e| ioe(&e))?;
+            let mut tag = [0u8; 1];
+            s.read_exact(&mut tag).map_err(|e| ioe(&e))?;
+            let data = stream_vec(u64::from(tag[0]), 0, 1 << 20);
+            s.write_all(&data).map_err(|e| ioe(&e))?;
+            let mut back = vec![0u8; 1 << 20];
+            s.read_exact(&mut back).map_err(|e| ioe(&e))?;
+            if back != data {
+                return Err(format!("connection {}: echo differs", tag[0]));
+            }
+            Ok(tag[0])
+        }));
+    }
+    let mut tags: Vec<u8> = with_watchdog("concurrent connects", limit(300), move || {
+        servers
+            .into_iter()
+            .map(|h| join(h, "server").unwrap_or_else(|e| panic!("{e}")))
+            .collect()
+    });
+    tags.sort_unstable();
+    assert_eq!(tags, (0..CONNECTIONS as u8).collect::<Vec<_>>());
+    let _ = peer.exited();
+    finish(peer, "concurrent connects");
+}
+
+#[test]
+fn many_role() {
+    if role().as_deref() != Some("many") {
+        return;
+    }
+    let target = env(TARGET);
+    let cfg = Config::default().ring_size(64 << 10).chunk_size(8 << 10);
+    let clients: Vec<_> = (0..CONNECTIONS as u8)
+        .map(|i| {
+            let (t, c) = (target.clone(), cfg.clone());
+            std::thread::spawn(move || {
+                let mut s = RdmaStream::connect_with(t.as_str(), c).expect("connect");
+                s.write_all(&[i]).unwrap();
+                let mut got = vec![0u8; 1 << 20];
+                s.read_exact(&mut got).unwrap();
+                s.write_all(&got).unwrap();
+                // Wait for the listener's side to finish reading before dropping.
+                let mut end = [0u8; 1];
+                assert_eq!(s.read(&mut end).unwrap_or(0), 0);
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+}
+
+#[test]
+fn graceful_close_delivers_everything_then_end_of_stream() {
+    if no_rdma("graceful_close_delivers_everything_then_end_of_stream") {
+        return;
+    }
+    let (l, target) = listen(Config::default());
+    let mut peer = spawn_peer("close_role", &[(ROLE, "close".into()), (TARGET, target)]);
+    let mut s = accept_from(l, &mut peer);
+    // The peer wrote everything, shut down and dropped its stream (and exited)
+    // without waiting for us: every byte must still arrive, then end of stream.
+    let got = with_watchdog("read until end of stream", limit(120), move || {
+        let mut all = Vec::new();
+        s.read_to_end(&mut all).map(|_| all)
+    })
+    .expect("read to end");
+    assert_eq!(got.len(), 3 << 20);
+    assert!(got == stream_vec(5, 0, 3 << 20), "bytes differ");
+    finish(peer, "graceful close");
+}
+
+#[test]
+fn close_role() {
+    if role().as_deref() != Some("close") {
+        return;
+    }
+    let target = env(TARGET);
+    let mut s = RdmaStream::connect(target.as_str()).expect("connect");
+    s.write_all(&stream_vec(5, 0, 3 << 20)).unwrap();
+    s.shutdown_write().unwrap();
+    drop(s);
+}
+
+#[test]
+fn peer_killed_mid_transfer_is_an_error_naming_no_false_bytes() {
+    if no_rdma("peer_killed_mid_transfer_is_an_error_naming_no_false_bytes") {
+        return;
+    }
+    let (l, target) = listen(Config::default());
+    let mut peer = spawn_peer("crash_role", &[(ROLE, "crash".into()), (TARGET, target)]);
+    let s = accept_from(l, &mut peer);
+    let (mut r, mut w) = s.split();
+    let mut first = [0u8; 100];
+    r.read_exact(&mut first).unwrap();
+    assert_eq!(first, [7u8; 100]);
+    // A reader that only reads (it must notice by itself), then the peer dies.
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 20];
+        let r = r.read_exact(&mut buf);
+        (r, Instant::now())
+    });
+    w.write_all(&[1u8]).unwrap();
+    let (status, out, err) = peer.wait(Instant::now() + limit(60));
+    let died = Instant::now();
+    assert!(
+        status.as_ref().is_some_and(|s| !s.success()),
+        "the peer should have aborted: {status:?}\n{out}\n{err}"
+    );
+    let (res, at) = with_watchdog("reader after peer death", limit(60), move || {
+        reader.join().unwrap()
+    });
+    let e = res.expect_err("reading from a dead peer must fail");
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{}", ioe(&e));
+    println!(
+        "inet: reader failed {:?} after the peer's death was seen: {e}",
+        at.saturating_duration_since(died)
+    );
+}
+
+#[test]
+fn crash_role() {
+    if role().as_deref() != Some("crash") {
+        return;
+    }
+    let target = env(TARGET);
+    let mut s = RdmaStream::connect(target.as_str()).expect("connect");
+    s.write_all(&[7u8; 100]).unwrap();
+    let mut go = [0u8; 1];
+    s.read_exact(&mut go).unwrap();
+    std::process::abort();
+}

@@ -1,0 +1,489 @@
+//! Connections by IP address through rdma_cm: the connection cards travel as the
+//! private data of the connection manager's own messages, so a connection costs no
+//! exchange beyond rdma_cm's request, reply and ready-to-use.
+//!
+//! ```text
+//! initiator                                   acceptor (listening)
+//! resolve address, route (-> device)
+//! queue pair on the id, ring, control words
+//! REQ  [hello | engine card]  ------------->  CONNECT_REQUEST: parse, queue pair,
+//!                                             ring, accept; queue pair RTR/RTS
+//!      <-----------------  [engine card]  REP
+//! RTR/RTS, ESTABLISHED (usable)
+//! RTU  ------------------------------------>  ESTABLISHED (usable)
+//! ```
+//!
+//! The acceptor writes into the initiator's ring only after `ESTABLISHED`, when the
+//! initiator's queue pair is ready to receive. A request is refused with a reason
+//! (`REJ` private data) when it is malformed or its end cannot be set up.
+//!
+//! Private data (REQ at most 56 bytes on InfiniBand and RoCE, REP 196, REJ 148):
+//!
+//! | offset | size | field |
+//! | --- | --- | --- |
+//! | 0 | 2 | `RC` (connect, accept) or `RX` (reject) |
+//! | 2 | 1 | hello length *h* (the caller's bytes, e.g. a process group's ranks) |
+//! | 3 | 1 | card length *c* (reject: reason length) |
+//! | 4 | *h* | hello |
+//! | 4 + *h* | *c* | engine card (reject: the reason, UTF-8) |
+//!
+//! On InfiniBand the private data arrives padded with zeros to the message's full
+//! size; the lengths in the header say what counts.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+use crate::engine::{Channel, Prepared};
+use crate::fabric::any::AnyPending;
+use crate::fabric::verbs::cm::{CmEvent, CmEventKind, CmId, EventChannel};
+use crate::fabric::verbs::VerbsFabric;
+use crate::fabric::{AnyFabric, Card};
+
+const TAG_CONNECT: &[u8; 2] = b"RC";
+const TAG_REJECT: &[u8; 2] = b"RX";
+/// Backlog of a listening id.
+const BACKLOG: i32 = 128;
+
+/// Frames a connect or accept message.
+fn frame(hello: &[u8], card: &[u8]) -> io::Result<Vec<u8>> {
+    let (h, c) = (u8::try_from(hello.len()), u8::try_from(card.len()));
+    let (Ok(h), Ok(c)) = (h, c) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "hello or card longer than 255 bytes",
+        ));
+    };
+    let mut b = Vec::with_capacity(4 + hello.len() + card.len());
+    b.extend_from_slice(TAG_CONNECT);
+    b.push(h);
+    b.push(c);
+    b.extend_from_slice(hello);
+    b.extend_from_slice(card);
+    Ok(b)
+}
+
+/// A reject message carrying `reason`.
+fn reject_frame(reason: &str) -> Vec<u8> {
+    let r = &reason.as_bytes()[..reason.len().min(140)];
+    let mut b = Vec::with_capacity(4 + r.len());
+    b.extend_from_slice(TAG_REJECT);
+    b.push(0);
+    b.push(r.len() as u8);
+    b.extend_from_slice(r);
+    b
+}
+
+/// A parsed message: (hello, card) of a connect/accept, or the reason of a reject.
+enum Message<'a> {
+    Connect { hello: &'a [u8], card: &'a [u8] },
+    Reject(String),
+}
+
+fn parse(b: &[u8]) -> io::Result<Message<'_>> {
+    let bad = |m: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad rdma_cm private data: {m}"),
+        )
+    };
+    if b.len() < 4 {
+        return Err(bad("shorter than its header (is the peer rdma-channel?)"));
+    }
+    let (h, c) = (usize::from(b[2]), usize::from(b[3]));
+    if b.len() < 4 + h + c {
+        return Err(bad("shorter than its lengths say"));
+    }
+    match &b[0..2] {
+        t if t == TAG_CONNECT => Ok(Message::Connect {
+            hello: &b[4..4 + h],
+            card: &b[4 + h..4 + h + c],
+        }),
+        t if t == TAG_REJECT => Ok(Message::Reject(
+            String::from_utf8_lossy(&b[4 + h..4 + h + c]).into_owned(),
+        )),
+        _ => Err(bad("unknown tag (is the peer rdma-channel?)")),
+    }
+}
+
+/// A connection made through rdma_cm.
+pub(crate) struct Connected {
+    pub(crate) channel: Channel<AnyFabric>,
+    pub(crate) local: SocketAddr,
+    pub(crate) peer: SocketAddr,
+}
+
+fn timed_out(what: &str, addr: &SocketAddr, t: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("connecting to {addr}: {what} timed out after {t:?}"),
+    )
+}
+
+/// Waits for the next event of `id` until `deadline`.
+fn expect_event(id: &CmId, deadline: Instant) -> io::Result<Option<CmEvent>> {
+    id.next_event(deadline)
+}
+
+/// Turns an unexpected or failing event while connecting to `addr` into an error.
+fn connect_error(ev: &CmEvent, addr: &SocketAddr, stage: &str) -> io::Error {
+    match ev.kind {
+        CmEventKind::Rejected => {
+            let reason = match parse(&ev.private_data) {
+                Ok(Message::Reject(r)) => r,
+                _ if ev.status == 8 => "nothing listens there (no such service)".to_string(),
+                _ => format!("rejected with reason {}", ev.status),
+            };
+            io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!("connecting to {addr}: refused: {reason}"),
+            )
+        }
+        CmEventKind::AddrError => io::Error::new(
+            io::ErrorKind::HostUnreachable,
+            format!(
+                "connecting to {addr}: no RDMA device reaches it ({})",
+                ev.describe()
+            ),
+        ),
+        CmEventKind::RouteError | CmEventKind::Unreachable => io::Error::new(
+            io::ErrorKind::HostUnreachable,
+            format!("connecting to {addr}: unreachable ({})", ev.describe()),
+        ),
+        _ => io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            format!(
+                "connecting to {addr}: rdma_cm reported {} while {stage}",
+                ev.describe()
+            ),
+        ),
+    }
+}
+
+/// Connects to a listener at `addr`, sending `hello` with the card, within
+/// `cfg`'s connect timeout.
+///
+/// # Errors
+///
+/// `ConnectionRefused` (nothing listens, or the listener refused: its reason is in
+/// the message), `HostUnreachable` (no RDMA device reaches the address, no route, no
+/// answer), `TimedOut`, `NotFound` (no RDMA device here), `InvalidData` (the peer is
+/// not rdma-channel), fabric failures.
+pub(crate) fn connect(addr: &SocketAddr, cfg: &Config, hello: &[u8]) -> io::Result<Connected> {
+    connect_inner(addr, cfg, hello).map_err(|e| naming(e, "connecting to", addr))
+}
+
+/// `e`, with "`what` `addr`: " in front unless its message names `addr` already.
+fn naming(e: io::Error, what: &str, addr: &SocketAddr) -> io::Error {
+    if e.to_string().contains(&addr.to_string()) {
+        e
+    } else {
+        io::Error::new(e.kind(), format!("{what} {addr}: {e}"))
+    }
+}
+
+fn connect_inner(addr: &SocketAddr, cfg: &Config, hello: &[u8]) -> io::Result<Connected> {
+    cfg.validate()?;
+    let limit = cfg.connect_timeout_duration();
+    let deadline = Instant::now() + limit;
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let channel = EventChannel::new()?;
+    let id = Arc::new(CmId::new(&channel)?);
+    id.resolve_addr(addr, left())
+        .map_err(|e| io::Error::new(e.kind(), format!("connecting to {addr}: {e}")))?;
+    match expect_event(&id, deadline)? {
+        Some(ev) if ev.kind == CmEventKind::AddrResolved => {}
+        Some(ev) => return Err(connect_error(&ev, addr, "resolving the address")),
+        None => return Err(timed_out("address resolution", addr, limit)),
+    }
+    let fabric = VerbsFabric::for_cm_id(&id)?;
+    // Best effort: kernels before 4.20 lack the option and keep rdma_cm's timeout.
+    let _ = id.set_ack_timeout(fabric.ack_timeout());
+    id.resolve_route(left())
+        .map_err(|e| io::Error::new(e.kind(), format!("connecting to {addr}: {e}")))?;
+    match expect_event(&id, deadline)? {
+        Some(ev) if ev.kind == CmEventKind::RouteResolved => {}
+        Some(ev) => return Err(connect_error(&ev, addr, "resolving the route")),
+        None => return Err(timed_out("route resolution", addr, limit)),
+    }
+    let pending = fabric.create_qp_on(id.clone())?;
+    let params = fabric.conn_params();
+    let prepared = Prepared::with_pending(
+        AnyFabric::Verbs(fabric),
+        AnyPending::Verbs(pending),
+        cfg.clone(),
+    )?;
+    let card = prepared.card()?;
+    id.connect(&params, &frame(hello, &card.bytes)?)?;
+    let ev = match expect_event(&id, deadline)? {
+        Some(ev) if ev.kind == CmEventKind::Established => ev,
+        Some(ev) => return Err(connect_error(&ev, addr, "connecting")),
+        None => return Err(timed_out("the connection request", addr, limit)),
+    };
+    let peer_card = match parse(&ev.private_data)? {
+        Message::Connect { card, .. } => card.to_vec(),
+        Message::Reject(r) => {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!("connecting to {addr}: refused: {r}"),
+            ))
+        }
+    };
+    id.set_established();
+    let local = id.local_addr()?;
+    let channel = prepared.connect(Card {
+        bytes: peer_card,
+        fds: Vec::new(),
+    })?;
+    Ok(Connected {
+        channel,
+        local,
+        peer: *addr,
+    })
+}
+
+/// Decides whether the hello of a connection request is acceptable (`Err`: why not,
+/// which the peer is told).
+pub(crate) type HelloCheck = Box<dyn Fn(&[u8]) -> Result<(), String> + Send + Sync>;
+
+/// A request accepted and answered, waiting for `ESTABLISHED`.
+struct Accepting {
+    id: Arc<CmId>,
+    prepared: Prepared<AnyFabric>,
+    peer_card: Vec<u8>,
+}
+
+/// Our end of a request, ready to accept.
+struct Answer {
+    prepared: Prepared<AnyFabric>,
+    reply: Vec<u8>,
+    peer_card: Vec<u8>,
+    params: crate::fabric::verbs::cm::ConnParams,
+}
+
+/// A listening rdma_cm id and the requests it is answering. Several requests
+/// progress at once: one peer that stalls holds up nobody else.
+pub(crate) struct CmListener {
+    id: CmId,
+    channel: Arc<EventChannel>,
+    cfg: Config,
+    accepting: Mutex<HashMap<usize, Accepting>>,
+    /// Accepts the hello of a request (returns why not).
+    check_hello: HelloCheck,
+}
+
+impl CmListener {
+    /// Listens on `addr` (port 0: a free port, see [`local_addr`](Self::local_addr)).
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` without RDMA, `AddrInUse`, `AddrNotAvailable` (not an address of
+    /// this host), rdma_cm failures.
+    pub(crate) fn bind(
+        addr: &SocketAddr,
+        cfg: Config,
+        check_hello: HelloCheck,
+    ) -> io::Result<CmListener> {
+        cfg.validate()?;
+        let listening = || -> io::Result<(Arc<EventChannel>, CmId)> {
+            let channel = EventChannel::new()?;
+            let id = CmId::new(&channel)?;
+            id.set_reuse_addr()?;
+            id.bind(addr)?;
+            id.listen(BACKLOG)?;
+            Ok((channel, id))
+        };
+        let (channel, id) = listening().map_err(|e| naming(e, "cannot listen at", addr))?;
+        Ok(CmListener {
+            id,
+            channel,
+            cfg,
+            accepting: Mutex::new(HashMap::new()),
+            check_hello,
+        })
+    }
+
+    /// The address listened on (with the port picked for port 0).
+    ///
+    /// # Errors
+    ///
+    /// rdma_cm's id has no address (cannot happen once bound).
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.id.local_addr()
+    }
+
+    /// Serves events until a connection is up or `timeout` passed (`None`: no
+    /// limit; `Duration::ZERO`: only what is pending). `Ok(None)` at the timeout.
+    ///
+    /// # Errors
+    ///
+    /// Failures of the event channel itself; a request that fails is refused (the
+    /// peer hears why) and accepting goes on.
+    pub(crate) fn accept(&self, timeout: Option<Duration>) -> io::Result<Option<Connected>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => Duration::from_secs(3600),
+            };
+            let Some(mut ev) = self.channel.next(left)? else {
+                if deadline.is_some() {
+                    return Ok(None);
+                }
+                continue;
+            };
+            match ev.kind {
+                CmEventKind::ConnectRequest => {
+                    if let Some(id) = ev.take_request_id() {
+                        self.on_request(Arc::new(id), &ev);
+                    }
+                }
+                CmEventKind::Established => {
+                    let entry = self
+                        .accepting
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&ev.id_key());
+                    if let Some(a) = entry {
+                        match self.finish(a) {
+                            Ok(c) => return Ok(Some(c)),
+                            // The connection is dropped, which disconnects it: the
+                            // peer sees its end fail.
+                            Err(_) => continue,
+                        }
+                    }
+                }
+                // A request that failed after we answered it: forget it.
+                CmEventKind::ConnectError
+                | CmEventKind::Rejected
+                | CmEventKind::Unreachable
+                | CmEventKind::Disconnected
+                | CmEventKind::DeviceRemoval => {
+                    self.accepting
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&ev.id_key());
+                }
+                _ => {}
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Answers a connection request, or refuses it with the reason.
+    fn on_request(&self, id: Arc<CmId>, ev: &CmEvent) {
+        match self.prepare(&id, &ev.private_data) {
+            Ok(a) => match id.accept(&a.params, &a.reply) {
+                Ok(()) => {
+                    self.accepting
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(
+                            id.as_ptr() as usize,
+                            Accepting {
+                                id,
+                                prepared: a.prepared,
+                                peer_card: a.peer_card,
+                            },
+                        );
+                }
+                Err(_) => {
+                    // Dropping `id` destroys it; the peer's request times out or is
+                    // rejected by rdma_cm.
+                }
+            },
+            Err(e) => {
+                let _ = id.reject(&reject_frame(&e.to_string()));
+            }
+        }
+    }
+
+    fn prepare(&self, id: &Arc<CmId>, private: &[u8]) -> io::Result<Answer> {
+        let (hello, card) = match parse(private)? {
+            Message::Connect { hello, card } => (hello, card.to_vec()),
+            Message::Reject(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a connection request carrying a rejection",
+                ))
+            }
+        };
+        (self.check_hello)(hello)
+            .map_err(|m| io::Error::new(io::ErrorKind::PermissionDenied, m))?;
+        let fabric = VerbsFabric::for_cm_id(id)?;
+        let _ = id.set_ack_timeout(fabric.ack_timeout());
+        let pending = fabric.create_qp_on(id.clone())?;
+        let params = fabric.conn_params();
+        let prepared = Prepared::with_pending(
+            AnyFabric::Verbs(fabric),
+            AnyPending::Verbs(pending),
+            self.cfg.clone(),
+        )?;
+        let reply = frame(&[], &prepared.card()?.bytes)?;
+        Ok(Answer {
+            prepared,
+            reply,
+            peer_card: card,
+            params,
+        })
+    }
+
+    /// The connection is established: give it a channel of its own (so that its
+    /// queue pair watches its own disconnect events) and connect the engine.
+    fn finish(&self, a: Accepting) -> io::Result<Connected> {
+        a.id.migrate(EventChannel::new()?)?;
+        a.id.set_established();
+        let local = a.id.local_addr()?;
+        let peer = a.id.peer_addr()?;
+        let channel = a.prepared.connect(Card {
+            bytes: a.peer_card,
+            fds: Vec::new(),
+        })?;
+        Ok(Connected {
+            channel,
+            local,
+            peer,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_fit_a_request() {
+        let card = [7u8; 38];
+        let hello = [1u8; 8];
+        let f = frame(&hello, &card).unwrap();
+        assert!(f.len() <= crate::fabric::verbs::cm::MAX_REQUEST_PRIVATE);
+        let mut padded = f.clone();
+        padded.resize(56, 0);
+        match parse(&padded).unwrap() {
+            Message::Connect { hello: h, card: c } => {
+                assert_eq!(h, hello);
+                assert_eq!(c, card);
+            }
+            Message::Reject(_) => panic!("not a reject"),
+        }
+        match parse(&reject_frame("no room")).unwrap() {
+            Message::Reject(r) => assert_eq!(r, "no room"),
+            Message::Connect { .. } => panic!("a reject"),
+        }
+        for bad in [
+            &b""[..],
+            b"RC",
+            b"RC\x01\x01",
+            b"XX\x00\x00",
+            b"RC\x00\x05abc",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(frame(&[0; 256], &[]).is_err());
+    }
+}

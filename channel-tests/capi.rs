@@ -195,6 +195,60 @@ fn pmi(test: &str, n: usize, args: &[&str], env: &[(&str, &str)], expect: &str) 
     check_ok(&o, &format!("{test} -n {n} (rch-run)"), expect);
 }
 
+/// Runs an mm.h test under rch-run with its ranks split over two simulated hosts:
+/// `RCH_HOST_ID` is `sim0` for even ranks and `sim1` for odd ones, so pairs of one
+/// "host" connect through the local fabric (shared memory) and the others through
+/// rdma_cm on verbs, in one job.
+fn pmi_two_hosts(test: &str, n: usize, args: &[&str], env: &[(&str, &str)], expect: &str) {
+    let Some(launcher) = rch_run() else {
+        eprintln!("{test}: rch-run is not built in this tree; skipped");
+        return;
+    };
+    let prog = mm_program(test);
+    let mut cmd = Command::new(launcher);
+    cmd.arg("-n")
+        .arg(n.to_string())
+        .args([
+            "sh",
+            "-c",
+            r#"RCH_HOST_ID=sim$((PMI_RANK % 2)) exec "$0" "$@""#,
+        ])
+        .arg(&prog)
+        .args(args);
+    let o = run(cmd, env);
+    check_ok(
+        &o,
+        &format!("{test} -n {n} (rch-run, two simulated hosts)"),
+        expect,
+    );
+}
+
+/// True where rdma_cm can connect ranks (an RDMA device with an IP address, as in
+/// the Soft-RoCE VM) in this build.
+fn rdma_cm_available() -> bool {
+    cfg!(feature = "verbs") && std::env::var_os("SOFTROCE_IP").is_some()
+}
+
+/// Per-peer fabric by locality: ranks on the same host use shared memory, ranks on
+/// other hosts rdma_cm and verbs, within one job (hosts simulated in one VM).
+#[test]
+fn mixed_locality_pmi() {
+    if !rdma_cm_available() {
+        eprintln!("mixed_locality_pmi: no RDMA device with an IP address here: SKIPPED");
+        return;
+    }
+    pmi_two_hosts("t_alltoall", 4, &["2"], &[], "alltoall ok");
+    pmi_two_hosts("t_pingpong", 2, &[], &[], "pingpong ok");
+    pmi_two_hosts("t_unexpected", 3, &[], &[], "unexpected ok");
+    pmi_two_hosts(
+        "t_large",
+        2,
+        &[],
+        &[("RCH_ZCOPY_PRIVATE_THRESHOLD", "64k")],
+        "large ok",
+    );
+}
+
 #[test]
 fn pingpong_external() {
     external("t_pingpong", 2, &[], &[], "pingpong ok");

@@ -39,6 +39,7 @@ pub mod config;
 pub mod engine;
 pub mod fabric;
 pub mod ffi;
+pub(crate) mod group;
 pub mod handshake;
 pub mod oob;
 pub mod pmi;

@@ -3,7 +3,6 @@
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr, CString};
-use std::io;
 
 use super::sys::rch_status::{self, Type as Status};
 
@@ -22,35 +21,30 @@ impl Error {
             msg: msg.into(),
         }
     }
+}
 
-    /// An error of a connection (put, read, handshake), from the engine's `io::Error`.
+impl From<crate::group::error::Error> for Error {
+    /// The status code of each kind of group error (`ffi/rch.h`).
     #[cold]
-    pub(crate) fn from_conn(e: &io::Error, what: &str) -> Error {
-        use io::ErrorKind as K;
-        let code = match e.kind() {
-            K::UnexpectedEof | K::BrokenPipe => rch_status::RCH_ERR_PEER_CLOSED,
-            K::ConnectionReset | K::ConnectionAborted | K::ConnectionRefused | K::NotFound => {
-                rch_status::RCH_ERR_PEER_GONE
-            }
-            K::InvalidData => rch_status::RCH_ERR_PROTOCOL,
-            K::OutOfMemory => rch_status::RCH_ERR_NO_MEMORY,
-            _ => rch_status::RCH_ERR_FABRIC,
+    fn from(e: crate::group::error::Error) -> Error {
+        use crate::group::error::ErrorKind as K;
+        let code = match e.kind {
+            K::Null => rch_status::RCH_ERR_NULL,
+            K::UnknownVc => rch_status::RCH_ERR_UNKNOWN_VC,
+            K::VcClosed => rch_status::RCH_ERR_VC_CLOSED,
+            K::PeerClosed => rch_status::RCH_ERR_PEER_CLOSED,
+            K::PeerGone => rch_status::RCH_ERR_PEER_GONE,
+            K::InFlight => rch_status::RCH_ERR_IN_FLIGHT,
+            K::Pmi => rch_status::RCH_ERR_PMI,
+            K::Exchange => rch_status::RCH_ERR_EXCHANGE,
+            K::Fabric => rch_status::RCH_ERR_FABRIC,
+            K::NoMemory => rch_status::RCH_ERR_NO_MEMORY,
+            K::Protocol => rch_status::RCH_ERR_PROTOCOL,
+            K::Config => rch_status::RCH_ERR_CONFIG,
+            K::System => rch_status::RCH_ERR_SYSTEM,
+            K::Internal => rch_status::RCH_ERR_INTERNAL,
         };
-        Error::new(code, format!("{what}: {e}"))
-    }
-
-    /// An error opening the fabric or reading the configuration.
-    pub(crate) fn from_setup(e: &io::Error, what: &str) -> Error {
-        let code = match e.kind() {
-            io::ErrorKind::OutOfMemory => rch_status::RCH_ERR_NO_MEMORY,
-            _ => rch_status::RCH_ERR_FABRIC,
-        };
-        Error::new(code, format!("{what}: {e}"))
-    }
-
-    /// An operating-system failure.
-    pub(crate) fn system(e: &io::Error, what: &str) -> Error {
-        Error::new(rch_status::RCH_ERR_SYSTEM, format!("{what}: {e}"))
+        Error::new(code, e.msg)
     }
 }
 

@@ -7,11 +7,12 @@
 //! compile time against the declaration bindgen generated (same parameter and return
 //! types), and every struct crossing the boundary against libc and std layouts.
 //!
-//! Design, in short (see the header, and `src/ffi/hello.rs` for the handshake):
+//! Design, in short (see the header; the process group itself is `src/group/`, its
+//! handshake `src/group/hello.rs`):
 //!
 //! * one global state behind one lock; every export catches panics and turns them and
 //!   every error into a status code plus a thread-local message (`rch_last_error`);
-//! * a process group comes from PMI-1 (mode a, `src/ffi/exchange.rs`), or from the caller's
+//! * a process group comes from PMI-1 (mode a, `src/group/exchange.rs`), or from the caller's
 //!   publish/lookup/fence callbacks (mode b);
 //! * connections are logical after `rch_init`; a pair's rings are set up when it first
 //!   communicates, through a handshake over the peer's abstract Unix socket, driven
@@ -25,7 +26,6 @@
 
 mod error;
 mod exchange;
-pub(crate) mod hello;
 mod lock;
 mod state;
 pub mod sys;
@@ -35,9 +35,11 @@ use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use crate::group::exchange::{Exchange, Pmi, Singleton};
+use crate::group::Group;
 use error::{report, Error};
-use exchange::{Callbacks, Exchange, Pmi, Singleton};
-use state::{lock, Group, Phase};
+use exchange::Callbacks;
+use state::{lock, Phase};
 use sys::{iovec, rch_exchange, rch_stats, rch_status, rch_vc, size_t};
 
 /// Most iovec entries per data call (`RCH_IOV_MAX`).
@@ -265,7 +267,7 @@ pub extern "C" fn rch_init() -> c_int {
                 }
                 Err(e) => {
                     *lib = Phase::Group(g);
-                    Err(e)
+                    Err(e.into())
                 }
             },
             other => {
@@ -293,7 +295,7 @@ pub extern "C" fn rch_finalize() -> c_int {
             Phase::Group(mut g) | Phase::Ready(mut g) => {
                 let r = g.finish();
                 drop(g);
-                r
+                r.map_err(Error::from)
             }
             Phase::Uninit => {
                 *lib = Phase::Uninit;
@@ -601,6 +603,11 @@ pub unsafe extern "C" fn rch_get_stats(stats: *mut rch_stats) -> c_int {
             return Err(null("stats"));
         }
         let s = lock()?.group()?.stats();
+        let s = rch_stats {
+            connections: s.connections as c_int,
+            pending: s.pending as c_int,
+            registered_bytes: s.registered_bytes as _,
+        };
         // SAFETY: checked non-NULL; the caller promised a writable struct.
         unsafe { out(stats, s) };
         Ok(())

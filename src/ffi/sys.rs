@@ -69,4 +69,4 @@ assert_eq_size!(rch_status::Type, std::os::raw::c_int);
 
 // The header's limits are what the Rust side enforces.
 const_assert_eq!(RCH_IOV_MAX as usize, super::IOV_MAX);
-const_assert_eq!(RCH_CARD_MAX as usize, super::hello::CARD_MAX);
+const_assert_eq!(RCH_CARD_MAX as usize, crate::group::hello::CARD_MAX);

@@ -112,6 +112,8 @@ fn parse(b: &[u8]) -> io::Result<Message<'_>> {
 /// A connection made through rdma_cm.
 pub(crate) struct Connected {
     pub(crate) channel: Channel<AnyFabric>,
+    /// The hello the initiator sent (empty on the initiator's side).
+    pub(crate) hello: Vec<u8>,
     pub(crate) local: SocketAddr,
     pub(crate) peer: SocketAddr,
 }
@@ -121,11 +123,6 @@ fn timed_out(what: &str, addr: &SocketAddr, t: Duration) -> io::Error {
         io::ErrorKind::TimedOut,
         format!("connecting to {addr}: {what} timed out after {t:?}"),
     )
-}
-
-/// Waits for the next event of `id` until `deadline`.
-fn expect_event(id: &CmId, deadline: Instant) -> io::Result<Option<CmEvent>> {
-    id.next_event(deadline)
 }
 
 /// Turns an unexpected or failing event while connecting to `addr` into an error.
@@ -164,7 +161,7 @@ fn connect_error(ev: &CmEvent, addr: &SocketAddr, stage: &str) -> io::Error {
 }
 
 /// Connects to a listener at `addr`, sending `hello` with the card, within
-/// `cfg`'s connect timeout.
+/// `cfg`'s connect timeout (blocking; see [`Connector`] for the steps).
 ///
 /// # Errors
 ///
@@ -173,7 +170,13 @@ fn connect_error(ev: &CmEvent, addr: &SocketAddr, stage: &str) -> io::Error {
 /// answer), `TimedOut`, `NotFound` (no RDMA device here), `InvalidData` (the peer is
 /// not rdma-channel), fabric failures.
 pub(crate) fn connect(addr: &SocketAddr, cfg: &Config, hello: &[u8]) -> io::Result<Connected> {
-    connect_inner(addr, cfg, hello).map_err(|e| naming(e, "connecting to", addr))
+    let mut c = Connector::start(addr, cfg, hello)?;
+    loop {
+        let wait = c.deadline.saturating_duration_since(Instant::now());
+        if let Some(done) = c.poll(wait)? {
+            return Ok(done);
+        }
+    }
 }
 
 /// `e`, with "`what` `addr`: " in front unless its message names `addr` already.
@@ -185,75 +188,165 @@ fn naming(e: io::Error, what: &str, addr: &SocketAddr) -> io::Error {
     }
 }
 
-fn connect_inner(addr: &SocketAddr, cfg: &Config, hello: &[u8]) -> io::Result<Connected> {
-    cfg.validate()?;
-    let limit = cfg.connect_timeout_duration();
-    let deadline = Instant::now() + limit;
-    let left = || deadline.saturating_duration_since(Instant::now());
-    let channel = EventChannel::new()?;
-    let id = Arc::new(CmId::new(&channel)?);
-    id.resolve_addr(addr, left())
-        .map_err(|e| io::Error::new(e.kind(), format!("connecting to {addr}: {e}")))?;
-    match expect_event(&id, deadline)? {
-        Some(ev) if ev.kind == CmEventKind::AddrResolved => {}
-        Some(ev) => return Err(connect_error(&ev, addr, "resolving the address")),
-        None => return Err(timed_out("address resolution", addr, limit)),
-    }
-    let fabric = VerbsFabric::for_cm_id(&id)?;
-    // Best effort: kernels before 4.20 lack the option and keep rdma_cm's timeout.
-    let _ = id.set_ack_timeout(fabric.ack_timeout());
-    id.resolve_route(left())
-        .map_err(|e| io::Error::new(e.kind(), format!("connecting to {addr}: {e}")))?;
-    match expect_event(&id, deadline)? {
-        Some(ev) if ev.kind == CmEventKind::RouteResolved => {}
-        Some(ev) => return Err(connect_error(&ev, addr, "resolving the route")),
-        None => return Err(timed_out("route resolution", addr, limit)),
-    }
-    let pending = fabric.create_qp_on(id.clone())?;
-    let params = fabric.conn_params();
-    let prepared = Prepared::with_pending(
-        AnyFabric::Verbs(fabric),
-        AnyPending::Verbs(pending),
-        cfg.clone(),
-    )?;
-    let card = prepared.card()?;
-    id.connect(&params, &frame(hello, &card.bytes)?)?;
-    let ev = match expect_event(&id, deadline)? {
-        Some(ev) if ev.kind == CmEventKind::Established => ev,
-        Some(ev) => return Err(connect_error(&ev, addr, "connecting")),
-        None => return Err(timed_out("the connection request", addr, limit)),
-    };
-    let peer_card = match parse(&ev.private_data)? {
-        Message::Connect { card, .. } => card.to_vec(),
-        Message::Reject(r) => {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionRefused,
-                format!("connecting to {addr}: refused: {r}"),
-            ))
-        }
-    };
-    id.set_established();
-    let local = id.local_addr()?;
-    let channel = prepared.connect(Card {
-        bytes: peer_card,
-        fds: Vec::new(),
-    })?;
-    Ok(Connected {
-        channel,
-        local,
-        peer: *addr,
-    })
+/// Where a [`Connector`] is.
+enum Step {
+    /// Waiting for `ADDR_RESOLVED`.
+    Address,
+    /// Waiting for `ROUTE_RESOLVED`.
+    Route,
+    /// Request sent, waiting for `ESTABLISHED` (our end is ready to connect).
+    Request(Box<Prepared<AnyFabric>>),
+    /// Connected, or failed.
+    Spent,
 }
 
-/// Decides whether the hello of a connection request is acceptable (`Err`: why not,
-/// which the peer is told).
-pub(crate) type HelloCheck = Box<dyn Fn(&[u8]) -> Result<(), String> + Send + Sync>;
+/// A connection being made, one step per event of its own event channel: address
+/// resolution, route resolution, the request, the reply. [`poll`](Self::poll)
+/// advances it without blocking (or waiting up to a given time), so a caller can
+/// drive many at once; [`connect`] drives one to the end.
+pub(crate) struct Connector {
+    addr: SocketAddr,
+    cfg: Config,
+    hello: Vec<u8>,
+    channel: Arc<EventChannel>,
+    id: Arc<CmId>,
+    step: Step,
+    deadline: Instant,
+}
+
+impl Connector {
+    /// Starts connecting to `addr` (resolving its address).
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`], for what fails at once (no RDMA device here).
+    pub(crate) fn start(addr: &SocketAddr, cfg: &Config, hello: &[u8]) -> io::Result<Connector> {
+        let go = || -> io::Result<Connector> {
+            cfg.validate()?;
+            let deadline = Instant::now() + cfg.connect_timeout_duration();
+            let channel = EventChannel::new()?;
+            let id = Arc::new(CmId::new(&channel)?);
+            id.resolve_addr(addr, cfg.connect_timeout_duration())?;
+            Ok(Connector {
+                addr: *addr,
+                cfg: cfg.clone(),
+                hello: hello.to_vec(),
+                channel,
+                id,
+                step: Step::Address,
+                deadline,
+            })
+        };
+        go().map_err(|e| naming(e, "connecting to", addr))
+    }
+
+    /// Handles what has happened, waiting up to `wait` for an event; the connection
+    /// once it is up.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`]; after an error (or the connection) the connector is spent.
+    pub(crate) fn poll(&mut self, wait: Duration) -> io::Result<Option<Connected>> {
+        let addr = self.addr;
+        self.advance(wait).map_err(|e| {
+            self.step = Step::Spent;
+            naming(e, "connecting to", &addr)
+        })
+    }
+
+    fn advance(&mut self, wait: Duration) -> io::Result<Option<Connected>> {
+        let limit = self.cfg.connect_timeout_duration();
+        let now = Instant::now();
+        if now >= self.deadline {
+            let what = match self.step {
+                Step::Address => "address resolution",
+                Step::Route => "route resolution",
+                Step::Request(_) => "the connection request",
+                Step::Spent => "the connection",
+            };
+            return Err(timed_out(what, &self.addr, limit));
+        }
+        let wait = wait.min(self.deadline - now);
+        let Some(ev) = self.channel.next(wait)? else {
+            return Ok(None);
+        };
+        if !ev.is_for(&self.id) {
+            return Ok(None);
+        }
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        match (std::mem::replace(&mut self.step, Step::Spent), ev.kind) {
+            (Step::Address, CmEventKind::AddrResolved) => {
+                self.id.resolve_route(left)?;
+                self.step = Step::Route;
+                Ok(None)
+            }
+            (Step::Route, CmEventKind::RouteResolved) => {
+                let fabric = VerbsFabric::for_cm_id(&self.id)?;
+                // Best effort: kernels before 4.20 lack the option and keep rdma_cm's.
+                let _ = self.id.set_ack_timeout(fabric.ack_timeout());
+                let pending = fabric.create_qp_on(self.id.clone())?;
+                let params = fabric.conn_params();
+                let prepared = Prepared::with_pending(
+                    AnyFabric::Verbs(fabric),
+                    AnyPending::Verbs(pending),
+                    self.cfg.clone(),
+                )?;
+                let card = prepared.card()?;
+                self.id
+                    .connect(&params, &frame(&self.hello, &card.bytes)?)?;
+                self.step = Step::Request(Box::new(prepared));
+                Ok(None)
+            }
+            (Step::Request(prepared), CmEventKind::Established) => {
+                let peer_card = match parse(&ev.private_data)? {
+                    Message::Connect { card, .. } => card.to_vec(),
+                    Message::Reject(r) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::ConnectionRefused,
+                            format!("refused: {r}"),
+                        ))
+                    }
+                };
+                self.id.set_established();
+                let local = self.id.local_addr()?;
+                let channel = prepared.connect(Card {
+                    bytes: peer_card,
+                    fds: Vec::new(),
+                })?;
+                Ok(Some(Connected {
+                    channel,
+                    hello: Vec::new(),
+                    local,
+                    peer: self.addr,
+                }))
+            }
+            (Step::Address, _) => Err(connect_error(&ev, &self.addr, "resolving the address")),
+            (Step::Route, _) => Err(connect_error(&ev, &self.addr, "resolving the route")),
+            (Step::Request(_), _) => Err(connect_error(&ev, &self.addr, "connecting")),
+            (Step::Spent, _) => Err(io::Error::other("the connector is spent")),
+        }
+    }
+}
 
 /// A request accepted and answered, waiting for `ESTABLISHED`.
 struct Accepting {
     id: Arc<CmId>,
     prepared: Prepared<AnyFabric>,
     peer_card: Vec<u8>,
+    hello: Vec<u8>,
+}
+
+/// What [`CmListener::accept`] found.
+pub(crate) enum Accepted {
+    /// A connection is up.
+    Up(Box<Connected>),
+    /// A request whose hello was accepted failed before it was up.
+    Failed {
+        /// Its hello.
+        hello: Vec<u8>,
+        /// Why.
+        error: io::Error,
+    },
 }
 
 /// Our end of a request, ready to accept.
@@ -262,6 +355,7 @@ struct Answer {
     reply: Vec<u8>,
     peer_card: Vec<u8>,
     params: crate::fabric::verbs::cm::ConnParams,
+    hello: Vec<u8>,
 }
 
 /// A listening rdma_cm id and the requests it is answering. Several requests
@@ -271,8 +365,6 @@ pub(crate) struct CmListener {
     channel: Arc<EventChannel>,
     cfg: Config,
     accepting: Mutex<HashMap<usize, Accepting>>,
-    /// Accepts the hello of a request (returns why not).
-    check_hello: HelloCheck,
 }
 
 impl CmListener {
@@ -282,11 +374,7 @@ impl CmListener {
     ///
     /// `NotFound` without RDMA, `AddrInUse`, `AddrNotAvailable` (not an address of
     /// this host), rdma_cm failures.
-    pub(crate) fn bind(
-        addr: &SocketAddr,
-        cfg: Config,
-        check_hello: HelloCheck,
-    ) -> io::Result<CmListener> {
+    pub(crate) fn bind(addr: &SocketAddr, cfg: Config) -> io::Result<CmListener> {
         cfg.validate()?;
         let listening = || -> io::Result<(Arc<EventChannel>, CmId)> {
             let channel = EventChannel::new()?;
@@ -302,7 +390,6 @@ impl CmListener {
             channel,
             cfg,
             accepting: Mutex::new(HashMap::new()),
-            check_hello,
         })
     }
 
@@ -315,14 +402,20 @@ impl CmListener {
         self.id.local_addr()
     }
 
-    /// Serves events until a connection is up or `timeout` passed (`None`: no
-    /// limit; `Duration::ZERO`: only what is pending). `Ok(None)` at the timeout.
+    /// Serves events until a connection is up, or a request whose hello `check`
+    /// accepted fails, or `timeout` passed (`None`: no limit; `Duration::ZERO`: only
+    /// what is pending). `Ok(None)` at the timeout. `check` decides on the hello of
+    /// each request (`Err`: why not, which the peer is told).
     ///
     /// # Errors
     ///
-    /// Failures of the event channel itself; a request that fails is refused (the
-    /// peer hears why) and accepting goes on.
-    pub(crate) fn accept(&self, timeout: Option<Duration>) -> io::Result<Option<Connected>> {
+    /// Failures of the event channel itself; a request that fails before `check`
+    /// accepted it is refused (the peer hears why) and accepting goes on.
+    pub(crate) fn accept(
+        &self,
+        timeout: Option<Duration>,
+        check: &mut dyn FnMut(&[u8]) -> Result<(), String>,
+    ) -> io::Result<Option<Accepted>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             let left = match deadline {
@@ -338,34 +431,40 @@ impl CmListener {
             match ev.kind {
                 CmEventKind::ConnectRequest => {
                     if let Some(id) = ev.take_request_id() {
-                        self.on_request(Arc::new(id), &ev);
-                    }
-                }
-                CmEventKind::Established => {
-                    let entry = self
-                        .accepting
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&ev.id_key());
-                    if let Some(a) = entry {
-                        match self.finish(a) {
-                            Ok(c) => return Ok(Some(c)),
-                            // The connection is dropped, which disconnects it: the
-                            // peer sees its end fail.
-                            Err(_) => continue,
+                        if let Some(failed) = self.on_request(Arc::new(id), &ev, check) {
+                            return Ok(Some(failed));
                         }
                     }
                 }
-                // A request that failed after we answered it: forget it.
+                CmEventKind::Established => {
+                    if let Some(a) = self.take(ev.id_key()) {
+                        let hello = a.hello.clone();
+                        return Ok(Some(match self.finish(a) {
+                            Ok(c) => Accepted::Up(Box::new(c)),
+                            // The connection is dropped, which disconnects it: the
+                            // peer sees its end fail.
+                            Err(error) => Accepted::Failed { hello, error },
+                        }));
+                    }
+                }
+                // A request that failed after we answered it.
                 CmEventKind::ConnectError
                 | CmEventKind::Rejected
                 | CmEventKind::Unreachable
                 | CmEventKind::Disconnected
                 | CmEventKind::DeviceRemoval => {
-                    self.accepting
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&ev.id_key());
+                    if let Some(a) = self.take(ev.id_key()) {
+                        return Ok(Some(Accepted::Failed {
+                            hello: a.hello,
+                            error: io::Error::new(
+                                io::ErrorKind::ConnectionAborted,
+                                format!(
+                                    "the connection failed before it was up: {}",
+                                    ev.describe()
+                                ),
+                            ),
+                        }));
+                    }
                 }
                 _ => {}
             }
@@ -375,30 +474,58 @@ impl CmListener {
         }
     }
 
-    /// Answers a connection request, or refuses it with the reason.
-    fn on_request(&self, id: Arc<CmId>, ev: &CmEvent) {
-        match self.prepare(&id, &ev.private_data) {
-            Ok(a) => match id.accept(&a.params, &a.reply) {
-                Ok(()) => {
-                    self.accepting
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(
-                            id.as_ptr() as usize,
-                            Accepting {
-                                id,
-                                prepared: a.prepared,
-                                peer_card: a.peer_card,
-                            },
-                        );
-                }
-                Err(_) => {
-                    // Dropping `id` destroys it; the peer's request times out or is
-                    // rejected by rdma_cm.
-                }
-            },
+    fn take(&self, key: usize) -> Option<Accepting> {
+        self.accepting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key)
+    }
+
+    /// Answers a connection request, or refuses it with the reason. A request whose
+    /// hello `check` accepted but that cannot be answered is reported as failed.
+    fn on_request(
+        &self,
+        id: Arc<CmId>,
+        ev: &CmEvent,
+        check: &mut dyn FnMut(&[u8]) -> Result<(), String>,
+    ) -> Option<Accepted> {
+        let hello = match parse(&ev.private_data) {
+            Ok(Message::Connect { hello, .. }) => hello.to_vec(),
+            Ok(Message::Reject(_)) => {
+                let _ = id.reject(&reject_frame("a connection request carrying a rejection"));
+                return None;
+            }
             Err(e) => {
                 let _ = id.reject(&reject_frame(&e.to_string()));
+                return None;
+            }
+        };
+        if let Err(why) = check(&hello) {
+            let _ = id.reject(&reject_frame(&why));
+            return None;
+        }
+        let answered = self
+            .prepare(&id, &ev.private_data)
+            .and_then(|a| id.accept(&a.params, &a.reply).map(|()| a));
+        match answered {
+            Ok(a) => {
+                self.accepting
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(
+                        id.as_ptr() as usize,
+                        Accepting {
+                            id,
+                            prepared: a.prepared,
+                            peer_card: a.peer_card,
+                            hello: a.hello,
+                        },
+                    );
+                None
+            }
+            Err(error) => {
+                let _ = id.reject(&reject_frame(&error.to_string()));
+                Some(Accepted::Failed { hello, error })
             }
         }
     }
@@ -413,8 +540,6 @@ impl CmListener {
                 ))
             }
         };
-        (self.check_hello)(hello)
-            .map_err(|m| io::Error::new(io::ErrorKind::PermissionDenied, m))?;
         let fabric = VerbsFabric::for_cm_id(id)?;
         let _ = id.set_ack_timeout(fabric.ack_timeout());
         let pending = fabric.create_qp_on(id.clone())?;
@@ -430,6 +555,7 @@ impl CmListener {
             reply,
             peer_card: card,
             params,
+            hello: hello.to_vec(),
         })
     }
 
@@ -446,6 +572,7 @@ impl CmListener {
         })?;
         Ok(Connected {
             channel,
+            hello: a.hello,
             local,
             peer,
         })

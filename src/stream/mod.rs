@@ -637,16 +637,8 @@ impl RdmaListener {
     #[cfg(feature = "verbs")]
     fn bind_inet(addr: &std::net::SocketAddr, cfg: Config) -> io::Result<RdmaListener> {
         inet_allowed(&Address::Inet(*addr))?;
-        // A stream's connection request carries no hello.
-        let check = Box::new(|hello: &[u8]| {
-            if hello.is_empty() {
-                Ok(())
-            } else {
-                Err("this listener takes streams, not process-group connections".to_string())
-            }
-        });
         Ok(RdmaListener {
-            inner: Listening::Inet(crate::handshake::cm::CmListener::bind(addr, cfg, check)?),
+            inner: Listening::Inet(crate::handshake::cm::CmListener::bind(addr, cfg)?),
         })
     }
 
@@ -712,14 +704,26 @@ impl RdmaListener {
                 RdmaStream::handshake(fabric.for_connection()?, &sock, cfg.clone())
             }
             #[cfg(feature = "verbs")]
-            Listening::Inet(l) => loop {
-                if let Some(c) = l.accept(None)? {
-                    let mut s = RdmaStream::from_channel(c.channel);
-                    s.peer = Some(Address::Inet(c.peer));
-                    s.local = Some(Address::Inet(c.local));
-                    return Ok(s);
+            Listening::Inet(l) => {
+                // A stream's connection request carries no hello.
+                let mut streams_only = |hello: &[u8]| {
+                    if hello.is_empty() {
+                        Ok(())
+                    } else {
+                        Err("this listener takes streams, not process-group connections".into())
+                    }
+                };
+                loop {
+                    if let Some(crate::handshake::cm::Accepted::Up(c)) =
+                        l.accept(None, &mut streams_only)?
+                    {
+                        let mut s = RdmaStream::from_channel(c.channel);
+                        s.peer = Some(Address::Inet(c.peer));
+                        s.local = Some(Address::Inet(c.local));
+                        return Ok(s);
+                    }
                 }
-            },
+            }
         }
     }
 }

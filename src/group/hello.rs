@@ -1,12 +1,15 @@
 //! Hello cards and the connection handshake of the lazy connections.
 //!
 //! At process-group initialisation every process listens on an abstract Unix socket
-//! (no file to clean up after a crash) and publishes a *hello card*, printable ASCII
-//! without spaces or `=` so that any string key-value store (PMI's) holds it:
+//! (no file to clean up after a crash), and where it can, on rdma_cm too, and
+//! publishes a *hello card* ([`Hello`]: printable ASCII without spaces or `=` so that
+//! any string key-value store, PMI's, holds it).
 //!
-//! ```text
-//! rch1:<fabric>:<pid>:<socket name>
-//! ```
+//! Peers on the same host ([`host_id`]) connect through the abstract socket, on the
+//! process's fabric (shared memory unless `RCH_FABRIC=verbs`), as below. Peers on
+//! other hosts connect through rdma_cm on the verbs fabric (`super::remote`), where
+//! the connection manager's request, reply and ready-to-use play the parts of
+//! `HELLO`, `ACCEPT` and `READY`.
 //!
 //! A connection is made when a pair first communicates. The side that starts
 //! (*initiator*) connects to the peer's socket and sends a `HELLO` frame (its rank,
@@ -50,24 +53,49 @@ pub(crate) const TAG_REJECT: &[u8; 4] = b"RCHR";
 pub(crate) const TAG_CLOSED: &[u8; 4] = b"RCHX";
 pub(crate) const TAG_BYE: &[u8; 4] = b"RCHB";
 
-/// What a process publishes about itself.
+/// What a process publishes about itself: how peers of its host reach it (the
+/// fabric and the abstract socket), which host it is on, and where peers of other
+/// hosts reach it through rdma_cm (if it can be reached that way):
+///
+/// ```text
+/// rch2,<fabric>,<pid>,<socket name>,<host id>,<ip:port or ->
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Hello {
     pub(crate) fabric: FabricKind,
     pub(crate) pid: u32,
     pub(crate) socket: String,
+    /// Same kernel and network namespace as us (see [`host_id`]): shared memory
+    /// and abstract sockets reach the process.
+    pub(crate) host: String,
+    /// Its rdma_cm listener, if it has one.
+    pub(crate) cm: Option<std::net::SocketAddr>,
+}
+
+/// A field of a hello card: printable ASCII without the separator, spaces or `=`.
+fn field_ok(f: &str) -> bool {
+    !f.is_empty()
+        && f.len() <= 100
+        && f.bytes()
+            .all(|c| c.is_ascii_graphic() && c != b',' && c != b'=')
 }
 
 impl Hello {
     pub(crate) fn encode(&self) -> String {
-        format!("rch1:{}:{}:{}", self.fabric, self.pid, self.socket)
+        let cm = self.cm.map_or_else(|| "-".to_string(), |a| a.to_string());
+        format!(
+            "rch2,{},{},{},{},{cm}",
+            self.fabric, self.pid, self.socket, self.host
+        )
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Hello, String> {
         let s = std::str::from_utf8(b).map_err(|_| "not UTF-8".to_string())?;
-        let parts: Vec<&str> = s.trim_end_matches('\0').split(':').collect();
-        if parts.len() != 4 || parts[0] != "rch1" {
-            return Err(format!("{s:?} is not an rch1 hello card"));
+        let parts: Vec<&str> = s.trim_end_matches('\0').split(',').collect();
+        if parts.len() != 6 || parts[0] != "rch2" {
+            return Err(format!(
+                "{s:?} is not an rch2 hello card (do all ranks run the same rdma-channel?)"
+            ));
         }
         let fabric = parts[1]
             .parse::<FabricKind>()
@@ -75,17 +103,53 @@ impl Hello {
         let pid = parts[2]
             .parse::<u32>()
             .map_err(|_| format!("bad pid {:?} in hello card", parts[2]))?;
-        let socket = parts[3];
-        if socket.is_empty() || socket.len() > 100 || !socket.bytes().all(|c| c.is_ascii_graphic())
-        {
+        let (socket, host) = (parts[3], parts[4]);
+        if !field_ok(socket) {
             return Err(format!("bad socket name {socket:?} in hello card"));
         }
+        if !field_ok(host) {
+            return Err(format!("bad host id {host:?} in hello card"));
+        }
+        let cm = match parts[5] {
+            "-" => None,
+            a => Some(
+                a.parse()
+                    .map_err(|_| format!("bad rdma_cm address {a:?} in hello card"))?,
+            ),
+        };
         Ok(Hello {
             fabric,
             pid,
             socket: socket.to_string(),
+            host: host.to_string(),
+            cm,
         })
     }
+}
+
+/// This process's host identity: processes with the same one share a kernel and a
+/// network namespace, so they reach each other through shared memory and abstract
+/// Unix sockets. `RCH_HOST_ID` overrides it (tests use it to make ranks of one
+/// machine talk as if on different hosts); otherwise it is the kernel's boot id and
+/// the network namespace's inode.
+pub(crate) fn host_id() -> String {
+    if let Ok(h) = std::env::var("RCH_HOST_ID") {
+        if field_ok(h.trim()) {
+            return h.trim().to_string();
+        }
+    }
+    let boot: String = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap_or_default()
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(16)
+        .collect();
+    use std::os::unix::fs::MetadataExt;
+    let netns = std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino());
+    format!(
+        "{}-{netns:x}",
+        if boot.is_empty() { "noboot" } else { &boot }
+    )
 }
 
 /// A fresh abstract socket name for this process.
@@ -207,21 +271,39 @@ mod tests {
             fabric: FabricKind::Emulated,
             pid: 42,
             socket: "rch-42-00ff".into(),
+            host: host_id(),
+            cm: Some("169.254.77.2:40001".parse().unwrap()),
         };
         let s = h.encode();
         assert!(s.len() <= CARD_MAX && !s.contains(' ') && !s.contains('='));
-        assert_eq!(Hello::decode(s.as_bytes()), Ok(h));
+        assert_eq!(Hello::decode(s.as_bytes()), Ok(h.clone()));
+        let without_cm = Hello { cm: None, ..h };
+        assert!(without_cm.encode().ends_with(",-"));
+        assert_eq!(
+            Hello::decode(without_cm.encode().as_bytes()),
+            Ok(without_cm)
+        );
         for bad in [
             &b""[..],
-            b"rch1:emulated:42",
-            b"rch2:emulated:42:x",
-            b"rch1:nic:42:x",
-            b"rch1:emulated:-1:x",
-            b"rch1:emulated:42:",
-            b"rch1:emulated:42:a b",
+            b"rch1:emulated:42:x",
+            b"rch2,emulated,42,x,h",
+            b"rch2,nic,42,x,h,-",
+            b"rch2,emulated,-1,x,h,-",
+            b"rch2,emulated,42,,h,-",
+            b"rch2,emulated,42,a b,h,-",
+            b"rch2,emulated,42,x,h=1,-",
+            b"rch2,emulated,42,x,h,10.0.0.1",
+            b"rch2,emulated,42,x,h,-,extra",
             b"\xff\xfe",
         ] {
             assert!(Hello::decode(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn host_id_is_a_valid_field_and_stable() {
+        let h = host_id();
+        assert!(field_ok(&h), "{h:?}");
+        assert_eq!(h, host_id());
     }
 }

@@ -1,0 +1,1020 @@
+//! The process group: this process's rank among `size`, how the others are reached
+//! (their hello cards, exchanged through PMI or the caller's callbacks), and the
+//! connection to each, set up lazily when a pair first communicates (see [`hello`]).
+//! The C interface ([`crate::ffi`]) is its face: exports, status codes and the
+//! library's global state live there.
+
+pub(crate) mod error;
+pub(crate) mod exchange;
+pub(crate) mod hello;
+#[cfg(feature = "verbs")]
+pub(crate) mod remote;
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::unix::net::{UnixListener, UnixStream};
+
+use self::error::{Error, ErrorKind};
+use self::exchange::Exchange;
+use self::hello::Hello;
+use crate::config::Config;
+use crate::engine::{Backoff, Prepared, Receiver, Sender};
+use crate::fabric::{AnyFabric, Card, Fabric};
+
+/// Key under which every process publishes its hello card.
+pub(crate) const HELLO_KEY: &str = "rch-hello";
+/// Data calls on connections that are not up (yet) between two looks at the listener
+/// and the handshakes in progress (each look costs a few system calls), and polls of
+/// rch_wait between two such looks while it spins.
+pub(crate) const PROGRESS_EVERY: u32 = 64;
+/// Data calls on connections that are up between two such looks: a process that only
+/// ever polls its established connections still answers new peers.
+const BACKGROUND_EVERY: u32 = 4096;
+
+/// What `rch_get_stats` reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Stats {
+    /// Connections up.
+    pub(crate) connections: usize,
+    /// Handshakes in progress.
+    pub(crate) pending: usize,
+    /// Memory registered for the connections.
+    pub(crate) registered_bytes: usize,
+}
+
+/// A connection that is up: our sending and receiving halves.
+struct Up {
+    // Fields drop in order: the receiver first, so that the peer sees "stopped
+    // reading" before it sees the end of our stream (rch_vc_close closes both).
+    rx: Receiver<AnyFabric>,
+    tx: Sender<AnyFabric>,
+    /// The unused halves of a loopback connection, kept so that they do not close it.
+    _spare: Option<(Receiver<AnyFabric>, Sender<AnyFabric>)>,
+    /// As acceptor, the socket on which the initiator's READY is awaited; we do not
+    /// write before it arrived.
+    confirm: Option<UnixStream>,
+    /// The handshake socket, kept open as a liveness signal once the handshake is
+    /// done: the kernel closes it when the peer's process ends, and a peer that
+    /// closes the connection in order says BYE on it first. (An RC queue pair on
+    /// verbs only notices a dead peer when it sends, so a reader would wait forever.)
+    link: Option<UnixStream>,
+    /// The peer's process ended without BYE.
+    gone: bool,
+    /// Data calls that moved nothing, to look at `link` now and then.
+    empty: u32,
+}
+
+/// Empty data calls between two looks at a connection's liveness socket.
+const LIVENESS_EVERY: u32 = 1024;
+
+impl Up {
+    fn new(
+        rx: Receiver<AnyFabric>,
+        tx: Sender<AnyFabric>,
+        confirm: Option<UnixStream>,
+        link: Option<UnixStream>,
+    ) -> Up {
+        Up {
+            rx,
+            tx,
+            _spare: None,
+            confirm,
+            link,
+            gone: false,
+            empty: 0,
+        }
+    }
+
+    /// True once the peer's process is known to have ended without closing the
+    /// connection (its socket hung up without BYE).
+    fn peer_gone(&mut self) -> bool {
+        if self.gone {
+            return true;
+        }
+        let Some(s) = &self.link else {
+            return false;
+        };
+        if !hello::readable(s) {
+            return false;
+        }
+        match hello::recv(s) {
+            Ok((t, _)) if &t == hello::TAG_BYE => self.link = None,
+            _ => {
+                self.link = None;
+                self.gone = true;
+            }
+        }
+        self.gone
+    }
+
+    /// After a data call that moved nothing: true if the peer is gone (checked
+    /// every LIVENESS_EVERY such calls).
+    #[inline]
+    fn idle_gone(&mut self) -> bool {
+        self.empty = self.empty.wrapping_add(1);
+        self.gone || (self.empty % LIVENESS_EVERY == 0 && self.peer_gone())
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        // An orderly close: tell the peer before its liveness socket hangs up.
+        if let Some(s) = self.link.take() {
+            let _ = s.set_nonblocking(true);
+            let _ = hello::send(&s, hello::TAG_BYE, &[], None);
+        }
+    }
+}
+
+/// One virtual connection.
+// `Up` is stored inline (3.4 KiB per rank, 110 KiB for 32 ranks): the data path
+// then reaches the channel without one more dependent load.
+#[allow(clippy::large_enum_variant)]
+enum Conn {
+    /// Nothing set up yet.
+    Idle,
+    /// We sent HELLO and wait for the answer.
+    Outbound {
+        sock: UnixStream,
+        prepared: Box<Prepared<AnyFabric>>,
+    },
+    /// Our HELLO lost the race; the peer's HELLO is on its way.
+    AwaitPeer,
+    /// A peer on another host: our rdma_cm connection request is on its way.
+    #[cfg(feature = "verbs")]
+    CmOutbound(Box<crate::handshake::cm::Connector>),
+    /// A peer on another host: we accepted its rdma_cm request and wait for the
+    /// connection to be established.
+    #[cfg(feature = "verbs")]
+    CmAccepting,
+    Up(Up),
+    Closed,
+    Failed(Error),
+}
+
+struct Vc {
+    conn: Conn,
+    /// A put returned less than offered (or left a zero-copy transfer in flight):
+    /// rch_wait watches for room.
+    want_write: bool,
+    /// A read reported the connection's end or failure: rch_wait stops watching it.
+    rx_done: bool,
+}
+
+/// The process group and its connections.
+pub(crate) struct Group {
+    pub(crate) rank: u32,
+    pub(crate) size: u32,
+    pub(crate) spawned: bool,
+    exchange: Box<dyn Exchange>,
+    fabric: AnyFabric,
+    cfg: Config,
+    listener: UnixListener,
+    hello: Hello,
+    peers: Vec<Hello>,
+    vcs: Vec<Vc>,
+    /// Accepted sockets whose HELLO has not arrived yet.
+    inbound: Vec<UnixStream>,
+    /// Handshakes in progress (outbound or awaiting READY), to skip the scan when none.
+    handshakes: usize,
+    tick: u32,
+    /// Smallest buffer the engine may send zero-copy (C memory is never from
+    /// `alloc_mem`, so the threshold for other memory); smaller puts take the
+    /// plain copying path, which skips the eligibility checks.
+    zc_min: usize,
+    uid: u32,
+    /// Our rdma_cm listener, through which peers of other hosts connect.
+    #[cfg(feature = "verbs")]
+    remote: Option<remote::Remote>,
+    /// Why this process cannot reach peers of other hosts, if it cannot.
+    remote_why: Option<String>,
+}
+
+impl Group {
+    /// Opens the fabric, listens, and publishes this process's hello card.
+    pub(crate) fn new(
+        rank: u32,
+        size: u32,
+        spawned: bool,
+        mut exchange: Box<dyn Exchange>,
+    ) -> Result<Group, Error> {
+        let cfg = Config::from_env().map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
+        let fabric =
+            AnyFabric::from_env().map_err(|e| Error::from_setup(&e, "opening the fabric"))?;
+        let socket = hello::socket_name().map_err(|e| Error::system(&e, "getrandom"))?;
+        let listener = hello::listen(&socket)
+            .map_err(|e| Error::system(&e, &format!("listening on @{socket}")))?;
+        #[cfg(feature = "verbs")]
+        let (remote, remote_why) = match remote::Remote::open(&cfg) {
+            Ok(r) => (Some(r), None),
+            Err(why) => (None, Some(why)),
+        };
+        #[cfg(not(feature = "verbs"))]
+        let remote_why =
+            Some("rdma-channel was built without the verbs feature (rdma_cm)".to_string());
+        let hello = Hello {
+            fabric: fabric.kind(),
+            pid: std::process::id(),
+            socket,
+            host: hello::host_id(),
+            #[cfg(feature = "verbs")]
+            cm: remote.as_ref().map(|r| r.addr),
+            #[cfg(not(feature = "verbs"))]
+            cm: None,
+        };
+        exchange.publish(HELLO_KEY, hello.encode().as_bytes())?;
+        let zc_min = cfg
+            .zero_copy_thresholds()
+            .1
+            .unwrap_or(fabric.zero_copy_defaults().1)
+            .max(1);
+        let vcs = (0..size)
+            .map(|_| Vc {
+                conn: Conn::Idle,
+                want_write: false,
+                rx_done: false,
+            })
+            .collect();
+        Ok(Group {
+            rank,
+            size,
+            spawned,
+            exchange,
+            fabric,
+            cfg,
+            listener,
+            hello,
+            peers: Vec::new(),
+            vcs,
+            inbound: Vec::new(),
+            handshakes: 0,
+            tick: 0,
+            zc_min,
+            // SAFETY: getuid cannot fail and touches no memory.
+            uid: unsafe { libc::getuid() },
+            #[cfg(feature = "verbs")]
+            remote,
+            remote_why,
+        })
+    }
+
+    /// rch_init: a fence, then every process's card.
+    pub(crate) fn connect_all(&mut self) -> Result<(), Error> {
+        self.exchange.fence()?;
+        let mut peers = Vec::with_capacity(self.size as usize);
+        for r in 0..self.size {
+            if r == self.rank {
+                peers.push(self.hello.clone());
+                continue;
+            }
+            let v = self.exchange.lookup(r, HELLO_KEY)?;
+            let h = Hello::decode(&v).map_err(|m| {
+                Error::new(ErrorKind::Exchange, format!("hello card of rank {r}: {m}"))
+            })?;
+            // Peers of our host share our fabric; those of other hosts are reached
+            // through rdma_cm whatever their local fabric.
+            if h.host == self.hello.host && h.fabric != self.hello.fabric {
+                return Err(Error::new(
+                    ErrorKind::Fabric,
+                    format!(
+                        "rank {r} uses the {} fabric, this process (rank {}) the {} fabric (RCH_FABRIC)",
+                        h.fabric, self.rank, self.hello.fabric
+                    ),
+                ));
+            }
+            peers.push(h);
+        }
+        self.peers = peers;
+        Ok(())
+    }
+
+    /// rch_finalize: a fence, then everything is dropped by the caller.
+    pub(crate) fn finish(&mut self) -> Result<(), Error> {
+        let r = self.exchange.fence();
+        let f = self.exchange.finish();
+        r.and(f)
+    }
+
+    #[inline]
+    pub(crate) fn check_rank(&self, rank: usize) -> Result<(), Error> {
+        if rank >= self.size as usize {
+            return Err(unknown_vc());
+        }
+        Ok(())
+    }
+
+    /// Non-blocking put on the connection to `rank` (`total` = the iov's length).
+    ///
+    /// # Safety
+    ///
+    /// `rch_put_datav`'s zero-copy contract: buffers the call announces stay mapped
+    /// and unmodified until a later call counts them.
+    #[inline]
+    pub(crate) unsafe fn put(
+        &mut self,
+        rank: usize,
+        iov: &[IoSlice<'_>],
+        total: usize,
+    ) -> Result<usize, Error> {
+        self.background();
+        let vc = &mut self.vcs[rank];
+        if let Conn::Up(up) = &mut vc.conn {
+            if up.confirm.is_none() {
+                let r = if total < self.zc_min && !up.tx.zero_copy_pending() {
+                    up.tx.put(iov)
+                } else {
+                    // SAFETY: forwarded from this function's contract.
+                    unsafe { up.tx.put_nocopy(iov) }
+                };
+                return match r {
+                    Ok(0) if total > 0 && up.idle_gone() => {
+                        vc.want_write = false;
+                        Err(gone(rank))
+                    }
+                    Ok(n) => {
+                        vc.want_write = n < total || up.tx.zero_copy_pending();
+                        Ok(n)
+                    }
+                    Err(e) => {
+                        vc.want_write = false;
+                        Err(data_error(&e, rank, "put"))
+                    }
+                };
+            }
+        }
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.put_slow(rank, iov, total) }
+    }
+
+    /// [`put`](Self::put) on a connection that is not up (yet).
+    ///
+    /// # Safety
+    ///
+    /// As [`put`](Self::put).
+    #[cold]
+    unsafe fn put_slow(
+        &mut self,
+        rank: usize,
+        iov: &[IoSlice<'_>],
+        total: usize,
+    ) -> Result<usize, Error> {
+        match &self.vcs[rank].conn {
+            Conn::Idle => self.start(rank)?,
+            Conn::Closed => return Err(closed(rank)),
+            Conn::Failed(e) => return Err(e.clone()),
+            // Our own handshake: its socket has the answer as soon as the peer gave it.
+            Conn::Outbound { .. } | Conn::Up(_) => {
+                if !self.advance(rank) {
+                    self.maybe_progress();
+                }
+            }
+            #[cfg(feature = "verbs")]
+            Conn::CmOutbound(_) => {
+                if !self.advance(rank) {
+                    self.maybe_progress();
+                }
+            }
+            #[cfg(feature = "verbs")]
+            Conn::CmAccepting => self.maybe_progress(),
+            Conn::AwaitPeer => self.maybe_progress(),
+        }
+        self.vcs[rank].want_write = total > 0;
+        match &self.vcs[rank].conn {
+            // SAFETY: forwarded from this function's contract.
+            Conn::Up(up) if up.confirm.is_none() => unsafe { self.put(rank, iov, total) },
+            Conn::Failed(e) => Err(e.clone()),
+            _ => Ok(0),
+        }
+    }
+
+    /// Non-blocking read from the connection to `rank`.
+    ///
+    /// # Safety
+    ///
+    /// `rch_read_datav`'s contract: a buffer that reads were left in flight into stays
+    /// allocated and untouched until a later call counts them.
+    #[inline]
+    pub(crate) unsafe fn read(
+        &mut self,
+        rank: usize,
+        iov: &mut [IoSliceMut<'_>],
+    ) -> Result<usize, Error> {
+        self.background();
+        let vc = &mut self.vcs[rank];
+        if let Conn::Up(up) = &mut vc.conn {
+            // SAFETY: forwarded from this function's contract.
+            return match unsafe { up.rx.get_nowait(iov) } {
+                Ok(0) if up.idle_gone() => {
+                    vc.rx_done = true;
+                    Err(gone(rank))
+                }
+                Ok(n) => Ok(n),
+                Err(e) => {
+                    if e.kind() != io::ErrorKind::InvalidInput {
+                        vc.rx_done = true;
+                    }
+                    Err(data_error(&e, rank, "read"))
+                }
+            };
+        }
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.read_slow(rank, iov) }
+    }
+
+    /// [`read`](Self::read) on a connection that is not up (yet).
+    ///
+    /// # Safety
+    ///
+    /// As [`read`](Self::read).
+    #[cold]
+    unsafe fn read_slow(
+        &mut self,
+        rank: usize,
+        iov: &mut [IoSliceMut<'_>],
+    ) -> Result<usize, Error> {
+        match &self.vcs[rank].conn {
+            Conn::Closed => return Err(closed(rank)),
+            Conn::Failed(e) => return Err(e.clone()),
+            // Nothing to read before the peer connects; its HELLO is answered by the
+            // background looks and by rch_wait, so polling idle peers stays cheap.
+            Conn::Idle => return Ok(0),
+            Conn::Outbound { .. } => {
+                if !self.advance(rank) {
+                    self.maybe_progress();
+                }
+            }
+            #[cfg(feature = "verbs")]
+            Conn::CmOutbound(_) => {
+                if !self.advance(rank) {
+                    self.maybe_progress();
+                }
+            }
+            _ => self.maybe_progress(),
+        }
+        match &self.vcs[rank].conn {
+            // SAFETY: forwarded from this function's contract.
+            Conn::Up(_) => unsafe { self.read(rank, iov) },
+            Conn::Failed(e) => Err(e.clone()),
+            _ => Ok(0),
+        }
+    }
+
+    /// rch_vc_close.
+    pub(crate) fn close(&mut self, rank: usize) {
+        let vc = &mut self.vcs[rank];
+        if matches!(vc.conn, Conn::Outbound { .. })
+            || matches!(&vc.conn, Conn::Up(u) if u.confirm.is_some())
+        {
+            self.handshakes -= 1;
+        }
+        #[cfg(feature = "verbs")]
+        if matches!(vc.conn, Conn::CmOutbound(_) | Conn::CmAccepting) {
+            self.handshakes -= 1;
+        }
+        vc.conn = Conn::Closed;
+        vc.want_write = false;
+        vc.rx_done = true;
+    }
+
+    fn maybe_progress(&mut self) {
+        if self.tick % PROGRESS_EVERY == 0 {
+            self.progress();
+        }
+    }
+
+    /// Counts a data call; now and then looks at the listener and handshakes.
+    #[inline]
+    fn background(&mut self) {
+        self.tick = self.tick.wrapping_add(1);
+        if self.tick % BACKGROUND_EVERY == 0 {
+            self.progress_cold();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn progress_cold(&mut self) {
+        self.progress();
+    }
+
+    /// Starts the connection to `rank`: loopback at once, else an outbound HELLO.
+    fn start(&mut self, rank: usize) -> Result<(), Error> {
+        if rank == self.rank as usize {
+            let up = self
+                .loopback()
+                .map_err(|e| Error::from_conn(&e, "loopback connection"))?;
+            self.vcs[rank].conn = Conn::Up(up);
+            return Ok(());
+        }
+        let started = if self.peers[rank].host == self.hello.host {
+            self.outbound(rank)
+        } else {
+            self.outbound_remote(rank)
+        };
+        match started {
+            Ok(c) => {
+                self.vcs[rank].conn = c;
+                self.handshakes += 1;
+                Ok(())
+            }
+            Err(e) => {
+                self.vcs[rank].conn = Conn::Failed(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    fn loopback(&self) -> io::Result<Up> {
+        let a = Prepared::new(self.fabric.for_connection()?, self.cfg.clone())?;
+        let b = Prepared::new(self.fabric.for_connection()?, self.cfg.clone())?;
+        let (ca, cb) = (a.card()?, b.card()?);
+        let (a, b) = (a.connect(cb)?, b.connect(ca)?);
+        let (rx_a, tx_a) = a.split();
+        let (rx_b, tx_b) = b.split();
+        let mut up = Up::new(rx_b, tx_a, None, None);
+        up._spare = Some((rx_a, tx_b));
+        Ok(up)
+    }
+
+    fn outbound(&mut self, rank: usize) -> Result<Conn, Error> {
+        let peer = &self.peers[rank];
+        let sock = hello::connect(&peer.socket).map_err(|e| {
+            Error::new(
+                ErrorKind::PeerGone,
+                format!(
+                    "cannot reach rank {rank} (pid {}) at @{}: {e}",
+                    peer.pid, peer.socket
+                ),
+            )
+        })?;
+        let prepared = self.prepare()?;
+        let card = prepared
+            .card()
+            .map_err(|e| Error::from_conn(&e, "connection card"))?;
+        let mut body = Vec::with_capacity(8);
+        body.extend_from_slice(&self.rank.to_le_bytes());
+        body.extend_from_slice(&(rank as u32).to_le_bytes());
+        hello::send(&sock, hello::TAG_HELLO, &body, Some(card)).map_err(|e| {
+            Error::new(
+                ErrorKind::PeerGone,
+                format!("sending HELLO to rank {rank}: {e}"),
+            )
+        })?;
+        Ok(Conn::Outbound {
+            sock,
+            prepared: Box::new(prepared),
+        })
+    }
+
+    /// Starts an rdma_cm connection to a peer of another host.
+    fn outbound_remote(&mut self, rank: usize) -> Result<Conn, Error> {
+        let peer = &self.peers[rank];
+        let cannot = |why: &str| {
+            Error::new(
+                ErrorKind::PeerGone,
+                format!(
+                    "rank {rank} is on another host ({}) and cannot be reached: {why}",
+                    peer.host
+                ),
+            )
+        };
+        if let Some(why) = &self.remote_why {
+            return Err(cannot(&format!("this process has no rdma_cm: {why}")));
+        }
+        let Some(addr) = peer.cm else {
+            return Err(cannot(
+                "it published no rdma_cm address (no RDMA device with an IP address there)",
+            ));
+        };
+        #[cfg(feature = "verbs")]
+        {
+            remote::Remote::connect(&addr, &self.cfg, self.rank, rank as u32)
+                .map(|c| Conn::CmOutbound(Box::new(c)))
+                .map_err(|e| Error::from_conn(&e, &format!("connecting to rank {rank}")))
+        }
+        #[cfg(not(feature = "verbs"))]
+        {
+            let _ = addr;
+            unreachable!("remote_why is always set without the verbs feature")
+        }
+    }
+
+    fn prepare(&self) -> Result<Prepared<AnyFabric>, Error> {
+        let f = self
+            .fabric
+            .for_connection()
+            .map_err(|e| Error::from_setup(&e, "fabric domain"))?;
+        Prepared::new(f, self.cfg.clone()).map_err(|e| Error::from_setup(&e, "connection memory"))
+    }
+
+    /// Accepts peers' HELLOs and advances our handshakes. True if anything changed.
+    pub(crate) fn progress(&mut self) -> bool {
+        let mut changed = false;
+        while let Ok((s, _)) = self.listener.accept() {
+            // Only processes of our own user may connect.
+            if hello::peer_cred(&s).is_ok_and(|(_, uid)| uid == self.uid) {
+                let _ = s.set_nonblocking(false);
+                self.inbound.push(s);
+            }
+        }
+        let mut i = 0;
+        while i < self.inbound.len() {
+            if hello::readable(&self.inbound[i]) {
+                let s = self.inbound.swap_remove(i);
+                self.on_hello(s);
+                changed = true;
+            } else {
+                i += 1;
+            }
+        }
+        #[cfg(feature = "verbs")]
+        {
+            changed |= self.progress_remote();
+        }
+        if self.handshakes > 0 {
+            for r in 0..self.vcs.len() {
+                changed |= self.advance(r);
+            }
+        }
+        changed
+    }
+
+    /// Serves rdma_cm requests from peers of other hosts and installs the connections
+    /// that came up. True if anything changed.
+    #[cfg(feature = "verbs")]
+    fn progress_remote(&mut self) -> bool {
+        use crate::handshake::cm::Accepted;
+        let Some(listener) = &self.remote else {
+            return false;
+        };
+        let me = self.rank as usize;
+        let mut changed = false;
+        loop {
+            let (vcs, handshakes) = (&mut self.vcs, &mut self.handshakes);
+            let mut check = |hello: &[u8]| decide_remote(vcs, handshakes, me, hello);
+            let from_of = |hello: &[u8]| remote::parse_hello(hello).map(|(f, _)| f as usize);
+            match listener.accept(&mut check) {
+                Ok(Some(Accepted::Up(c))) => {
+                    changed = true;
+                    let Some(from) = from_of(&c.hello) else {
+                        continue;
+                    };
+                    // Closed meanwhile: dropping the channel disconnects it.
+                    if matches!(self.vcs[from].conn, Conn::CmAccepting) {
+                        let (rx, tx) = c.channel.split();
+                        self.vcs[from].conn = Conn::Up(Up::new(rx, tx, None, None));
+                        self.handshakes -= 1;
+                    }
+                }
+                Ok(Some(Accepted::Failed { hello, error })) => {
+                    changed = true;
+                    let Some(from) = from_of(&hello) else {
+                        continue;
+                    };
+                    if matches!(self.vcs[from].conn, Conn::CmAccepting) {
+                        self.vcs[from].conn = Conn::Failed(Error::from_conn(
+                            &error,
+                            &format!("accepting the connection of rank {from}"),
+                        ));
+                        self.handshakes -= 1;
+                    }
+                }
+                Ok(None) | Err(_) => return changed,
+            }
+        }
+    }
+
+    /// Advances the handshake of connection `r`, if its socket has news.
+    fn advance(&mut self, r: usize) -> bool {
+        #[cfg(feature = "verbs")]
+        if let Conn::CmOutbound(c) = &mut self.vcs[r].conn {
+            let next = match c.poll(std::time::Duration::ZERO) {
+                Ok(None) => return false,
+                Ok(Some(conn)) => {
+                    let (rx, tx) = conn.channel.split();
+                    Conn::Up(Up::new(rx, tx, None, None))
+                }
+                // Both started at once and the peer's attempt wins: it is on its way.
+                Err(e) if e.to_string().contains(LOST_RACE) => Conn::AwaitPeer,
+                Err(e) => Conn::Failed(Error::from_conn(&e, &format!("connecting to rank {r}"))),
+            };
+            self.vcs[r].conn = next;
+            self.handshakes -= 1;
+            return true;
+        }
+        match &mut self.vcs[r].conn {
+            Conn::Outbound { sock, .. } if hello::readable(sock) => {}
+            Conn::Up(up) => {
+                let Some(sock) = &up.confirm else {
+                    return false;
+                };
+                if !hello::readable(sock) {
+                    return false;
+                }
+                let res = hello::recv(sock);
+                self.handshakes -= 1;
+                match res {
+                    // The socket stays open as the connection's liveness signal.
+                    Ok((t, _)) if &t == hello::TAG_READY => up.link = up.confirm.take(),
+                    Ok((t, c)) => {
+                        self.vcs[r].conn = Conn::Failed(Error::new(
+                            ErrorKind::PeerGone,
+                            format!("rank {r} failed to connect: {}", reason(&t, &c.bytes)),
+                        ))
+                    }
+                    Err(e) => {
+                        self.vcs[r].conn = Conn::Failed(Error::new(
+                            ErrorKind::PeerGone,
+                            format!("rank {r} vanished while connecting: {e}"),
+                        ))
+                    }
+                }
+                return true;
+            }
+            _ => return false,
+        }
+        let Conn::Outbound { sock, prepared } =
+            std::mem::replace(&mut self.vcs[r].conn, Conn::Idle)
+        else {
+            unreachable!("matched above")
+        };
+        self.handshakes -= 1;
+        self.vcs[r].conn = match hello::recv(&sock) {
+            Ok((t, card)) if &t == hello::TAG_ACCEPT => match prepared.connect(card) {
+                Ok(chan) => {
+                    let (rx, tx) = chan.split();
+                    match hello::send(&sock, hello::TAG_READY, &[], None) {
+                        Ok(()) => Conn::Up(Up::new(rx, tx, None, Some(sock))),
+                        Err(e) => Conn::Failed(Error::new(
+                            ErrorKind::PeerGone,
+                            format!("rank {r} vanished while connecting: {e}"),
+                        )),
+                    }
+                }
+                Err(e) => {
+                    let _ = hello::send(&sock, hello::TAG_CLOSED, e.to_string().as_bytes(), None);
+                    Conn::Failed(Error::from_conn(&e, &format!("connecting to rank {r}")))
+                }
+            },
+            Ok((t, _)) if &t == hello::TAG_REJECT => Conn::AwaitPeer,
+            Ok((t, c)) if &t == hello::TAG_CLOSED => Conn::Failed(Error::new(
+                ErrorKind::PeerClosed,
+                format!("rank {r} refused the connection: {}", reason(&t, &c.bytes)),
+            )),
+            Ok((t, c)) => Conn::Failed(Error::new(
+                ErrorKind::Protocol,
+                format!("rank {r} answered {}", reason(&t, &c.bytes)),
+            )),
+            Err(e) => Conn::Failed(Error::new(
+                ErrorKind::PeerGone,
+                format!("rank {r} closed the handshake (finalised or died): {e}"),
+            )),
+        };
+        true
+    }
+
+    /// A peer's HELLO arrived on an accepted socket.
+    fn on_hello(&mut self, s: UnixStream) {
+        let Ok((tag, card)) = hello::recv(&s) else {
+            return;
+        };
+        let b = &card.bytes;
+        if &tag != hello::TAG_HELLO || b.len() < 8 {
+            let _ = hello::send(&s, hello::TAG_CLOSED, b"expected HELLO", None);
+            return;
+        }
+        let from = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes")) as usize;
+        let to = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
+        let pid = hello::peer_cred(&s).map(|(p, _)| p).unwrap_or(0);
+        if to != self.rank
+            || from >= self.vcs.len()
+            || from == to as usize
+            || self.peers[from].pid != pid
+        {
+            let _ = hello::send(
+                &s,
+                hello::TAG_CLOSED,
+                format!(
+                    "HELLO from rank {from} (pid {pid}) to rank {to} does not belong to this job"
+                )
+                .as_bytes(),
+                None,
+            );
+            return;
+        }
+        let peer_card = Card {
+            bytes: b[8..].to_vec(),
+            fds: card.fds,
+        };
+        match &self.vcs[from].conn {
+            Conn::Idle | Conn::AwaitPeer => {}
+            // Both started: the lower rank's attempt wins.
+            Conn::Outbound { .. } if from < self.rank as usize => {
+                self.handshakes -= 1;
+            }
+            Conn::Outbound { .. } | Conn::Up(_) => {
+                let _ = hello::send(&s, hello::TAG_REJECT, b"", None);
+                return;
+            }
+            Conn::Closed | Conn::Failed(_) => {
+                let _ = hello::send(&s, hello::TAG_CLOSED, b"the connection was closed", None);
+                return;
+            }
+            // That rank is on another host for us: it cannot say HELLO on our socket.
+            #[cfg(feature = "verbs")]
+            Conn::CmOutbound(_) | Conn::CmAccepting => {
+                let _ = hello::send(
+                    &s,
+                    hello::TAG_CLOSED,
+                    b"this rank connects to you through rdma_cm (another host)",
+                    None,
+                );
+                return;
+            }
+        }
+        self.vcs[from].conn = match self.accept(&s, peer_card) {
+            Ok(mut up) => {
+                self.handshakes += 1;
+                up.confirm = Some(s);
+                Conn::Up(up)
+            }
+            Err(e) => {
+                let _ = hello::send(&s, hello::TAG_CLOSED, e.msg.as_bytes(), None);
+                Conn::Failed(e)
+            }
+        };
+    }
+
+    fn accept(&self, s: &UnixStream, peer: Card) -> Result<Up, Error> {
+        let prepared = self.prepare()?;
+        let card = prepared
+            .card()
+            .map_err(|e| Error::from_conn(&e, "connection card"))?;
+        let chan = prepared
+            .connect(peer)
+            .map_err(|e| Error::from_conn(&e, "accepting a connection"))?;
+        hello::send(s, hello::TAG_ACCEPT, &[], Some(card))
+            .map_err(|e| Error::new(ErrorKind::PeerGone, format!("answering HELLO: {e}")))?;
+        let (rx, tx) = chan.split();
+        Ok(Up::new(rx, tx, None, None))
+    }
+
+    /// One look at every connection for rch_wait: true when a read or a blocked put
+    /// may progress, or a handshake moved. `all` includes the listener and sockets.
+    pub(crate) fn poll(
+        &mut self,
+        only: Option<usize>,
+        read: bool,
+        write: bool,
+        sockets: bool,
+    ) -> bool {
+        let mut ready = false;
+        if sockets && (self.progress()) {
+            ready = true;
+        }
+        let range = match only {
+            Some(r) => r..r + 1,
+            None => 0..self.vcs.len(),
+        };
+        for r in range {
+            let vc = &mut self.vcs[r];
+            match &mut vc.conn {
+                Conn::Up(up) => {
+                    if sockets && !vc.rx_done && up.peer_gone() {
+                        ready = true;
+                    }
+                    if read && !vc.rx_done && up.rx.poll_readable().unwrap_or(true) {
+                        ready = true;
+                    }
+                    if up.confirm.is_none()
+                        && write
+                        && (vc.want_write || only.is_some())
+                        && up.tx.poll_writable().unwrap_or(true)
+                    {
+                        ready = true;
+                    }
+                }
+                Conn::Closed | Conn::Failed(_) if only.is_some() => ready = true,
+                // A put on a connection nobody opened yet progresses: it starts one.
+                Conn::Idle if only.is_some() && write => ready = true,
+                _ => {}
+            }
+        }
+        ready
+    }
+
+    /// rch_get_stats: connections up, handshakes, and the memory registered for
+    /// them (as `Prepared::new` and `connect` allocate it: the incoming ring and
+    /// control words, plus a staging copy of the outgoing ring where the fabric's
+    /// inline limit is below the chunk size).
+    pub(crate) fn stats(&self) -> Stats {
+        let ring = self.cfg.ring_size_bytes();
+        let inline = self
+            .fabric
+            .caps()
+            .max_inline
+            .min(self.cfg.max_inline_bytes().unwrap_or(usize::MAX));
+        let staging = if inline < self.cfg.chunk_size_bytes().min(ring / 2) {
+            ring
+        } else {
+            0
+        };
+        let per_direction = ring + crate::engine::CTRL_SIZE + staging;
+        let mut up = 0usize;
+        let mut ends = 0usize;
+        for vc in &self.vcs {
+            if let Conn::Up(u) = &vc.conn {
+                up += 1;
+                ends += if u._spare.is_some() { 2 } else { 1 };
+            }
+        }
+        Stats {
+            connections: up,
+            pending: self.handshakes + self.inbound.len(),
+            registered_bytes: ends * per_direction,
+        }
+    }
+
+    pub(crate) fn wait_policy(&self) -> Backoff {
+        let (s, y, m) = self.cfg.wait();
+        Backoff::new(s, y, m)
+    }
+}
+
+/// The reason a request loses when both ranks connect at once (the lower rank's
+/// request wins, as on the Unix sockets).
+#[cfg(feature = "verbs")]
+const LOST_RACE: &str = "both ranks connected at once and the lower rank's request wins";
+
+/// Decides on an rdma_cm request with `hello` (see [`remote::hello`]) at rank `me`,
+/// and marks the connection as being accepted when it says yes.
+#[cfg(feature = "verbs")]
+fn decide_remote(
+    vcs: &mut [Vc],
+    handshakes: &mut usize,
+    me: usize,
+    hello: &[u8],
+) -> Result<(), String> {
+    let Some((from, to)) = remote::parse_hello(hello) else {
+        return Err("not a process-group connection request".into());
+    };
+    let from = from as usize;
+    if to as usize != me || from >= vcs.len() || from == me {
+        return Err(format!(
+            "a request from rank {from} to rank {to} does not belong to this job (rank {me} of {})",
+            vcs.len()
+        ));
+    }
+    match &vcs[from].conn {
+        Conn::Idle | Conn::AwaitPeer => *handshakes += 1,
+        // Ours is dropped (cancelled); the count of handshakes stays.
+        Conn::CmOutbound(_) if from < me => {}
+        Conn::CmOutbound(_) => return Err(LOST_RACE.into()),
+        Conn::Closed | Conn::Failed(_) => return Err("the connection was closed".into()),
+        _ => return Err("already connected".into()),
+    }
+    vcs[from].conn = Conn::CmAccepting;
+    Ok(())
+}
+
+#[cold]
+fn unknown_vc() -> Error {
+    Error::new(
+        ErrorKind::UnknownVc,
+        "not a connection handle of this library",
+    )
+}
+
+#[cold]
+fn gone(rank: usize) -> Error {
+    Error::new(
+        ErrorKind::PeerGone,
+        format!("rank {rank} is gone: its process ended without closing the connection"),
+    )
+}
+
+#[cold]
+fn closed(rank: usize) -> Error {
+    Error::new(
+        ErrorKind::VcClosed,
+        format!("the connection to rank {rank} was closed by rch_vc_close"),
+    )
+}
+
+#[cold]
+fn data_error(e: &io::Error, rank: usize, what: &str) -> Error {
+    if e.kind() == io::ErrorKind::InvalidInput {
+        return Error::new(
+            ErrorKind::InFlight,
+            format!("{what} on the connection to rank {rank}: {e}"),
+        );
+    }
+    Error::from_conn(e, &format!("{what} on the connection to rank {rank}"))
+}
+
+fn reason(tag: &[u8; 4], body: &[u8]) -> String {
+    format!(
+        "{} {}",
+        String::from_utf8_lossy(tag),
+        String::from_utf8_lossy(&body[..body.len().min(200)])
+    )
+}

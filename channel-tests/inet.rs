@@ -272,7 +272,7 @@ fn listener_serves_concurrent_connects() {
         return;
     }
     let (l, target) = listen(Config::default().ring_size(64 << 10).chunk_size(8 << 10));
-    let mut peer = spawn_peer("many_role", &[(ROLE, "many".into()), (TARGET, target)]);
+    let peer = spawn_peer("many_role", &[(ROLE, "many".into()), (TARGET, target)]);
     let l = std::sync::Arc::new(l);
     let mut servers = Vec::new();
     for _ in 0..CONNECTIONS {
@@ -291,15 +291,18 @@ fn listener_serves_concurrent_connects() {
             Ok(tag[0])
         }));
     }
-    let mut tags: Vec<u8> = with_watchdog("concurrent connects", limit(300), move || {
-        servers
-            .into_iter()
-            .map(|h| join(h, "server").unwrap_or_else(|e| panic!("{e}")))
-            .collect()
+    let served: Result<Vec<u8>, String> = watched("concurrent connects", limit(300), move || {
+        servers.into_iter().map(|h| join(h, "server")).collect()
     });
+    let mut tags = match served {
+        Ok(t) => t,
+        Err(e) => {
+            let (status, out, err) = peer.wait(Instant::now() + limit(30));
+            panic!("{e}\npeer: {status:?}\n--- peer stdout ---\n{out}\n--- peer stderr ---\n{err}");
+        }
+    };
     tags.sort_unstable();
     assert_eq!(tags, (0..CONNECTIONS as u8).collect::<Vec<_>>());
-    let _ = peer.exited();
     finish(peer, "concurrent connects");
 }
 
@@ -315,19 +318,66 @@ fn many_role() {
             let (t, c) = (target.clone(), cfg.clone());
             std::thread::spawn(move || {
                 let mut s = RdmaStream::connect_with(t.as_str(), c).expect("connect");
-                s.write_all(&[i]).unwrap();
+                s.write_all(&[i]).expect("write the tag");
                 let mut got = vec![0u8; 1 << 20];
-                s.read_exact(&mut got).unwrap();
-                s.write_all(&got).unwrap();
+                s.read_exact(&mut got).expect("read the data");
+                s.write_all(&got).expect("echo the data");
                 // Wait for the listener's side to finish reading before dropping.
                 let mut end = [0u8; 1];
-                assert_eq!(s.read(&mut end).unwrap_or(0), 0);
+                let n = s
+                    .read(&mut end)
+                    .expect("wait for the listener's end of stream");
+                assert_eq!(n, 0, "end of stream");
             })
         })
         .collect();
     for c in clients {
         c.join().unwrap();
     }
+}
+
+/// A connection nobody uses for a while (so keepalives go out) still works, and a
+/// reader blocked for that long is not woken by anything but data.
+#[test]
+fn idle_connection_survives_keepalives() {
+    if no_rdma("idle_connection_survives_keepalives") {
+        return;
+    }
+    let (l, target) = listen(Config::default());
+    let mut peer = spawn_peer("idle_role", &[(ROLE, "idle".into()), (TARGET, target)]);
+    let mut s = accept_from(l, &mut peer);
+    let t = Instant::now();
+    let mut buf = [0u8; 5];
+    with_watchdog("read after idling", limit(60), move || {
+        s.read_exact(&mut buf).map(|()| (buf, s))
+    })
+    .map(|(buf, mut s)| {
+        assert_eq!(&buf, b"later");
+        s.write_all(b"ok").unwrap();
+        let mut end = [0u8; 1];
+        assert_eq!(
+            s.read(&mut end).unwrap(),
+            0,
+            "end of stream after the peer closed"
+        );
+    })
+    .expect("the idle connection must still work");
+    assert!(t.elapsed() >= Duration::from_secs(3), "the peer idled");
+    finish(peer, "idle connection");
+}
+
+#[test]
+fn idle_role() {
+    if role().as_deref() != Some("idle") {
+        return;
+    }
+    let mut s = RdmaStream::connect(env(TARGET).as_str()).expect("connect");
+    // Several keepalive periods (1 s) of silence on both sides.
+    std::thread::sleep(Duration::from_secs(4));
+    s.write_all(b"later").unwrap();
+    let mut ok = [0u8; 2];
+    s.read_exact(&mut ok).unwrap();
+    assert_eq!(&ok, b"ok");
 }
 
 #[test]

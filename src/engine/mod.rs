@@ -180,9 +180,13 @@ impl<F: Fabric> Link<F> {
         }
         self.drain_completions()?;
         if self.qp.state() == QpState::Error {
+            let why = self
+                .qp
+                .error_reason()
+                .map_or_else(String::new, |r| format!(" ({r})"));
             return Err(self.fail(
                 io::ErrorKind::ConnectionReset,
-                "connection broken: the peer is gone or the queue pair failed".into(),
+                format!("connection broken: the peer is gone or the queue pair failed{why}"),
             ));
         }
         Ok(())

@@ -507,6 +507,10 @@ impl QueuePair for AnyQp {
     fn caps(&self) -> Caps {
         forward!(self, AnyQp, q => q.caps())
     }
+
+    fn error_reason(&self) -> Option<String> {
+        forward!(self, AnyQp, q => q.error_reason())
+    }
 }
 
 /// A queue pair of an [`AnyFabric`] that is not connected yet.

@@ -420,6 +420,13 @@ pub trait QueuePair: Send + Sync {
 
     /// The fabric's limits for this queue pair.
     fn caps(&self) -> Caps;
+
+    /// Why the queue pair is in the error state, in words, when the fabric knows
+    /// more than the state itself (the failed request's status, the peer's
+    /// disconnect, an asynchronous event); `None` otherwise.
+    fn error_reason(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What one side of a connection hands the other to connect: opaque bytes plus, for

@@ -504,26 +504,32 @@ impl CmListener {
             let _ = id.reject(&reject_frame(&why));
             return None;
         }
-        let answered = self
-            .prepare(&id, &ev.private_data)
-            .and_then(|a| id.accept(&a.params, &a.reply).map(|()| a));
-        match answered {
-            Ok(a) => {
-                self.accepting
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(
-                        id.as_ptr() as usize,
-                        Accepting {
-                            id,
-                            prepared: a.prepared,
-                            peer_card: a.peer_card,
-                            hello: a.hello,
-                        },
-                    );
-                None
-            }
+        let a = match self.prepare(&id, &ev.private_data) {
+            Ok(a) => a,
             Err(error) => {
+                let _ = id.reject(&reject_frame(&error.to_string()));
+                return Some(Accepted::Failed { hello, error });
+            }
+        };
+        // Recorded before the reply goes out: another thread accepting on this
+        // listener may read the ESTABLISHED that follows it.
+        let key = id.as_ptr() as usize;
+        self.accepting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                key,
+                Accepting {
+                    id: id.clone(),
+                    prepared: a.prepared,
+                    peer_card: a.peer_card,
+                    hello: a.hello,
+                },
+            );
+        match id.accept(&a.params, &a.reply) {
+            Ok(()) => None,
+            Err(error) => {
+                drop(self.take(key));
                 let _ = id.reject(&reject_frame(&error.to_string()));
                 Some(Accepted::Failed { hello, error })
             }

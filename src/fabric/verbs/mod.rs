@@ -113,7 +113,9 @@ pub struct VerbsConfig {
     /// Gather entries to ask for (at most [`MAX_SGE`]).
     pub max_sge: u32,
     /// Local ACK timeout exponent: a request is retried after 4.096 µs × 2^`timeout`
-    /// without an acknowledgement (14: about 67 ms).
+    /// without an acknowledgement (14: about 67 ms; with 7 tries a dead peer is
+    /// noticed in about 0.5 s). Raise it (`RCH_IB_TIMEOUT`) where the peer may stall
+    /// longer, as emulated VMs on a loaded host do.
     pub timeout: u8,
     /// Transport retries before a request fails with `IBV_WC_RETRY_EXC_ERR`
     /// ([`CompletionStatus::TransportError`]). The default is 6, not the usual 7:
@@ -162,8 +164,8 @@ fn env_number<T: std::str::FromStr>(name: &str) -> io::Result<Option<T>> {
 
 impl VerbsConfig {
     /// The defaults, overridden by `RCH_IB_DEVICE`, `RCH_IB_PORT`,
-    /// `RCH_IB_GID_INDEX` (or, without it, `SOFTROCE_GID_INDEX`) and
-    /// `RCH_IB_KEEPALIVE_MS`.
+    /// `RCH_IB_GID_INDEX` (or, without it, `SOFTROCE_GID_INDEX`), `RCH_IB_TIMEOUT`
+    /// (the ACK timeout exponent) and `RCH_IB_KEEPALIVE_MS`.
     ///
     /// ```
     /// let cfg = rdma_channel::fabric::verbs::VerbsConfig::from_env()?;
@@ -188,6 +190,9 @@ impl VerbsConfig {
             Some(i) => Some(i),
             None => env_number::<u32>("SOFTROCE_GID_INDEX")?,
         };
+        if let Some(t) = env_number::<u8>("RCH_IB_TIMEOUT")? {
+            cfg.timeout = t.min(31);
+        }
         if let Some(ms) = env_number::<u64>("RCH_IB_KEEPALIVE_MS")? {
             cfg.keepalive = std::time::Duration::from_millis(ms);
         }

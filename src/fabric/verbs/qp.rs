@@ -941,6 +941,10 @@ impl QueuePair for VerbsQp {
     fn caps(&self) -> Caps {
         self.caps
     }
+
+    fn error_reason(&self) -> Option<String> {
+        self.last_error()
+    }
 }
 
 impl Drop for VerbsQp {

@@ -29,8 +29,9 @@ pub fn sizes_from_args(default: &[usize]) -> Vec<usize> {
 
 /// Which side of the pair this process is.
 pub enum Side {
-    /// The process the user started; owns the child.
-    Parent(Child),
+    /// The process the user started, which measures; owns the child (none when the
+    /// peer runs elsewhere, e.g. on another host).
+    Parent(Option<Child>),
     /// The re-run copy.
     Child,
 }
@@ -67,12 +68,12 @@ pub fn connect_pair(tag: &str) -> io::Result<(RdmaStream, Side)> {
     pin_to_cpu(0);
     let stream = listener.accept();
     let _ = std::fs::remove_file(&path);
-    Ok((stream?, Side::Parent(child)))
+    Ok((stream?, Side::Parent(Some(child))))
 }
 
 /// Waits for the child and fails if it failed.
 pub fn finish(side: Side) -> io::Result<()> {
-    if let Side::Parent(mut child) = side {
+    if let Side::Parent(Some(mut child)) = side {
         let status = child.wait()?;
         if !status.success() {
             return Err(io::Error::other(format!("peer process failed: {status}")));

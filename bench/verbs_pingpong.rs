@@ -1,13 +1,18 @@
 //! OSU-style point-to-point benchmark over real verbs (`VerbsFabric`, e.g. Soft-RoCE):
 //! the same measurements as `bench/pingpong.rs` (one-way latency = half the ping-pong
 //! round trip; windowed bandwidth = 64 messages in flight, then a 4-byte ack), between
-//! two processes on one RDMA device. The program re-runs itself as the peer and the two
-//! exchange connection cards over a Unix socket (`RdmaStream::handshake`).
+//! two processes. By default the program re-runs itself as the peer on this host and
+//! the two exchange connection cards over a Unix socket (`RdmaStream::handshake`).
+//! Across hosts, one side listens and the other connects by IP address through
+//! rdma_cm: `RCH_BENCH_LISTEN=ip:port` (the echoing peer; it serves one run and
+//! exits) and `RCH_BENCH_CONNECT=ip:port` (the side that measures and prints the
+//! table), both with the same `--sizes`.
 //!
 //! ```text
 //! cargo bench --features verbs --bench verbs_pingpong                     # 2 B .. 1 MiB
 //! cargo bench --features verbs --bench verbs_pingpong -- --sizes 2,65536
-//! bench/softroce-bench.sh        # in a Soft-RoCE VM, beside perftest
+//! bench/softroce-bench.sh          # in a Soft-RoCE VM, beside perftest
+//! bench/softroce-cluster-bench.sh  # between two VMs, beside perftest and rsocket
 //! ```
 //!
 //! Ring and chunk default to 1 MiB and 64 KiB here (not the channel's 4 MiB ring).
@@ -32,9 +37,10 @@ use std::time::{Duration, Instant};
 
 use peer::{bandwidth, finish, pin_to_cpu, recv_all, send_all, Side};
 use rdma_channel::fabric::verbs::VerbsFabric;
-use rdma_channel::{Config, RdmaStream};
+use rdma_channel::fabric::AnyFabric;
+use rdma_channel::{Config, RdmaListener, RdmaStream};
 
-type Stream = RdmaStream<VerbsFabric>;
+type Stream = RdmaStream<AnyFabric>;
 
 const WINDOW: usize = 64;
 const SOCKET_VAR: &str = "RCH_VERBS_PEER_SOCKET";
@@ -62,13 +68,32 @@ fn config() -> io::Result<Config> {
 /// and run the card handshake over the socket. Parent on CPU 0, child on CPU 1.
 fn connect_pair() -> io::Result<(Stream, Side)> {
     let cfg = config()?;
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    if let Some(addr) = var("RCH_BENCH_LISTEN") {
+        let l = RdmaListener::bind_with(addr.as_str(), cfg)?;
+        return Ok((l.accept()?, Side::Child));
+    }
+    if let Some(addr) = var("RCH_BENCH_CONNECT") {
+        // The listener may still be starting on the other host: retry refusals.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            match RdmaStream::connect_with(addr.as_str(), cfg.clone()) {
+                Ok(s) => return Ok((s, Side::Parent(None))),
+                Err(e)
+                    if e.kind() == io::ErrorKind::ConnectionRefused
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    let verbs = || VerbsFabric::open().map(AnyFabric::Verbs);
     if let Some(path) = std::env::var_os(SOCKET_VAR) {
         pin_to_cpu(1);
         let sock = UnixStream::connect(path)?;
-        return Ok((
-            RdmaStream::handshake(VerbsFabric::open()?, &sock, cfg)?,
-            Side::Child,
-        ));
+        return Ok((RdmaStream::handshake(verbs()?, &sock, cfg)?, Side::Child));
     }
     let path: PathBuf =
         std::env::temp_dir().join(format!("rch-verbs-bench-{}.sock", std::process::id()));
@@ -82,8 +107,8 @@ fn connect_pair() -> io::Result<(Stream, Side)> {
     let accepted = listener.accept();
     let _ = std::fs::remove_file(&path);
     let (sock, _) = accepted?;
-    let s = RdmaStream::handshake(VerbsFabric::open()?, &sock, cfg)?;
-    Ok((s, Side::Parent(child)))
+    let s = RdmaStream::handshake(verbs()?, &sock, cfg)?;
+    Ok((s, Side::Parent(Some(child))))
 }
 
 /// One-way latency by ping-pong: half the mean round trip of `iters` exchanges (as

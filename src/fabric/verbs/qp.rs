@@ -943,7 +943,13 @@ impl QueuePair for VerbsQp {
     }
 
     fn error_reason(&self) -> Option<String> {
-        self.last_error()
+        let why = self.last_error()?;
+        Some(
+            match self.qp.cm.as_ref().and_then(|id| id.peer_addr().ok()) {
+                Some(peer) if !why.contains(&peer.to_string()) => format!("{why}; peer {peer}"),
+                _ => why,
+            },
+        )
     }
 }
 

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# softroce-cluster-bench: rdma-channel between two Soft-RoCE VMs (scripts/
+# softroce-cluster: rxe0 on each VM's end of one private link) against perftest and
+# rsocket between the same VMs, in ONE boot, RCH_BENCH_ROUNDS (default 3) rounds
+# interleaved, medians. VM 1 serves, VM 0 measures.
+#   perftest: ib_write_lat -s 2; ib_write_bw and ib_read_bw at 64 KiB and 1 MiB
+#   rsocket:  rstream -S size -C 1 -I n (latency: usec/xfer of a ping-pong) and
+#             rstream -S size -C n (bandwidth: a stream of n transfers each way)
+#   ours:     bench/verbs_pingpong.rs with RCH_BENCH_LISTEN / RCH_BENCH_CONNECT
+# Targets (issue 9): latency <= 1.15x ib_write_lat; bandwidth >= 0.97x the better of
+# ib_write_bw / ib_read_bw from 64 KiB; ahead of rsocket at every size.
+#
+# usage: bench/softroce-cluster-bench.sh
+# environment: RCH_BENCH_ROUNDS (3), RCH_BENCH_SCALE (iteration multiplier of
+#   ours, 1), RCH_BENCH_SIZES (ours and rstream, default 8,4096,65536,1048576),
+#   RCH_VM_* (scripts/softroce-vm), SOFTROCE_BENCH_LOG=FILE keeps the raw output.
+set -euo pipefail
+
+BW_SIZES="65536 1048576"   # perftest bandwidth sizes
+
+# ------------------------------------------------------------- in each VM
+if [ "${1:-}" = --in-vm ]; then
+  rounds=$2 bin=$3 sizes=$4
+  dev=${SOFTROCE_IBDEV:-rxe0} gid=${SOFTROCE_GID_INDEX:-1}
+  read -r -a hosts <<<"$SOFTROCE_HOSTS"
+  server=${hosts[1]}
+  # One port per test and round, so that a late server never meets the wrong client.
+  port=18600
+  # The client side (VM 0) retries until the server is up (VM 1 starts each server
+  # when the previous test ended). Prints the client's report between markers.
+  client() {  # tag cmd...
+    local tag=$1; shift
+    for _ in $(seq 60); do
+      if timeout 300 "$@" >/tmp/client.out 2>&1; then break; fi
+      sleep 1
+    done
+    echo "=== BEGIN $tag"; cat /tmp/client.out; echo "=== END $tag"
+  }
+  lat_iters() { awk -v s="$1" 'BEGIN { n = int(400000 / (s + 1000)); print (n < 20 ? 20 : (n > 2000 ? 2000 : n)) }'; }
+  bw_count() { awk -v s="$1" 'BEGIN { n = int((32 * 1048576) / (s + 256)); print (n < 16 ? 16 : (n > 20000 ? 20000 : n)) }'; }
+  for r in $(seq "$rounds"); do
+    steps=(lat)
+    for s in $BW_SIZES; do steps+=("write_bw_$s" "read_bw_$s"); done
+    for s in ${sizes//,/ }; do steps+=("rlat_$s" "rbw_$s"); done
+    steps+=(ours)
+    for step in "${steps[@]}"; do
+      port=$((port + 1))
+      case "$step" in
+        lat) cmd=(ib_write_lat -d "$dev" -x "$gid" -F -p "$port" -s 2 -n 2000) ;;
+        write_bw_*) s=${step#write_bw_}; cmd=(ib_write_bw -d "$dev" -x "$gid" -F -p "$port" -s "$s" -n $(( (32 << 20) / s ))) ;;
+        read_bw_*) s=${step#read_bw_}; cmd=(ib_read_bw -d "$dev" -x "$gid" -F -p "$port" -s "$s" -n $(( (32 << 20) / s ))) ;;
+        rlat_*) s=${step#rlat_}; cmd=(rstream -p "$port" -S "$s" -C 1 -I "$(lat_iters "$s")") ;;
+        rbw_*) s=${step#rbw_}; cmd=(rstream -p "$port" -S "$s" -C "$(bw_count "$s")" -I 1) ;;
+        ours) cmd=("$bin" --sizes "$sizes") ;;
+      esac
+      if [ "$SOFTROCE_NODE" = 1 ]; then
+        if [ "$step" = ours ]; then
+          RCH_BENCH_LISTEN=0.0.0.0:$port timeout 600 "${cmd[@]}" >/dev/null 2>&1 || echo "server $step failed" >&2
+        else
+          timeout 300 "${cmd[@]}" >/dev/null 2>&1 || echo "server $step failed" >&2
+        fi
+      elif [ "$step" = ours ]; then
+        client "ours.$r" env RCH_BENCH_CONNECT="$server:$port" "${cmd[@]}"
+      elif [ "${cmd[0]}" = rstream ]; then
+        client "$step.$r" "${cmd[@]}" -s "$server"
+      else
+        client "$step.$r" "${cmd[@]}" "$server"
+      fi
+    done
+  done
+  exit 0
+fi
+
+# ------------------------------------------------------------- on the host
+case "${1:-}" in -h|--help) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
+cd "$(dirname "$0")/.."
+self="$(pwd -P)/bench/softroce-cluster-bench.sh"
+sizes=${RCH_BENCH_SIZES:-8,4096,65536,1048576}
+rounds=${RCH_BENCH_ROUNDS:-3}
+case "$rounds" in ''|*[!0-9]*|0) echo "RCH_BENCH_ROUNDS must be a positive number" >&2; exit 1 ;; esac
+
+echo "== cargo bench --features verbs --bench verbs_pingpong --no-run" >&2
+build=$(cargo bench --features verbs --bench verbs_pingpong --no-run 2>&1) || { echo "$build" >&2; exit 1; }
+bin=$(printf '%s\n' "$build" | sed -n 's/.*Executable .*verbs_pingpong\.rs (\(.*\))$/\1/p' | tail -n 1)
+[ -x "$bin" ] || { echo "$build" >&2; echo "cannot find the benchmark binary" >&2; exit 1; }
+bin="$(pwd -P)/$bin"
+
+log=${SOFTROCE_BENCH_LOG:-$(mktemp)}
+[ -n "${SOFTROCE_BENCH_LOG:-}" ] || trap 'rm -f "$log"' EXIT
+echo "== two Soft-RoCE VMs: perftest, rstream and ours, $rounds round(s)" >&2
+t0=$SECONDS
+# The VMs get every RCH_* variable; the ACK timeout of cluster tests (see
+# scripts/softroce-cluster-test) keeps a frame lost on the emulated link from
+# exhausting the retries of a busy connection.
+RCH_IB_TIMEOUT=${RCH_IB_TIMEOUT:-18} scripts/softroce-cluster -q --vms 2 \
+  --timeout "${RCH_VM_TIMEOUT:-3000}" -- "$self" --in-vm "$rounds" "$bin" "$sizes" \
+  2>&1 | sed -n 's/^\[vm0\] //p' >"$log"
+echo "== cluster done in $((SECONDS - t0)) s" >&2
+
+section() { awk -v t="$1" '$0 == "=== BEGIN " t {on = 1; next} $0 == "=== END " t {on = 0} on' "$log"; }
+perftest_col() {
+  section "$1" | awk -v col="$2" '
+    /#bytes/ { gsub(/BW /, "BW_"); gsub(/% percentile/, "%_percentile")
+               for (i = 1; i <= NF; i++) if ($i == col) c = i; next }
+    c && $1 ~ /^[0-9]+$/ { print $c; exit }'
+}
+# rstream's report: "custom <bytes> <xfers> <iters> <total> <time> <Gb/sec> <usec/xfer>"
+rstream_col() { section "$1" | awk -v c="$2" '$1 == "custom" { print $c; exit }'; }
+rstream_mbs() { rstream_col "$1" 7 | awk '/^[0-9.]+$/ { printf "%.2f\n", $1 * 1e9 / 8 / 1048576 }'; }
+ours() {
+  section "$1" | awk -v col="$2" -v s="$3" '
+    $1 == "size" { for (i = 1; i <= NF; i++) if ($i == col) c = i; next }
+    c && $1 == s { print $c; exit }'
+}
+median() {
+  local fn=$1 tag=$2 r; shift 2
+  for r in $(seq "$rounds"); do "$fn" "$tag.$r" "$@"; done |
+    awk '/^[0-9.]+$/ { v[n++] = $1 } END { if (n) { for (i = 1; i < n; i++) for (j = i; j > 0 && v[j - 1] > v[j]; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+         print (n % 2 ? v[int(n / 2)] : (v[n / 2 - 1] + v[n / 2]) / 2) } }'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
+verdict() {
+  awk -v r="$1" -v op="$2" -v l="$3" 'BEGIN { if (r == "-") print "n/a";
+    else if ((op == "<=" && r + 0 <= l + 0) || (op == ">=" && r + 0 >= l + 0)) print "met"; else print "MISSED" }'
+}
+row() {  # label ours other-label other op limit
+  local r; r=$(ratio "$2" "$4")
+  printf '| %-30s | %10s | %-26s | %6s | %6s | %-6s |\n' "$1" "${2:--}" "${4:--} ($3)" "$r" "$5$6" "$(verdict "$r" "$5" "$6")"
+}
+
+echo
+echo "rdma-channel (verbs, rdma_cm) between two Soft-RoCE VMs vs perftest and rsocket, median of $rounds round(s)"
+echo
+echo "| metric | ours | other | ratio | target | result |"
+echo "| --- | ---: | --- | ---: | --- | --- |"
+row "latency 2 B, median (us)" "$(median ours ours lat_med_us 2)" "ib_write_lat t_typical" \
+  "$(median perftest_col lat 't_typical[usec]')" "<=" 1.15
+for s in $BW_SIZES; do
+  w=$(median perftest_col "write_bw_$s" 'BW_average[MB/sec]')
+  rd=$(median perftest_col "read_bw_$s" 'BW_average[MB/sec]')
+  if awk -v a="$w" -v b="$rd" 'BEGIN { exit !(a + 0 >= b + 0) }'; then best=$w which=ib_write_bw; else best=$rd which=ib_read_bw; fi
+  row "bandwidth $s B (MB/s)" "$(median ours ours bw_MB/s "$s")" "$which (w ${w:--}, r ${rd:--})" "$best" ">=" 0.97
+done
+for s in ${sizes//,/ }; do
+  row "latency $s B vs rsocket (us)" "$(median ours ours latency_us "$s")" "rstream usec/xfer" \
+    "$(median rstream_col "rlat_$s" 8)" "<=" 1.00
+  row "bandwidth $s B vs rsocket (MB/s)" "$(median ours ours bw_MB/s "$s")" "rstream" \
+    "$(median rstream_mbs "rbw_$s")" ">=" 1.00
+done
+echo
+echo "(ours: one-way latency = half the ping-pong round trip (median where compared with"
+echo " t_typical, else mean, as rstream's usec/xfer); bandwidth = 64 messages in flight then an"
+echo " ack; MB = 2^20 B. Both VMs TCG, 1 vCPU each, on one 2-core host; RCH_IB_TIMEOUT=18.)"

@@ -36,13 +36,23 @@
  * Lazy connections
  * ----------------
  * The rings of a pair are allocated only when the pair first communicates: the
- * first rch_put_datav on a vc starts a handshake with the peer (through a Unix socket
- * named in the peer's hello card; the handshake carries the fabric's connection
- * cards, and on the emulated fabric the shared-memory descriptors) and returns 0;
- * the peer answers during any of its own rch_* calls (rch_wait included). Both sides
+ * first rch_put_datav on a vc starts a handshake with the peer and returns 0; the
+ * peer answers during any of its own rch_* calls (rch_wait included). Both sides
  * may start at the same moment; the attempt of the lower rank wins. N idle processes
- * therefore cost one listening socket each, not N rings. Connections are local to
- * one machine (all ranks on one host), on either fabric.
+ * therefore cost one listening socket each, not N rings.
+ *
+ * Which way a pair connects depends on where the peer runs, as in MPI libraries.
+ * Every hello card names the process's host (kernel and network namespace). A peer
+ * on the same host is reached through a Unix socket named in its card, on the
+ * process's fabric (RCH_FABRIC: shared memory by default, or verbs); the handshake
+ * carries the connection cards and, for shared memory, the segment descriptors. A
+ * peer on another host is reached through rdma_cm on verbs, at the IP address and
+ * port its card publishes: every process with an RDMA device that has an IP address
+ * (a RoCE v2 IPv4 GID, or IPoIB; RCH_CM_ADDR chooses another) listens for such
+ * peers. A process without one can reach only peers of its own host, and a data call
+ * on a vc to another host then fails with RCH_ERR_PEER_GONE saying why. The same
+ * program therefore runs on one host or many (mpiexec.hydra -hosts a,b ...),
+ * unchanged.
  *
  * The data calls
  * --------------
@@ -77,8 +87,12 @@
  * The library never aborts the process on bad input or a lost peer.
  *
  * Environment: RCH_FABRIC (emulated | verbs), the RCH_* settings of the channel
- * (ring size, chunk size, wait policy, zero-copy thresholds: see the README), and
- * in rch_init_process_group the PMI-1 variables PMI_FD, PMI_RANK, PMI_SIZE.
+ * (ring size, chunk size, wait policy, zero-copy thresholds: see the README),
+ * RCH_CM_ADDR and RCH_HOST_ID (see "Lazy connections"), RCH_CONNECT_TIMEOUT_MS (an
+ * rdma_cm connection's setup), RCH_IB_TIMEOUT and RCH_IB_KEEPALIVE_MS (how soon a
+ * dead peer on another host is noticed: about keepalive + 7 ACK timeouts, 1.5 s by
+ * default), and in rch_init_process_group the PMI-1 variables PMI_FD, PMI_RANK,
+ * PMI_SIZE.
  */
 #ifndef RCH_H
 #define RCH_H

@@ -41,7 +41,7 @@ pub mod fabric;
 pub mod ffi;
 pub(crate) mod group;
 pub mod handshake;
-pub mod oob;
+pub use handshake::oob;
 pub mod pmi;
 pub mod rcache;
 pub mod ring;

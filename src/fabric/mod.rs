@@ -429,6 +429,10 @@ pub trait QueuePair: Send + Sync {
     }
 }
 
+/// Most descriptors a [`Card`] may carry: what one Unix socket message can (the
+/// kernel's `SCM_MAX_FD`).
+pub const MAX_CARD_FDS: usize = 253;
+
 /// What one side of a connection hands the other to connect: opaque bytes plus, for
 /// fabrics that share memory through the kernel, file descriptors (sent over a Unix
 /// socket with `SCM_RIGHTS`). A verbs card carries LID/GID/QPN/PSN and no descriptors.

@@ -12,10 +12,11 @@
 //! `HELLO`, `ACCEPT` and `READY`.
 //!
 //! A connection is made when a pair first communicates. The side that starts
-//! (*initiator*) connects to the peer's socket and sends a `HELLO` frame (its rank,
-//! the peer's rank and its engine card, with the card's descriptors attached: the
-//! emulated fabric's shared-memory segments travel by `SCM_RIGHTS`). The peer
-//! (*acceptor*) answers during any of its own library calls:
+//! (*initiator*) connects to the peer's socket and sends a `HELLO` frame (its rank and
+//! the peer's rank as the hello, and its engine card, with the card's descriptors
+//! attached: the emulated fabric's shared-memory segments travel by `SCM_RIGHTS`;
+//! the frames are those of `handshake::unix`). The peer (*acceptor*) answers during
+//! any of its own library calls:
 //!
 //! * `ACCEPT` with its own card: it has connected its end; the initiator connects
 //!   its end and answers `READY`, and only then does the acceptor write (a verbs
@@ -29,29 +30,11 @@
 //! `rch_finalize`) sends `BYE` first, so a hang-up without `BYE` means the peer died.
 //! The fabrics notice a dead peer too, but an RC queue pair on verbs only when it
 //! sends, and a process that only reads never does.
-//!
-//! Frames are [`oob`](crate::oob) frames starting with a four-byte tag.
 
-use std::io;
-use std::os::fd::AsRawFd;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::time::Duration;
-
-use crate::fabric::{Card, FabricKind};
-use crate::oob;
+use crate::fabric::FabricKind;
 
 /// Longest hello card, in bytes (`RCH_CARD_MAX`).
 pub(crate) const CARD_MAX: usize = 255;
-/// How long a handshake frame may take to arrive once its first byte has.
-const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
-
-pub(crate) const TAG_HELLO: &[u8; 4] = b"RCHH";
-pub(crate) const TAG_ACCEPT: &[u8; 4] = b"RCHA";
-pub(crate) const TAG_READY: &[u8; 4] = b"RCHY";
-pub(crate) const TAG_REJECT: &[u8; 4] = b"RCHR";
-pub(crate) const TAG_CLOSED: &[u8; 4] = b"RCHX";
-pub(crate) const TAG_BYE: &[u8; 4] = b"RCHB";
 
 /// What a process publishes about itself: how peers of its host reach it (the
 /// fabric and the abstract socket), which host it is on, and where peers of other
@@ -150,115 +133,6 @@ pub(crate) fn host_id() -> String {
         "{}-{netns:x}",
         if boot.is_empty() { "noboot" } else { &boot }
     )
-}
-
-/// A fresh abstract socket name for this process.
-pub(crate) fn socket_name() -> io::Result<String> {
-    let mut r = [0u8; 8];
-    // SAFETY: getrandom writes at most r.len() bytes into the live local array.
-    let n = unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
-    if n != r.len() as isize {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(format!(
-        "rch-{}-{:016x}",
-        std::process::id(),
-        u64::from_le_bytes(r)
-    ))
-}
-
-fn addr(name: &str) -> io::Result<SocketAddr> {
-    SocketAddr::from_abstract_name(name.as_bytes())
-}
-
-/// Listens on the abstract socket `name`, non-blocking.
-pub(crate) fn listen(name: &str) -> io::Result<UnixListener> {
-    let l = UnixListener::bind_addr(&addr(name)?)?;
-    l.set_nonblocking(true)?;
-    Ok(l)
-}
-
-/// Connects to the abstract socket `name`.
-pub(crate) fn connect(name: &str) -> io::Result<UnixStream> {
-    UnixStream::connect_addr(&addr(name)?)
-}
-
-/// The (pid, uid) of the process at the other end of a Unix socket.
-pub(crate) fn peer_cred(s: &UnixStream) -> io::Result<(u32, u32)> {
-    let mut c = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `c` and `len` are live locals of the size passed; the kernel writes at
-    // most `len` bytes.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut c as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((c.pid as u32, c.uid))
-}
-
-/// True when `s` has something to read (or has been hung up), without waiting.
-pub(crate) fn readable(s: &UnixStream) -> bool {
-    let mut p = libc::pollfd {
-        fd: s.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd, count 1, no waiting.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n > 0 && p.revents != 0
-}
-
-/// Sends a frame: `tag`, then `body`, with `card`'s descriptors if any.
-pub(crate) fn send(
-    s: &UnixStream,
-    tag: &[u8; 4],
-    body: &[u8],
-    card: Option<Card>,
-) -> io::Result<()> {
-    let mut bytes = Vec::with_capacity(4 + body.len());
-    bytes.extend_from_slice(tag);
-    bytes.extend_from_slice(body);
-    match card {
-        Some(c) => {
-            bytes.extend_from_slice(&c.bytes);
-            oob::send_card(s, &Card { bytes, fds: c.fds })
-        }
-        None => oob::send_frame(s, &bytes),
-    }
-}
-
-/// Receives a frame (once [`readable`] said so): its tag and the rest, as a card
-/// whose descriptors came with it.
-pub(crate) fn recv(s: &UnixStream) -> io::Result<([u8; 4], Card)> {
-    s.set_read_timeout(Some(FRAME_TIMEOUT))?;
-    let c = oob::recv_card(s)?;
-    if c.bytes.len() < 4 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "handshake frame shorter than its tag",
-        ));
-    }
-    let mut tag = [0u8; 4];
-    tag.copy_from_slice(&c.bytes[..4]);
-    Ok((
-        tag,
-        Card {
-            bytes: c.bytes[4..].to_vec(),
-            fds: c.fds,
-        },
-    ))
 }
 
 #[cfg(test)]

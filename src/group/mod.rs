@@ -19,6 +19,7 @@ use self::hello::Hello;
 use crate::config::Config;
 use crate::engine::{Backoff, Prepared, Receiver, Sender};
 use crate::fabric::{AnyFabric, Card, Fabric};
+use crate::handshake::unix;
 
 /// Key under which every process publishes its hello card.
 pub(crate) const HELLO_KEY: &str = "rch-hello";
@@ -93,11 +94,11 @@ impl Up {
         let Some(s) = &self.link else {
             return false;
         };
-        if !hello::readable(s) {
+        if !unix::readable(s) {
             return false;
         }
-        match hello::recv(s) {
-            Ok((t, _)) if &t == hello::TAG_BYE => self.link = None,
+        match unix::recv(s) {
+            Ok((t, _)) if &t == unix::TAG_BYE => self.link = None,
             _ => {
                 self.link = None;
                 self.gone = true;
@@ -120,7 +121,7 @@ impl Drop for Up {
         // An orderly close: tell the peer before its liveness socket hangs up.
         if let Some(s) = self.link.take() {
             let _ = s.set_nonblocking(true);
-            let _ = hello::send(&s, hello::TAG_BYE, &[], None);
+            let _ = unix::send(&s, unix::TAG_BYE, &[], None);
         }
     }
 }
@@ -200,8 +201,8 @@ impl Group {
         let cfg = Config::from_env().map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
         let fabric =
             AnyFabric::from_env().map_err(|e| Error::from_setup(&e, "opening the fabric"))?;
-        let socket = hello::socket_name().map_err(|e| Error::system(&e, "getrandom"))?;
-        let listener = hello::listen(&socket)
+        let socket = unix::socket_name().map_err(|e| Error::system(&e, "getrandom"))?;
+        let listener = unix::listen(&socket)
             .map_err(|e| Error::system(&e, &format!("listening on @{socket}")))?;
         #[cfg(feature = "verbs")]
         let (remote, remote_why) = match remote::Remote::open(&cfg) {
@@ -537,7 +538,7 @@ impl Group {
 
     fn outbound(&mut self, rank: usize) -> Result<Conn, Error> {
         let peer = &self.peers[rank];
-        let sock = hello::connect(&peer.socket).map_err(|e| {
+        let sock = unix::connect(&peer.socket).map_err(|e| {
             Error::new(
                 ErrorKind::PeerGone,
                 format!(
@@ -553,7 +554,7 @@ impl Group {
         let mut body = Vec::with_capacity(8);
         body.extend_from_slice(&self.rank.to_le_bytes());
         body.extend_from_slice(&(rank as u32).to_le_bytes());
-        hello::send(&sock, hello::TAG_HELLO, &body, Some(card)).map_err(|e| {
+        unix::send_hello(&sock, &body, card).map_err(|e| {
             Error::new(
                 ErrorKind::PeerGone,
                 format!("sending HELLO to rank {rank}: {e}"),
@@ -611,14 +612,14 @@ impl Group {
         let mut changed = false;
         while let Ok((s, _)) = self.listener.accept() {
             // Only processes of our own user may connect.
-            if hello::peer_cred(&s).is_ok_and(|(_, uid)| uid == self.uid) {
+            if unix::peer_cred(&s).is_ok_and(|(_, uid)| uid == self.uid) {
                 let _ = s.set_nonblocking(false);
                 self.inbound.push(s);
             }
         }
         let mut i = 0;
         while i < self.inbound.len() {
-            if hello::readable(&self.inbound[i]) {
+            if unix::readable(&self.inbound[i]) {
                 let s = self.inbound.swap_remove(i);
                 self.on_hello(s);
                 changed = true;
@@ -702,19 +703,19 @@ impl Group {
             return true;
         }
         match &mut self.vcs[r].conn {
-            Conn::Outbound { sock, .. } if hello::readable(sock) => {}
+            Conn::Outbound { sock, .. } if unix::readable(sock) => {}
             Conn::Up(up) => {
                 let Some(sock) = &up.confirm else {
                     return false;
                 };
-                if !hello::readable(sock) {
+                if !unix::readable(sock) {
                     return false;
                 }
-                let res = hello::recv(sock);
+                let res = unix::recv(sock);
                 self.handshakes -= 1;
                 match res {
                     // The socket stays open as the connection's liveness signal.
-                    Ok((t, _)) if &t == hello::TAG_READY => up.link = up.confirm.take(),
+                    Ok((t, _)) if &t == unix::TAG_READY => up.link = up.confirm.take(),
                     Ok((t, c)) => {
                         self.vcs[r].conn = Conn::Failed(Error::new(
                             ErrorKind::PeerGone,
@@ -738,11 +739,11 @@ impl Group {
             unreachable!("matched above")
         };
         self.handshakes -= 1;
-        self.vcs[r].conn = match hello::recv(&sock) {
-            Ok((t, card)) if &t == hello::TAG_ACCEPT => match prepared.connect(card) {
+        self.vcs[r].conn = match unix::recv(&sock) {
+            Ok((t, card)) if &t == unix::TAG_ACCEPT => match prepared.connect(card) {
                 Ok(chan) => {
                     let (rx, tx) = chan.split();
-                    match hello::send(&sock, hello::TAG_READY, &[], None) {
+                    match unix::send(&sock, unix::TAG_READY, &[], None) {
                         Ok(()) => Conn::Up(Up::new(rx, tx, None, Some(sock))),
                         Err(e) => Conn::Failed(Error::new(
                             ErrorKind::PeerGone,
@@ -751,12 +752,12 @@ impl Group {
                     }
                 }
                 Err(e) => {
-                    let _ = hello::send(&sock, hello::TAG_CLOSED, e.to_string().as_bytes(), None);
+                    let _ = unix::send(&sock, unix::TAG_CLOSED, e.to_string().as_bytes(), None);
                     Conn::Failed(Error::from_conn(&e, &format!("connecting to rank {r}")))
                 }
             },
-            Ok((t, _)) if &t == hello::TAG_REJECT => Conn::AwaitPeer,
-            Ok((t, c)) if &t == hello::TAG_CLOSED => Conn::Failed(Error::new(
+            Ok((t, _)) if &t == unix::TAG_REJECT => Conn::AwaitPeer,
+            Ok((t, c)) if &t == unix::TAG_CLOSED => Conn::Failed(Error::new(
                 ErrorKind::PeerClosed,
                 format!("rank {r} refused the connection: {}", reason(&t, &c.bytes)),
             )),
@@ -774,25 +775,29 @@ impl Group {
 
     /// A peer's HELLO arrived on an accepted socket.
     fn on_hello(&mut self, s: UnixStream) {
-        let Ok((tag, card)) = hello::recv(&s) else {
+        let Ok((tag, body)) = unix::recv(&s) else {
             return;
         };
-        let b = &card.bytes;
-        if &tag != hello::TAG_HELLO || b.len() < 8 {
-            let _ = hello::send(&s, hello::TAG_CLOSED, b"expected HELLO", None);
+        let hello = if &tag == unix::TAG_HELLO {
+            unix::parse_hello(body).ok()
+        } else {
+            None
+        };
+        let Some((b, peer_card)) = hello.filter(|(b, _)| b.len() == 8) else {
+            let _ = unix::send(&s, unix::TAG_CLOSED, b"expected HELLO from a rank", None);
             return;
-        }
+        };
         let from = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes")) as usize;
         let to = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
-        let pid = hello::peer_cred(&s).map(|(p, _)| p).unwrap_or(0);
+        let pid = unix::peer_cred(&s).map(|(p, _)| p).unwrap_or(0);
         if to != self.rank
             || from >= self.vcs.len()
             || from == to as usize
             || self.peers[from].pid != pid
         {
-            let _ = hello::send(
+            let _ = unix::send(
                 &s,
-                hello::TAG_CLOSED,
+                unix::TAG_CLOSED,
                 format!(
                     "HELLO from rank {from} (pid {pid}) to rank {to} does not belong to this job"
                 )
@@ -801,10 +806,6 @@ impl Group {
             );
             return;
         }
-        let peer_card = Card {
-            bytes: b[8..].to_vec(),
-            fds: card.fds,
-        };
         match &self.vcs[from].conn {
             Conn::Idle | Conn::AwaitPeer => {}
             // Both started: the lower rank's attempt wins.
@@ -812,19 +813,19 @@ impl Group {
                 self.handshakes -= 1;
             }
             Conn::Outbound { .. } | Conn::Up(_) => {
-                let _ = hello::send(&s, hello::TAG_REJECT, b"", None);
+                let _ = unix::send(&s, unix::TAG_REJECT, b"", None);
                 return;
             }
             Conn::Closed | Conn::Failed(_) => {
-                let _ = hello::send(&s, hello::TAG_CLOSED, b"the connection was closed", None);
+                let _ = unix::send(&s, unix::TAG_CLOSED, b"the connection was closed", None);
                 return;
             }
             // That rank is on another host for us: it cannot say HELLO on our socket.
             #[cfg(feature = "verbs")]
             Conn::CmOutbound(_) | Conn::CmAccepting => {
-                let _ = hello::send(
+                let _ = unix::send(
                     &s,
-                    hello::TAG_CLOSED,
+                    unix::TAG_CLOSED,
                     b"this rank connects to you through rdma_cm (another host)",
                     None,
                 );
@@ -838,7 +839,7 @@ impl Group {
                 Conn::Up(up)
             }
             Err(e) => {
-                let _ = hello::send(&s, hello::TAG_CLOSED, e.msg.as_bytes(), None);
+                let _ = unix::send(&s, unix::TAG_CLOSED, e.msg.as_bytes(), None);
                 Conn::Failed(e)
             }
         };
@@ -852,7 +853,7 @@ impl Group {
         let chan = prepared
             .connect(peer)
             .map_err(|e| Error::from_conn(&e, "accepting a connection"))?;
-        hello::send(s, hello::TAG_ACCEPT, &[], Some(card))
+        unix::send(s, unix::TAG_ACCEPT, &[], Some(card))
             .map_err(|e| Error::new(ErrorKind::PeerGone, format!("answering HELLO: {e}")))?;
         let (rx, tx) = chan.split();
         Ok(Up::new(rx, tx, None, None))
@@ -1012,9 +1013,5 @@ fn data_error(e: &io::Error, rank: usize, what: &str) -> Error {
 }
 
 fn reason(tag: &[u8; 4], body: &[u8]) -> String {
-    format!(
-        "{} {}",
-        String::from_utf8_lossy(tag),
-        String::from_utf8_lossy(&body[..body.len().min(200)])
-    )
+    unix::describe(tag, body)
 }

@@ -27,7 +27,7 @@ use std::path::Path;
 use crate::config::Config;
 use crate::engine::{Channel, Prepared, RdmaBuf, Receiver, Sender};
 use crate::fabric::{AnyFabric, Fabric};
-use crate::oob;
+use crate::handshake::unix;
 use crate::rcache::{CacheStats, RegCache};
 
 /// A connected stream. `F` is the fabric: by default [`AnyFabric`], which the
@@ -153,7 +153,8 @@ impl RdmaStream<AnyFabric> {
                 ),
             )
         })?;
-        Self::handshake(AnyFabric::from_env()?, &sock, cfg)
+        let prepared = Prepared::new(AnyFabric::from_env()?, cfg)?;
+        unix::initiate(&sock, &[], prepared).map(RdmaStream::from_channel)
     }
 
     #[cfg(feature = "verbs")]
@@ -226,7 +227,8 @@ impl<F: Fabric> RdmaStream<F> {
     }
 
     /// Sets up a connection on `fabric` by exchanging cards over `sock`, a connected
-    /// Unix socket whose other end runs the same call.
+    /// Unix socket whose other end runs the same call (both say `HELLO` with their
+    /// card, both connect, both say `READY`: see `handshake::unix`).
     ///
     /// # Errors
     ///
@@ -234,27 +236,7 @@ impl<F: Fabric> RdmaStream<F> {
     /// peer's error message is reported when it failed first.
     pub fn handshake(fabric: F, sock: &UnixStream, cfg: Config) -> io::Result<RdmaStream<F>> {
         let prepared = Prepared::new(fabric, cfg)?;
-        oob::send_card(sock, &prepared.card()?)?;
-        let peer = oob::recv_card(sock)?;
-        let chan = match prepared.connect(peer) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = oob::send_frame(sock, format!("ERR {e}").as_bytes());
-                return Err(e);
-            }
-        };
-        oob::send_frame(sock, b"OK")?;
-        let answer = oob::recv_frame(sock)?;
-        if answer != b"OK" {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionRefused,
-                format!(
-                    "peer failed to connect: {}",
-                    String::from_utf8_lossy(&answer)
-                ),
-            ));
-        }
-        Ok(RdmaStream::from_channel(chan))
+        unix::symmetric(sock, prepared).map(RdmaStream::from_channel)
     }
 
     /// Non-blocking put (seed 001 sec. 3.2): writes what fits of `iov`, in order, and
@@ -701,7 +683,17 @@ impl RdmaListener {
                 ..
             } => {
                 let (sock, _) = listener.accept()?;
-                RdmaStream::handshake(fabric.for_connection()?, &sock, cfg.clone())
+                let prepared = Prepared::new(fabric.for_connection()?, cfg.clone())?;
+                // A stream's HELLO carries no hello (a process group's carries ranks).
+                let streams_only = |hello: &[u8]| {
+                    if hello.is_empty() {
+                        Ok(())
+                    } else {
+                        Err("this listener takes streams, not process-group connections".into())
+                    }
+                };
+                unix::accept(&sock, prepared, streams_only)
+                    .map(|(c, _)| RdmaStream::from_channel(c))
             }
             #[cfg(feature = "verbs")]
             Listening::Inet(l) => {

@@ -16,7 +16,7 @@
 //! | 48 | 16 n | `n` records: slot (4), generation (4), length (8) |
 //!
 //! Descriptors: the domain segment first, then one per segment record, in order.
-//! At most [`MAX_FDS`](crate::oob::MAX_FDS) descriptors travel (the kernel's limit for
+//! At most [`MAX_CARD_FDS`](crate::fabric::MAX_CARD_FDS) descriptors travel (the kernel's limit for
 //! one message); segments beyond that are opened later through `/proc`.
 
 use super::table::{LAYOUT_SIZE, MAGIC, SEG_CAPACITY, VERSION};
@@ -125,10 +125,10 @@ impl CardInfo {
             )));
         }
         let n = u32_at(b, 40) as usize;
-        if n >= crate::oob::MAX_FDS {
+        if n >= crate::fabric::MAX_CARD_FDS {
             return Err(invalid(format!(
                 "{n} segment records, at most {} fit",
-                crate::oob::MAX_FDS - 1
+                crate::fabric::MAX_CARD_FDS - 1
             )));
         }
         if b.len() != HEAD + RECORD * n {

@@ -740,7 +740,7 @@ impl PendingQp for EmuPending {
 
     fn card(&self) -> io::Result<Card> {
         let domain = &self.slot.domain;
-        let segs = domain.card_segments(crate::oob::MAX_FDS - 1)?;
+        let segs = domain.card_segments(crate::fabric::MAX_CARD_FDS - 1)?;
         let mut fds = Vec::with_capacity(segs.len() + 1);
         fds.push(domain.shm.fd().try_clone()?);
         let mut segments = Vec::with_capacity(segs.len());

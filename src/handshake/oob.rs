@@ -30,7 +30,7 @@ use std::ptr;
 pub const MAX_FRAME: usize = 1 << 20;
 
 /// Most descriptors one frame can carry (the kernel's `SCM_MAX_FD`).
-pub const MAX_FDS: usize = 253;
+pub const MAX_FDS: usize = crate::fabric::MAX_CARD_FDS;
 
 /// Room for the control message of [`MAX_FDS`] descriptors, as `u64`s so that the
 /// buffer is aligned for `cmsghdr`.

@@ -208,6 +208,100 @@ fn exchange_role() {
     assert_eq!((stats.sent, stats.received), (bytes, bytes));
 }
 
+/// The channel's contract across hosts, as the channel suite's model checks it in
+/// one process: one thread interleaves non-blocking `try_put`s (random sizes up to
+/// 256 KiB, random iovec shapes, offered again from where the last one stopped)
+/// and `try_get`s (random buffer sizes and shapes) in a random order, against a peer
+/// that echoes every byte; every byte comes back, in order, exactly once.
+#[test]
+fn nonblocking_put_get_model_across_hosts() {
+    if no_rdma("nonblocking_put_get_model_across_hosts") {
+        return;
+    }
+    for seed in 0..u64::from(scaled(4)) {
+        let cfg = Config::default().ring_size(64 << 10).chunk_size(8 << 10);
+        let (l, target) = listen(cfg.clone());
+        let mut peer = spawn_peer("echo_role", &[(ROLE, "echo".into()), (TARGET, target)]);
+        let s = accept_from(l, &mut peer);
+        let total: u64 = 8 << 20;
+        let report = watched("put/get model", limit(300), move || {
+            let mut s = s;
+            let mut rng = Rng::new(0xec40 ^ seed);
+            let (mut put, mut got) = (0u64, 0u64);
+            let mut out = Vec::new();
+            let mut inb = vec![0u8; 256 << 10];
+            let mut scratch = Vec::new();
+            let mut stall = StallCheck::new(u64::MAX);
+            let (mut puts, mut gets) = (0u64, 0u64);
+            while got < total {
+                let before = (put, got);
+                if put < total && rng.chance(1, 2) {
+                    // The next message, offered (again) from where the last put stopped.
+                    let n = (rng.log_uniform(1, 256 << 10) as u64).min(total - put) as usize;
+                    out.resize(n, 0);
+                    stream_fill(seed, put, &mut out);
+                    let shape = random_shape(&mut rng, n, 6);
+                    let k = s
+                        .try_put(&iovecs(&out, &shape, 0))
+                        .map_err(|e| format!("try_put after {put} bytes: {}", ioe(&e)))?;
+                    if k > n {
+                        return Err(format!("try_put took {k} of {n} bytes"));
+                    }
+                    put += k as u64;
+                    puts += 1;
+                } else {
+                    let cap = rng.log_uniform(1, inb.len());
+                    let shape = random_shape(&mut rng, cap, 6);
+                    let k = s
+                        .try_get(&mut iovecs_mut(&mut inb[..cap], &shape))
+                        .map_err(|e| format!("try_get after {got} bytes: {}", ioe(&e)))?;
+                    if got + k as u64 > put {
+                        return Err(format!("got {} bytes back of {put} put", got + k as u64));
+                    }
+                    stream_check(seed, got, &inb[..k], &mut scratch)?;
+                    got += k as u64;
+                    gets += 1;
+                }
+                if stall.stalled((put, got) != before) {
+                    return Err(format!("no progress at put {put}, got {got} (hang?)"));
+                }
+            }
+            s.shutdown_write().map_err(|e| ioe(&e))?;
+            Ok(format!(
+                "{} MiB echoed: {puts} puts, {gets} gets",
+                total >> 20
+            ))
+        });
+        match report {
+            Ok(r) => println!("inet: model seed {seed}: {r}"),
+            Err(e) => {
+                let (status, out, err) = peer.wait(Instant::now() + limit(30));
+                panic!("seed {seed}: {e}\npeer: {status:?}\n{out}\n{err}");
+            }
+        }
+        finish(peer, "put/get model");
+    }
+}
+
+#[test]
+fn echo_role() {
+    if role().as_deref() != Some("echo") {
+        return;
+    }
+    let cfg = Config::default().ring_size(64 << 10).chunk_size(8 << 10);
+    let s = RdmaStream::connect_with(env(TARGET).as_str(), cfg).expect("connect");
+    let (mut r, mut w) = s.split();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = r.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        w.write_all(&buf[..n]).expect("echo");
+    }
+    w.shutdown().expect("shutdown");
+}
+
 // -------------------------------------------------------------------------------------
 // Failing connects: refused, absent host
 // -------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@
  *
  * plus what an upper layer needs around them: rch_vc_get (the handle of a rank's
  * connection), rch_wait (sleep until a connection can progress), rch_vc_close, error
- * codes with rch_strerror and rch_last_error.
+ * codes with rch_strerror and rch_last_error, and rch_wakeup (end another thread's
+ * rch_wait).
  *
  * Life cycle
  * ----------
@@ -106,7 +107,7 @@ extern "C" {
 
 /* Version of this interface. */
 #define RCH_VERSION_MAJOR 1
-#define RCH_VERSION_MINOR 0
+#define RCH_VERSION_MINOR 1
 
 /* Most iovec entries one rch_put_datav / rch_read_datav accepts (IOV_MAX on Linux). */
 #define RCH_IOV_MAX 1024
@@ -272,6 +273,15 @@ int rch_read_datav(rch_vc *vc, const struct iovec *iov, int n, size_t *nbytes);
  * RCH_ERR_TIMEOUT. Errors: RCH_ERR_INVALID (timeout_ms < -1),
  * RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
 int rch_wait(int timeout_ms);
+
+/* Ends the rch_wait / rch_vc_wait_* calls sleeping in other threads early: each
+ * returns RCH_SUCCESS within one nap (at most RCH_SLEEP_MAX_US) instead of sleeping
+ * on; a wait that starts after this call is not affected. For an upper layer whose
+ * progress thread sleeps in rch_wait while another thread completes a request (MPI
+ * at MPI_THREAD_MULTIPLE). Safe from any thread and from a signal handler; never
+ * blocks. Since interface 1.1.
+ * Errors: none (always RCH_SUCCESS). */
+int rch_wakeup(void);
 
 /* As rch_wait, for one connection: returns once a read on `vc` would return data or
  * an error (readable) or a put would progress (writable). Same return values, plus

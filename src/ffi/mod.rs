@@ -559,6 +559,13 @@ pub extern "C" fn rch_wait(timeout_ms: c_int) -> c_int {
     })
 }
 
+/// See `rch_wakeup` in `ffi/rch.h`. No lock and no allocation: one atomic add.
+#[no_mangle]
+pub extern "C" fn rch_wakeup() -> c_int {
+    state::wake_waiters();
+    rch_status::RCH_SUCCESS as c_int
+}
+
 /// See `rch_vc_wait_readable` in `ffi/rch.h`.
 #[no_mangle]
 pub extern "C" fn rch_vc_wait_readable(vc: *mut rch_vc, timeout_ms: c_int) -> c_int {
@@ -648,6 +655,7 @@ same_signature!(
     rch_put_datav,
     rch_read_datav,
     rch_wait,
+    rch_wakeup,
     rch_vc_wait_readable,
     rch_vc_wait_writable,
     rch_vc_close,

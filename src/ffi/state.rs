@@ -2,6 +2,7 @@
 //! the waits of `rch_wait` and the per-connection waits, which poll the process group
 //! under the lock and snooze outside it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::error::Error;
@@ -67,6 +68,16 @@ pub(crate) fn finalized() -> Error {
     )
 }
 
+/// Bumped by rch_wakeup; a wait that sees it change since it started returns.
+static WAKEUPS: AtomicU64 = AtomicU64::new(0);
+
+/// rch_wakeup: ends the waits sleeping now.
+pub(crate) fn wake_waiters() {
+    // Relaxed: the counter only tells a sleeper to look again; whatever the waker
+    // wants seen is published by the caller's own synchronisation (MPICH's lock).
+    WAKEUPS.fetch_add(1, Ordering::Relaxed);
+}
+
 /// rch_wait and the per-connection waits: polls under the lock, snoozes without it.
 pub(crate) fn wait(
     timeout_ms: i32,
@@ -78,6 +89,8 @@ pub(crate) fn wait(
     let limit = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
     let mut backoff = None;
     let mut i: u32 = 0;
+    // Relaxed, as in wake_waiters: a stale read costs one more nap at most.
+    let woken_at = WAKEUPS.load(Ordering::Relaxed);
     loop {
         {
             let mut lib = lock()?;
@@ -92,6 +105,9 @@ pub(crate) fn wait(
             }
         }
         i = i.wrapping_add(1);
+        if WAKEUPS.load(Ordering::Relaxed) != woken_at {
+            return Ok(());
+        }
         if limit.is_some_and(|l| start.elapsed() >= l) {
             return Err(Error::new(
                 rch_status::RCH_ERR_TIMEOUT,

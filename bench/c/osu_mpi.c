@@ -1,0 +1,157 @@
+/*
+ * osu_mpi.c - OSU-style point-to-point benchmark against real MPI, for the same
+ * table across MPI libraries (MPICH on ch3:rch, ch3:sock, ch4:ucx; Open MPI): built
+ * with each library's mpicc and run with its mpiexec by bench/mpich-compare.sh.
+ * The measurement is bench/c/osu.c's (the channel's own C-level figures):
+ *
+ *   latency:   ping-pong between ranks 0 and 1, one-way = half the mean round trip
+ *   bandwidth: 64 messages in flight (MPI_Isend / MPI_Irecv), then a 4-byte ack
+ *
+ *   mpiexec -n 2 ./osu_mpi [--sizes 8,65536] [--iters N] [--latency]
+ *
+ * Rank r is pinned to CPU r unless OSU_NO_PIN is set. Heap buffers (malloc), as an
+ * MPI application's are; separate send and receive buffers.
+ */
+#define _GNU_SOURCE
+#include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define WINDOW 64
+
+static size_t lat_iters(size_t s)
+{
+    size_t n = 20000000 / (s + 2000);
+    return n < 50 ? 50 : n > 20000 ? 20000 : n;
+}
+
+static size_t bw_iters(size_t s)
+{
+    size_t n = 2000000000 / (s * WINDOW + 100000);
+    return n < 5 ? 5 : n > 2000 ? 2000 : n;
+}
+
+static double latency(int rank, char *sbuf, char *rbuf, size_t s, size_t iters)
+{
+    size_t warm = iters / 10 + 10;
+    double t0 = 0;
+    for (size_t i = 0; i < iters + warm; i++) {
+        if (i == warm) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = MPI_Wtime();
+        }
+        if (rank == 0) {
+            MPI_Send(sbuf, (int)s, MPI_CHAR, 1, 1, MPI_COMM_WORLD);
+            MPI_Recv(rbuf, (int)s, MPI_CHAR, 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else {
+            MPI_Recv(rbuf, (int)s, MPI_CHAR, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Send(sbuf, (int)s, MPI_CHAR, 0, 1, MPI_COMM_WORLD);
+        }
+    }
+    return (MPI_Wtime() - t0) / (double)iters / 2 * 1e6;
+}
+
+static double bandwidth(int rank, char *sbuf, char *rbuf, size_t s, size_t iters)
+{
+    MPI_Request reqs[WINDOW];
+    int ack = 0;
+    size_t warm = iters / 10 + 2;
+    double t0 = 0;
+    for (size_t i = 0; i < iters + warm; i++) {
+        if (i == warm) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = MPI_Wtime();
+        }
+        if (rank == 0) {
+            for (int w = 0; w < WINDOW; w++)
+                MPI_Isend(sbuf, (int)s, MPI_CHAR, 1, 2, MPI_COMM_WORLD, &reqs[w]);
+            MPI_Waitall(WINDOW, reqs, MPI_STATUSES_IGNORE);
+            MPI_Recv(&ack, 1, MPI_INT, 1, 3, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else {
+            for (int w = 0; w < WINDOW; w++)
+                MPI_Irecv(rbuf + (size_t)w * s, (int)s, MPI_CHAR, 0, 2, MPI_COMM_WORLD, &reqs[w]);
+            MPI_Waitall(WINDOW, reqs, MPI_STATUSES_IGNORE);
+            MPI_Send(&ack, 1, MPI_INT, 0, 3, MPI_COMM_WORLD);
+        }
+    }
+    double t = MPI_Wtime() - t0;
+    return (double)s * WINDOW * (double)iters / t / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+    size_t sizes[64];
+    int ns = 0;
+    long fixed_iters = 0;
+    int latency_only = 0;
+    int rank, size;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) {
+            char *s = argv[++i];
+            while (*s && ns < 64) {
+                sizes[ns++] = strtoull(s, &s, 10);
+                if (*s == ',')
+                    s++;
+            }
+        } else if (strcmp(argv[i], "--latency") == 0) {
+            latency_only = 1;
+        } else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
+            fixed_iters = atol(argv[++i]);
+        }
+    }
+    if (ns == 0)
+        for (size_t s = 1; s <= ((size_t)4 << 20); s *= 2)
+            sizes[ns++] = s;
+    if (size != 2) {
+        if (rank == 0)
+            fprintf(stderr, "osu_mpi runs on exactly 2 ranks, not %d\n", size);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    if (!getenv("OSU_NO_PIN")) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(rank, &set);
+        sched_setaffinity(0, sizeof set, &set);
+    }
+    size_t max = 0;
+    for (int i = 0; i < ns; i++)
+        if (sizes[i] > max)
+            max = sizes[i];
+    char *sbuf = malloc(max ? max : 1), *rbuf = malloc(max * WINDOW + 1), *lbuf = malloc(max ? max : 1);
+    if (!sbuf || !rbuf || !lbuf) {
+        fprintf(stderr, "osu_mpi: out of memory\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    memset(sbuf, 'a', max);
+    memset(rbuf, 0, max * WINDOW + 1);
+    if (rank == 0) {
+        char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+        int len;
+        MPI_Get_library_version(lib, &len);
+        char *nl = strchr(lib, '\n');
+        if (nl)
+            *nl = '\0';
+        printf("# %s\n", lib);
+        printf("# latency: one-way = half the mean round trip; bandwidth: %d messages in flight\n", WINDOW);
+        printf("%10s %12s %12s\n", "size", "latency_us", "bw_GB/s");
+    }
+    for (int i = 0; i < ns; i++) {
+        size_t s = sizes[i];
+        double lat = latency(rank, sbuf, lbuf, s, fixed_iters ? (size_t)fixed_iters : lat_iters(s));
+        double bw = latency_only ? 0 : bandwidth(rank, sbuf, rbuf, s, fixed_iters ? (size_t)fixed_iters : bw_iters(s));
+        if (rank == 0) {
+            printf("%10zu %12.3f %12.2f\n", s, lat, bw);
+            fflush(stdout);
+        }
+    }
+    free(sbuf);
+    free(rbuf);
+    free(lbuf);
+    MPI_Finalize();
+    return 0;
+}

@@ -1,0 +1,78 @@
+/*
+ * ch3:rch - CH3 channel over rdma-channel: the channel's private declarations.
+ *
+ * Send side: a request that could not be put whole waits in its VC's send queue
+ * (FIFO, so packets never interleave); the progress engine offers the head's iov to
+ * rch_put_datav again, advanced past what was put. Receive side: each VC reads a
+ * fixed-size CH3 packet header, hands it to CH3's packet handler, and reads the
+ * data into the iov of the request the handler returns, calling OnDataAvail as each
+ * iov fills. Both sides honour rdma-channel's zero-copy contract by construction:
+ * the iov is only ever advanced by the bytes counted.
+ */
+
+#ifndef MPIDI_CH3_IMPL_H_INCLUDED
+#define MPIDI_CH3_IMPL_H_INCLUDED
+
+#include "mpidimpl.h"
+#include <rch.h>
+
+/* Receive state of one VC (allocated when the VC is initialised). */
+typedef struct MPIDI_CH3I_Rch_recv {
+    /* The packet header being read, and how many of its bytes have arrived. */
+    MPIDI_CH3_Pkt_t pkt;
+    size_t pkt_got;
+    /* The request whose iov is being filled; NULL while reading a header. */
+    MPIR_Request *active;
+} MPIDI_CH3I_Rch_recv;
+
+/* The send queue holds a reference to each request so that its `next` field stays
+ * valid until it is dequeued. Not thread-safe by itself: callers hold CH3's global
+ * critical section, as for every channel call. */
+static inline void MPIDI_CH3I_SendQ_enqueue(MPIDI_CH3I_VC * vcch, MPIR_Request * req)
+{
+    MPIR_Request_add_ref(req);
+    req->next = NULL;
+    if (vcch->sendq_tail != NULL)
+        vcch->sendq_tail->next = req;
+    else
+        vcch->sendq_head = req;
+    vcch->sendq_tail = req;
+}
+
+static inline void MPIDI_CH3I_SendQ_dequeue(MPIDI_CH3I_VC * vcch)
+{
+    MPIR_Request *req = vcch->sendq_head;
+    vcch->sendq_head = req->next;
+    if (vcch->sendq_head == NULL)
+        vcch->sendq_tail = NULL;
+    MPIR_Request_free(req);
+}
+
+#define MPIDI_CH3I_SendQ_head(vcch) ((vcch)->sendq_head)
+#define MPIDI_CH3I_SendQ_empty(vcch) ((vcch)->sendq_head == NULL)
+
+/* ch3_progress.c */
+int MPIDI_CH3I_Progress_init(void);
+int MPIDI_CH3I_Progress_finalize(void);
+/* Puts the VC on the list the progress engine walks (idempotent). */
+void MPIDI_CH3I_VC_make_active(MPIDI_VC_t * vc);
+/* Turns an rch_status into an MPI error code naming the call and, for a connection,
+ * the rank (-1: none), with rch_last_error()'s detail. */
+int MPIDI_CH3I_Rch_error(int rc, const char *what, int rank);
+/* Marks a VC failed: its queued sends complete with `err`, CH3 is told the
+ * connection terminated (which fails the receives posted for it). */
+int MPIDI_CH3I_VC_fail(MPIDI_VC_t * vc, int err);
+
+/* ch3_send.c: put as much of iov[0..n) as the connection takes now; *done is set when
+ * all of it went (the iov is advanced in place past what was put). */
+int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iov, int *n, int *done);
+/* Pushes the VC's send queue as far as the connection takes it. */
+int MPIDI_CH3I_Send_progress(MPIDI_VC_t * vc, int *made_progress);
+
+/* No shared-memory windows in this channel: the mutex hooks are empty. */
+#define MPIDI_CH3I_SHM_MUTEX_LOCK(win_ptr)
+#define MPIDI_CH3I_SHM_MUTEX_UNLOCK(win_ptr)
+#define MPIDI_CH3I_SHM_MUTEX_INIT(win_ptr)
+#define MPIDI_CH3I_SHM_MUTEX_DESTROY(win_ptr)
+
+#endif /* MPIDI_CH3_IMPL_H_INCLUDED */

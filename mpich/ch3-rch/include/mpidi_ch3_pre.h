@@ -1,0 +1,70 @@
+/*
+ * ch3:rch - CH3 channel over rdma-channel: what the channel adds to CH3's structures.
+ * Included by CH3 before its own types; see mpich/README.md in rdma-channel.
+ */
+
+#ifndef MPIDI_CH3_PRE_H_INCLUDED
+#define MPIDI_CH3_PRE_H_INCLUDED
+
+/* Dynamic processes (spawn, connect/accept, ports) need a way to reach a process
+ * outside the job's PMI key space; rdma-channel connects the ranks of one job. */
+#define MPIDI_CH3_HAS_NO_DYNAMIC_PROCESS
+
+#undef MPID_USE_SEQUENCE_NUMBERS
+
+typedef struct {
+    int dummy;                  /* CH3 wants a type; the channel keeps nothing per comm */
+} MPIDI_CH3I_CH_comm_t;
+
+/* The channel's state of a connection. */
+typedef enum MPIDI_CH3I_VC_state {
+    MPIDI_CH3I_VC_STATE_UNCONNECTED,    /* nothing sent or received yet */
+    MPIDI_CH3I_VC_STATE_CONNECTED,      /* in use */
+    MPIDI_CH3I_VC_STATE_TERMINATED,     /* CH3 closed it; rch_vc_close once flushed */
+    MPIDI_CH3I_VC_STATE_FAILED          /* the peer died or the connection broke */
+} MPIDI_CH3I_VC_state_t;
+
+struct rch_vc;
+struct MPIR_Request;
+struct MPIDI_CH3I_Rch_recv;
+
+/* Channel fields of a VC: the send queue of requests not yet wholly put, the
+ * rdma-channel connection, and the receive state (a packet header being read, or
+ * the request whose iov is being filled). */
+typedef struct MPIDI_CH3I_VC {
+    struct MPIR_Request *sendq_head;
+    struct MPIR_Request *sendq_tail;
+    MPIDI_CH3I_VC_state_t state;
+    struct rch_vc *rvc;
+    struct MPIDI_CH3I_Rch_recv *recv;
+    /* Position in the channel's list of VCs that need the progress engine. */
+    struct MPIDI_VC *active_next;
+    int in_active_list;
+} MPIDI_CH3I_VC;
+
+#define MPIDI_CH3_VC_DECL struct MPIDI_CH3I_VC ch;
+
+/* Progress state between MPID_Progress_start / wait / end. */
+typedef struct MPIDI_CH3I_Progress_state {
+    int completion_count;
+} MPIDI_CH3I_Progress_state;
+
+#define MPIDI_CH3_PROGRESS_STATE_DECL MPIDI_CH3I_Progress_state ch;
+
+extern volatile unsigned int MPIDI_CH3I_progress_completion_count;
+
+#if defined(MPICH_IS_THREADED)
+extern volatile int MPIDI_CH3I_progress_blocked;
+extern volatile int MPIDI_CH3I_progress_wakeup_signalled;
+void MPIDI_CH3I_Progress_wakeup(void);
+#define MPIDI_CH3I_PROGRESS_WAKEUP                                                                \
+    do {                                                                                          \
+        if (MPIDI_CH3I_progress_blocked == TRUE && MPIDI_CH3I_progress_wakeup_signalled == FALSE) \
+        {                                                                                         \
+            MPIDI_CH3I_progress_wakeup_signalled = TRUE;                                          \
+            MPIDI_CH3I_Progress_wakeup();                                                         \
+        }                                                                                         \
+    } while (0)
+#endif
+
+#endif /* MPIDI_CH3_PRE_H_INCLUDED */

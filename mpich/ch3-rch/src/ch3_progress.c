@@ -1,0 +1,443 @@
+/*
+ * ch3:rch - CH3 channel over rdma-channel: the progress engine.
+ *
+ * One pass (progress_once) pushes the send queues of the VCs on the active list and
+ * reads every connection of the job: rdma-channel's reads are non-blocking and cost
+ * little on a connection that was never opened, and a peer may start talking to us
+ * at any time. A blocking wait repeats passes until a request completes, and between
+ * passes that found nothing sleeps in rch_wait (which spins briefly, then yields,
+ * then naps), with CH3's global critical section released so that other threads can
+ * enter MPI meanwhile; rch_wakeup ends that sleep early when another thread
+ * completes a request.
+ */
+
+#include "mpidi_ch3_impl.h"
+
+static MPIDI_CH3_PktHandler_Fcn *pktArray[MPIDI_CH3_PKT_END_CH3 + 1];
+
+volatile unsigned int MPIDI_CH3I_progress_completion_count = 0;
+#ifdef MPICH_IS_THREADED
+volatile int MPIDI_CH3I_progress_blocked = FALSE;
+volatile int MPIDI_CH3I_progress_wakeup_signalled = FALSE;
+#if (MPICH_THREAD_GRANULARITY == MPICH_THREAD_GRANULARITY__GLOBAL)
+static MPID_Thread_cond_t progress_completion_cond;
+#endif
+#endif
+
+/* VCs with a non-empty send queue or a deferred close (singly linked). */
+static MPIDI_VC_t *active_head;
+
+/* How long one rch_wait sleeps at most before the pass is repeated: progress hooks
+ * (non-blocking collectives, generalized requests) also need passes. */
+#define RCH_WAIT_SLICE_MS 100
+
+int MPIDI_CH3I_Rch_error(int rc, const char *what, int rank)
+{
+    const char *detail = rch_last_error();
+    const char *name = rch_strerror(rc);
+    int cls = MPI_ERR_OTHER;
+
+    if (rc == RCH_ERR_NO_MEMORY)
+        cls = MPI_ERR_NO_MEM;
+    if (rank >= 0 && what[0] == 'p')
+        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, cls,
+                                    "**ch3|rch|put", "**ch3|rch|put %d %s %s", rank, name,
+                                    detail);
+    if (rank >= 0)
+        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, cls,
+                                    "**ch3|rch|read", "**ch3|rch|read %d %s %s", rank, name,
+                                    detail);
+    if (what[0] == 'i')
+        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_FATAL, __func__, __LINE__, cls,
+                                    "**ch3|rch|init", "**ch3|rch|init %s %s", name, detail);
+    if (what[0] == 'f')
+        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, cls,
+                                    "**ch3|rch|finalize", "**ch3|rch|finalize %s %s", name,
+                                    detail);
+    return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, cls,
+                                "**ch3|rch|wait", "**ch3|rch|wait %s %s", name, detail);
+}
+
+void MPIDI_CH3I_VC_make_active(MPIDI_VC_t * vc)
+{
+    if (!vc->ch.in_active_list) {
+        vc->ch.in_active_list = 1;
+        vc->ch.active_next = active_head;
+        active_head = vc;
+    }
+}
+
+/* Completes every queued send and the receive in progress with `err`, then tells
+ * CH3 the connection is gone (it fails the receives posted for this rank). */
+int MPIDI_CH3I_VC_fail(MPIDI_VC_t * vc, int err)
+{
+    MPIDI_CH3I_VC *vcch = &vc->ch;
+    int mpi_errno = MPI_SUCCESS;
+
+    if (vcch->state == MPIDI_CH3I_VC_STATE_FAILED)
+        return MPI_SUCCESS;
+    vcch->state = MPIDI_CH3I_VC_STATE_FAILED;
+    while (!MPIDI_CH3I_SendQ_empty(vcch)) {
+        MPIR_Request *sreq = MPIDI_CH3I_SendQ_head(vcch);
+        sreq->status.MPI_ERROR = err;
+        MPID_Request_complete(sreq);
+        MPIDI_CH3I_SendQ_dequeue(vcch);
+    }
+    if (vcch->recv->active != NULL) {
+        MPIR_Request *rreq = vcch->recv->active;
+        vcch->recv->active = NULL;
+        rreq->status.MPI_ERROR = err;
+        MPID_Request_complete(rreq);
+    }
+    if (vcch->rvc != NULL)
+        rch_vc_close(vcch->rvc);
+    /* Only VCs CH3 knows as used have close state to unwind. */
+    if (vc->state != MPIDI_VC_STATE_INACTIVE && vc->state != MPIDI_VC_STATE_MORIBUND)
+        mpi_errno = MPIDI_CH3U_Handle_connection(vc, MPIDI_VC_EVENT_TERMINATED);
+    return mpi_errno;
+}
+
+/* Runs a receive request's completion action once its iov is full; *complete says
+ * whether the request is done (else its iov was reloaded). */
+static int recv_iov_done(MPIDI_VC_t * vc, MPIR_Request * rreq, int *complete)
+{
+    int (*reqFn) (MPIDI_VC_t *, MPIR_Request *, int *) = rreq->dev.OnDataAvail;
+    if (reqFn == NULL) {
+        MPIR_Assert(MPIDI_Request_get_type(rreq) != MPIDI_REQUEST_TYPE_GET_RESP);
+        *complete = TRUE;
+        return MPID_Request_complete(rreq);
+    }
+    *complete = FALSE;
+    return reqFn(vc, rreq, complete);
+}
+
+/* Reads what has arrived on one connection: headers, handed to CH3's handlers, and
+ * the data they ask for. Stops when the connection has nothing more. */
+static int recv_progress(MPIDI_VC_t * vc, int *made_progress)
+{
+    MPIDI_CH3I_VC *vcch = &vc->ch;
+    MPIDI_CH3I_Rch_recv *rs = vcch->recv;
+    int mpi_errno = MPI_SUCCESS;
+    int rc = RCH_SUCCESS;
+    size_t nb;
+
+    while (vcch->state == MPIDI_CH3I_VC_STATE_CONNECTED) {
+        if (rs->active == NULL) {
+            /* A packet header. */
+            struct iovec iov;
+            MPIR_Request *rreq = NULL;
+            intptr_t buflen = 0;
+
+            iov.iov_base = (char *) &rs->pkt + rs->pkt_got;
+            iov.iov_len = sizeof(MPIDI_CH3_Pkt_t) - rs->pkt_got;
+            rc = rch_read_datav(vcch->rvc, &iov, 1, &nb);
+            if (rc != RCH_SUCCESS)
+                goto read_error;
+            if (nb == 0)
+                break;
+            *made_progress = TRUE;
+            /* A peer that talks to us uses this VC: CH3 must close it at finalize. */
+            if (vc->state == MPIDI_VC_STATE_INACTIVE)
+                MPIDI_CHANGE_VC_STATE(vc, ACTIVE);
+            rs->pkt_got += nb;
+            if (rs->pkt_got < sizeof(MPIDI_CH3_Pkt_t))
+                break;
+            rs->pkt_got = 0;
+            if (rs->pkt.type < 0 || rs->pkt.type >= MPIDI_CH3_PKT_END_CH3 ||
+                pktArray[rs->pkt.type] == NULL) {
+                MPIR_ERR_SET1(mpi_errno, MPI_ERR_OTHER, "**ch3|rch|peerlost",
+                              "**ch3|rch|peerlost %d", vc->pg_rank);
+                MPIDI_CH3I_VC_fail(vc, mpi_errno);
+                return mpi_errno;
+            }
+            mpi_errno = pktArray[rs->pkt.type] (vc, &rs->pkt, NULL, &buflen, &rreq);
+            MPIR_ERR_CHECK(mpi_errno);
+            MPIR_Assert(buflen == 0);
+            if (rreq != NULL) {
+                rreq->dev.iov_offset = 0;
+                rs->active = rreq;
+            }
+        } else {
+            /* The data of the request at hand. */
+            MPIR_Request *rreq = rs->active;
+            struct iovec *cur = rreq->dev.iov + rreq->dev.iov_offset;
+            int left = rreq->dev.iov_count - (int) rreq->dev.iov_offset;
+            int complete;
+
+            if (left > 0) {
+                rc = rch_read_datav(vcch->rvc, cur, left, &nb);
+                if (rc != RCH_SUCCESS)
+                    goto read_error;
+                if (nb == 0)
+                    break;
+                *made_progress = TRUE;
+                while (left > 0 && nb >= cur->iov_len) {
+                    nb -= cur->iov_len;
+                    cur++;
+                    left--;
+                }
+                if (left > 0) {
+                    cur->iov_base = (char *) cur->iov_base + nb;
+                    cur->iov_len -= nb;
+                }
+                rreq->dev.iov_offset = cur - rreq->dev.iov;
+                if (left > 0)
+                    break;
+            }
+            mpi_errno = recv_iov_done(vc, rreq, &complete);
+            MPIR_ERR_CHECK(mpi_errno);
+            if (complete)
+                rs->active = NULL;
+            else
+                rreq->dev.iov_offset = 0;
+        }
+    }
+
+  fn_exit:
+    return mpi_errno;
+  fn_fail:
+    goto fn_exit;
+
+  read_error:
+    if (rc == RCH_ERR_PEER_CLOSED && vc->state == MPIDI_VC_STATE_INACTIVE && rs->active == NULL) {
+        /* A peer we never exchanged a packet with closed: nothing was lost. */
+        vcch->state = MPIDI_CH3I_VC_STATE_TERMINATED;
+        return MPI_SUCCESS;
+    }
+    mpi_errno = MPIDI_CH3I_Rch_error(rc, "read", vc->pg_rank);
+    MPIDI_CH3I_VC_fail(vc, mpi_errno);
+    return mpi_errno;
+}
+
+/* CH3 finished its close protocol on this VC: once the queued packets (the last
+ * CLOSE among them) are put, close the connection and report it terminated. */
+static int finish_terminate(MPIDI_VC_t * vc)
+{
+    MPIDI_CH3I_VC *vcch = &vc->ch;
+    if (vcch->rvc != NULL)
+        rch_vc_close(vcch->rvc);
+    return MPIDI_CH3U_Handle_connection(vc, MPIDI_VC_EVENT_TERMINATED);
+}
+
+int MPIDI_CH3_Connection_terminate(MPIDI_VC_t * vc)
+{
+    MPIDI_CH3I_VC *vcch = &vc->ch;
+
+    if (vcch->state == MPIDI_CH3I_VC_STATE_FAILED)
+        return MPIDI_CH3U_Handle_connection(vc, MPIDI_VC_EVENT_TERMINATED);
+    vcch->state = MPIDI_CH3I_VC_STATE_TERMINATED;
+    if (MPIDI_CH3I_SendQ_empty(vcch))
+        return finish_terminate(vc);
+    MPIDI_CH3I_VC_make_active(vc);
+    return MPI_SUCCESS;
+}
+
+/* Pushes the send queues of the active VCs; drops the ones that drained. */
+static int send_pass(int *made_progress)
+{
+    int mpi_errno = MPI_SUCCESS;
+    MPIDI_VC_t **link = &active_head;
+
+    while (*link != NULL) {
+        MPIDI_VC_t *vc = *link;
+        MPIDI_CH3I_VC *vcch = &vc->ch;
+        int err = MPI_SUCCESS;
+
+        if (vcch->state != MPIDI_CH3I_VC_STATE_FAILED)
+            err = MPIDI_CH3I_Send_progress(vc, made_progress);
+        if (err != MPI_SUCCESS) {
+            MPIDI_CH3I_VC_fail(vc, err);
+            if (mpi_errno == MPI_SUCCESS)
+                mpi_errno = err;
+        }
+        if (MPIDI_CH3I_SendQ_empty(vcch)) {
+            *link = vcch->active_next;
+            vcch->in_active_list = 0;
+            vcch->active_next = NULL;
+            if (vcch->state == MPIDI_CH3I_VC_STATE_TERMINATED) {
+                *made_progress = TRUE;
+                err = finish_terminate(vc);
+                if (err != MPI_SUCCESS && mpi_errno == MPI_SUCCESS)
+                    mpi_errno = err;
+            }
+        } else {
+            link = &vcch->active_next;
+        }
+    }
+    return mpi_errno;
+}
+
+static int progress_once(int *made_progress)
+{
+    int mpi_errno;
+    MPIDI_PG_t *pg = MPIDI_Process.my_pg;
+    int me = MPIDI_Process.my_pg_rank;
+    int i;
+
+    mpi_errno = MPIR_Progress_hook_exec_all(made_progress);
+    MPIR_ERR_CHECK(mpi_errno);
+
+    mpi_errno = send_pass(made_progress);
+    MPIR_ERR_CHECK(mpi_errno);
+
+    for (i = 0; i < MPIDI_PG_Get_size(pg); i++) {
+        MPIDI_VC_t *vc;
+        if (i == me)
+            continue;
+        MPIDI_PG_Get_vc(pg, i, &vc);
+        if (vc->ch.state != MPIDI_CH3I_VC_STATE_CONNECTED)
+            continue;
+        mpi_errno = recv_progress(vc, made_progress);
+        MPIR_ERR_CHECK(mpi_errno);
+    }
+    /* Receiving may have queued replies (CTS, CLOSE acks): send them now. */
+    if (active_head != NULL) {
+        mpi_errno = send_pass(made_progress);
+        MPIR_ERR_CHECK(mpi_errno);
+    }
+
+  fn_exit:
+    return mpi_errno;
+  fn_fail:
+    goto fn_exit;
+}
+
+/* Sleeps until a connection may progress, at most one slice, outside CH3's lock. */
+static int block_in_rch(void)
+{
+    int rc;
+    MPID_THREAD_CS_EXIT(GLOBAL, MPIR_THREAD_GLOBAL_ALLFUNC_MUTEX);
+    rc = rch_wait(RCH_WAIT_SLICE_MS);
+    MPID_THREAD_CS_ENTER(GLOBAL, MPIR_THREAD_GLOBAL_ALLFUNC_MUTEX);
+    if (rc != RCH_SUCCESS && rc != RCH_ERR_TIMEOUT)
+        return MPIDI_CH3I_Rch_error(rc, "wait", -1);
+    return MPI_SUCCESS;
+}
+
+#ifdef MPICH_IS_THREADED
+/* Another thread blocks in the engine: wait for it to report a completion. */
+static void progress_delay(unsigned int completion_count)
+{
+#if (MPICH_THREAD_GRANULARITY == MPICH_THREAD_GRANULARITY__GLOBAL)
+    int err;
+    while (completion_count == MPIDI_CH3I_progress_completion_count)
+        MPID_Thread_cond_wait(&progress_completion_cond, &MPIR_THREAD_GLOBAL_ALLFUNC_MUTEX, &err);
+#endif
+}
+
+static void progress_continue(void)
+{
+#if (MPICH_THREAD_GRANULARITY == MPICH_THREAD_GRANULARITY__GLOBAL)
+    int err;
+    MPID_Thread_cond_broadcast(&progress_completion_cond, &err);
+#endif
+}
+
+void MPIDI_CH3I_Progress_wakeup(void)
+{
+    rch_wakeup();
+}
+#endif
+
+int MPIDI_CH3I_Progress(int blocking, MPID_Progress_state * state)
+{
+    int mpi_errno = MPI_SUCCESS;
+    int made_progress = FALSE;
+
+    if (!blocking) {
+#ifdef MPICH_IS_THREADED
+        /* The blocked thread progresses for everyone (as in ch3:sock). */
+        if (MPIR_IS_THREADED && MPIDI_CH3I_progress_blocked == TRUE)
+            return MPI_SUCCESS;
+#endif
+        return progress_once(&made_progress);
+    }
+
+    do {
+        made_progress = FALSE;
+        mpi_errno = progress_once(&made_progress);
+        MPIR_ERR_CHECK(mpi_errno);
+        if (state->ch.completion_count != MPIDI_CH3I_progress_completion_count)
+            break;
+        if (made_progress)
+            continue;
+#ifdef MPICH_IS_THREADED
+        if (MPIR_IS_THREADED) {
+            if (MPIDI_CH3I_progress_blocked == TRUE) {
+                progress_delay(state->ch.completion_count);
+                break;
+            }
+            MPIDI_CH3I_progress_blocked = TRUE;
+            mpi_errno = block_in_rch();
+            MPIDI_CH3I_progress_blocked = FALSE;
+            MPIDI_CH3I_progress_wakeup_signalled = FALSE;
+        } else
+#endif
+        {
+            mpi_errno = block_in_rch();
+        }
+        MPIR_ERR_CHECK(mpi_errno);
+    } while (state->ch.completion_count == MPIDI_CH3I_progress_completion_count);
+
+#ifdef MPICH_IS_THREADED
+    progress_continue();
+#endif
+
+  fn_exit:
+    state->ch.completion_count = MPIDI_CH3I_progress_completion_count;
+    return mpi_errno;
+  fn_fail:
+    goto fn_exit;
+}
+
+int MPIDI_CH3I_Progress_init(void)
+{
+    int mpi_errno = MPI_SUCCESS;
+    MPIDI_PG_t *pg = MPIDI_Process.my_pg;
+    int i;
+
+#if defined(MPICH_IS_THREADED) && (MPICH_THREAD_GRANULARITY == MPICH_THREAD_GRANULARITY__GLOBAL)
+    {
+        int err;
+        MPID_Thread_cond_create(&progress_completion_cond, &err);
+        MPIR_Assert(err == 0);
+    }
+#endif
+    active_head = NULL;
+
+    /* Every VC of the job has a connection handle (rdma-channel sets the pair up on
+     * first use); handles are cheap, so look them all up now. */
+    for (i = 0; i < MPIDI_PG_Get_size(pg); i++) {
+        MPIDI_VC_t *vc;
+        int rc;
+        if (i == MPIDI_Process.my_pg_rank)
+            continue;
+        MPIDI_PG_Get_vc(pg, i, &vc);
+        rc = rch_vc_get(i, &vc->ch.rvc);
+        if (rc != RCH_SUCCESS) {
+            mpi_errno = MPIDI_CH3I_Rch_error(rc, "init", -1);
+            goto fn_fail;
+        }
+        vc->ch.state = MPIDI_CH3I_VC_STATE_CONNECTED;
+    }
+
+    mpi_errno = MPIDI_CH3_PktHandler_Init(pktArray, MPIDI_CH3_PKT_END_CH3 + 1);
+    MPIR_ERR_CHECK(mpi_errno);
+
+  fn_exit:
+    return mpi_errno;
+  fn_fail:
+    goto fn_exit;
+}
+
+int MPIDI_CH3I_Progress_finalize(void)
+{
+#if defined(MPICH_IS_THREADED) && (MPICH_THREAD_GRANULARITY == MPICH_THREAD_GRANULARITY__GLOBAL)
+    {
+        int err;
+        MPID_Thread_cond_destroy(&progress_completion_cond, &err);
+        MPIR_Assert(err == 0);
+    }
+#endif
+    return MPI_SUCCESS;
+}

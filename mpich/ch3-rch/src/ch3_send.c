@@ -1,0 +1,263 @@
+/*
+ * ch3:rch - CH3 channel over rdma-channel: the send side.
+ *
+ * Every CH3 packet goes as a fixed-size header (sizeof(MPIDI_CH3_Pkt_t), as ch3:sock
+ * does, so the receiver knows how much to read before the packet handler tells it
+ * the rest) followed by its data. A send first tries to put everything at once; what
+ * the connection does not take now (ring full, connection being set up, zero-copy
+ * buffer announced and not yet read) waits in the VC's send queue, with the header
+ * copied into the request, and the progress engine offers it again. Packets never
+ * interleave: while the queue is not empty, new sends go behind it.
+ */
+
+#include "mpidi_ch3_impl.h"
+
+/* The rdma-channel connection of a VC, looked up on first use. */
+static int vc_connection(MPIDI_VC_t * vc, struct rch_vc **out)
+{
+    MPIDI_CH3I_VC *vcch = &vc->ch;
+    if (vcch->rvc == NULL) {
+        int rc = rch_vc_get(vc->pg_rank, &vcch->rvc);
+        if (rc != RCH_SUCCESS)
+            return MPIDI_CH3I_Rch_error(rc, "put", vc->pg_rank);
+        vcch->state = MPIDI_CH3I_VC_STATE_CONNECTED;
+    }
+    *out = vcch->rvc;
+    return MPI_SUCCESS;
+}
+
+int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iovp, int *np, int *done)
+{
+    struct rch_vc *rvc;
+    struct iovec *iov = *iovp;
+    int n = *np;
+    size_t nb = 0;
+    int rc;
+    int mpi_errno = vc_connection(vc, &rvc);
+
+    *done = 0;
+    if (mpi_errno != MPI_SUCCESS)
+        return mpi_errno;
+    rc = rch_put_datav(rvc, iov, n, &nb);
+    if (rc != RCH_SUCCESS)
+        return MPIDI_CH3I_Rch_error(rc, "put", vc->pg_rank);
+    /* Advance past the bytes counted; a partly sent entry keeps its rest. */
+    while (n > 0 && nb >= iov->iov_len) {
+        nb -= iov->iov_len;
+        iov++;
+        n--;
+    }
+    if (n > 0) {
+        iov->iov_base = (char *) iov->iov_base + nb;
+        iov->iov_len -= nb;
+    }
+    *iovp = iov;
+    *np = n;
+    *done = (n == 0);
+    return MPI_SUCCESS;
+}
+
+/* Copies what is left of a send into the request: the iov, and the header into the
+ * request's own packet if any of it is still to go (the caller's header is on its
+ * stack). `sent_hdr` is how many header bytes went already. */
+static void save_rest(MPIR_Request * sreq, const struct iovec *iov, int n, int hdr_left,
+                      const void *hdr, size_t sent_hdr)
+{
+    int i;
+    int first = 0;
+    if (hdr_left) {
+        sreq->dev.pending_pkt = *(const MPIDI_CH3_Pkt_t *) hdr;
+        sreq->dev.iov[0].iov_base = (char *) &sreq->dev.pending_pkt + sent_hdr;
+        sreq->dev.iov[0].iov_len = sizeof(MPIDI_CH3_Pkt_t) - sent_hdr;
+        first = 1;
+        iov++;
+        n--;
+    }
+    for (i = 0; i < n; i++)
+        sreq->dev.iov[first + i] = iov[i];
+    sreq->dev.iov_count = first + n;
+    sreq->dev.iov_offset = 0;
+}
+
+/* A request of CH3's "start" calls: two references (the caller's and the one
+ * released at completion), completion action "complete". */
+static MPIR_Request *new_send_request(void)
+{
+    MPIR_Request *sreq = MPIR_Request_create(MPIR_REQUEST_KIND__SEND);
+    if (sreq == NULL)
+        return NULL;
+    MPIR_Object_set_ref(sreq, 2);
+    sreq->dev.OnDataAvail = NULL;
+    return sreq;
+}
+
+/* Queues a request behind the VC's others and has the progress engine push it. */
+static void enqueue(MPIDI_VC_t * vc, MPIR_Request * sreq)
+{
+    MPIDI_CH3I_SendQ_enqueue(&vc->ch, sreq);
+    MPIDI_CH3I_VC_make_active(vc);
+}
+
+/* Runs a send request's completion action once its iov has gone: complete it, or
+ * let OnDataAvail load the next part (then *more is set and the request's iov is
+ * fresh, to be sent from offset 0). */
+static int send_iov_done(MPIDI_VC_t * vc, MPIR_Request * sreq, int *more)
+{
+    int mpi_errno = MPI_SUCCESS;
+    int (*reqFn) (MPIDI_VC_t *, MPIR_Request *, int *) = sreq->dev.OnDataAvail;
+    *more = 0;
+    if (reqFn == NULL) {
+        MPIR_Assert(MPIDI_Request_get_type(sreq) != MPIDI_REQUEST_TYPE_GET_RESP);
+        mpi_errno = MPID_Request_complete(sreq);
+    } else {
+        int complete = 0;
+        mpi_errno = reqFn(vc, sreq, &complete);
+        if (mpi_errno == MPI_SUCCESS && !complete) {
+            sreq->dev.iov_offset = 0;
+            *more = 1;
+        }
+    }
+    return mpi_errno;
+}
+
+/* The common path of all four entry points: `iov[0]` is the header. With `sreq`
+ * NULL a request is made only if something is left (the "start" calls). */
+static int send_common(MPIDI_VC_t * vc, MPIR_Request * sreq, struct iovec *iov, int n,
+                       MPIR_Request ** sreq_out)
+{
+    int mpi_errno = MPI_SUCCESS;
+    MPIDI_CH3I_VC *vcch = &vc->ch;
+    const void *hdr = iov[0].iov_base;
+    struct iovec *cur = iov;
+    int left = n;
+    int done = 0;
+
+    MPIR_Assert(n >= 1 && n <= MPL_IOV_LIMIT);
+    MPIR_Assert(iov[0].iov_len <= sizeof(MPIDI_CH3_Pkt_t));
+    /* Fixed-size headers: the receiver reads this many bytes before the handler. */
+    iov[0].iov_len = sizeof(MPIDI_CH3_Pkt_t);
+
+    if (vcch->state == MPIDI_CH3I_VC_STATE_FAILED || vcch->state == MPIDI_CH3I_VC_STATE_TERMINATED) {
+        MPIR_ERR_SET1(mpi_errno, MPI_ERR_OTHER, "**ch3|rch|peerlost", "**ch3|rch|peerlost %d",
+                      vc->pg_rank);
+        goto fail_request;
+    }
+
+    if (MPIDI_CH3I_SendQ_empty(vcch)) {
+        mpi_errno = MPIDI_CH3I_Put_iov(vc, &cur, &left, &done);
+        if (mpi_errno != MPI_SUCCESS) {
+            /* The connection broke: everything queued on it fails with this error. */
+            MPIDI_CH3I_VC_fail(vc, mpi_errno);
+            goto fail_request;
+        }
+    }
+
+    if (done) {
+        if (sreq == NULL) {
+            *sreq_out = NULL;
+        } else {
+            int more;
+            mpi_errno = send_iov_done(vc, sreq, &more);
+            MPIR_ERR_CHECK(mpi_errno);
+            if (more)
+                enqueue(vc, sreq);
+        }
+    } else {
+        /* Header bytes still to go: those of the first entry if it is the header. */
+        int hdr_left = (cur == iov);
+        size_t sent_hdr = hdr_left ? sizeof(MPIDI_CH3_Pkt_t) - cur->iov_len : 0;
+        if (sreq == NULL) {
+            sreq = new_send_request();
+            MPIR_ERR_CHKANDJUMP(sreq == NULL, mpi_errno, MPI_ERR_OTHER, "**nomem");
+            *sreq_out = sreq;
+        }
+        save_rest(sreq, cur, left, hdr_left, hdr, sent_hdr);
+        enqueue(vc, sreq);
+    }
+
+  fn_exit:
+    return mpi_errno;
+  fn_fail:
+    goto fn_exit;
+
+  fail_request:
+    /* The caller sees the error both as the return value and in the request. */
+    {
+        if (sreq == NULL) {
+            sreq = MPIR_Request_create(MPIR_REQUEST_KIND__SEND);
+            MPIR_ERR_CHKANDJUMP(sreq == NULL, mpi_errno, MPI_ERR_OTHER, "**nomem");
+            MPIR_cc_set(&sreq->cc, 0);
+            sreq->status.MPI_ERROR = mpi_errno;
+            *sreq_out = sreq;
+        } else {
+            sreq->status.MPI_ERROR = mpi_errno;
+            MPID_Request_complete(sreq);
+        }
+        goto fn_exit;
+    }
+}
+
+int MPIDI_CH3_iStartMsg(MPIDI_VC_t * vc, void *pkt, intptr_t pkt_sz, MPIR_Request ** sreq_ptr)
+{
+    struct iovec iov[1];
+    MPIR_Assert(pkt_sz <= (intptr_t) sizeof(MPIDI_CH3_Pkt_t));
+    iov[0].iov_base = pkt;
+    iov[0].iov_len = pkt_sz;
+    return send_common(vc, NULL, iov, 1, sreq_ptr);
+}
+
+int MPIDI_CH3_iStartMsgv(MPIDI_VC_t * vc, struct iovec *iov, int n_iov, MPIR_Request ** sreq_ptr)
+{
+    return send_common(vc, NULL, iov, n_iov, sreq_ptr);
+}
+
+int MPIDI_CH3_iSend(MPIDI_VC_t * vc, MPIR_Request * sreq, void *pkt, intptr_t pkt_sz)
+{
+    struct iovec iov[1];
+    MPIR_Request *unused = NULL;
+    MPIR_Assert(pkt_sz <= (intptr_t) sizeof(MPIDI_CH3_Pkt_t));
+    iov[0].iov_base = pkt;
+    iov[0].iov_len = pkt_sz;
+    return send_common(vc, sreq, iov, 1, &unused);
+}
+
+int MPIDI_CH3_iSendv(MPIDI_VC_t * vc, MPIR_Request * sreq, struct iovec *iov, int n_iov)
+{
+    MPIR_Request *unused = NULL;
+    return send_common(vc, sreq, iov, n_iov, &unused);
+}
+
+int MPIDI_CH3I_Send_progress(MPIDI_VC_t * vc, int *made_progress)
+{
+    int mpi_errno = MPI_SUCCESS;
+    MPIDI_CH3I_VC *vcch = &vc->ch;
+
+    while (!MPIDI_CH3I_SendQ_empty(vcch)) {
+        MPIR_Request *sreq = MPIDI_CH3I_SendQ_head(vcch);
+        struct iovec *cur = sreq->dev.iov + sreq->dev.iov_offset;
+        int left = sreq->dev.iov_count - (int) sreq->dev.iov_offset;
+        int done = 0;
+        int more = 0;
+
+        if (left > 0) {
+            size_t before = left > 0 ? cur->iov_len : 0;
+            mpi_errno = MPIDI_CH3I_Put_iov(vc, &cur, &left, &done);
+            MPIR_ERR_CHECK(mpi_errno);
+            if (cur != sreq->dev.iov + sreq->dev.iov_offset || (left > 0 && cur->iov_len != before))
+                *made_progress = 1;
+            sreq->dev.iov_offset = cur - sreq->dev.iov;
+            if (!done)
+                break;
+        }
+        *made_progress = 1;
+        mpi_errno = send_iov_done(vc, sreq, &more);
+        MPIR_ERR_CHECK(mpi_errno);
+        if (!more)
+            MPIDI_CH3I_SendQ_dequeue(vcch);
+    }
+
+  fn_exit:
+    return mpi_errno;
+  fn_fail:
+    goto fn_exit;
+}

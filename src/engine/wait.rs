@@ -60,6 +60,11 @@ impl Backoff {
         self.step > self.spins.saturating_add(self.yields)
     }
 
+    /// True once the backoff has stopped busy polling (it yields or sleeps).
+    pub fn is_past_spinning(&self) -> bool {
+        self.step >= self.spins
+    }
+
     /// Starts over (after progress).
     pub fn reset(&mut self) {
         self.step = 0;

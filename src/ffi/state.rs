@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::error::Error;
 use super::lock::{Guard, SpinLock};
 use super::sys::rch_status;
+use crate::engine::Backoff;
 use crate::group::{Group, PROGRESS_EVERY};
 
 /// Where the library is in its life cycle.
@@ -88,7 +89,11 @@ pub(crate) fn wait(
     let start = Instant::now();
     let limit = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
     let mut backoff = None;
-    let mut i: u32 = 0;
+    // The sockets (listener, handshakes, rdma_cm events) cost system calls: look at
+    // them every PROGRESS_EVERY polls and while sleeping, not on entry, so that an
+    // upper layer calling rch_wait once per message (MPI's blocking progress) pays
+    // nothing extra when data is already there. A single poll (timeout 0) looks.
+    let mut i: u32 = if timeout_ms == 0 { 0 } else { 1 };
     // Relaxed, as in wake_waiters: a stale read costs one more nap at most.
     let woken_at = WAKEUPS.load(Ordering::Relaxed);
     loop {
@@ -108,7 +113,9 @@ pub(crate) fn wait(
         if WAKEUPS.load(Ordering::Relaxed) != woken_at {
             return Ok(());
         }
-        if limit.is_some_and(|l| start.elapsed() >= l) {
+        // Reading the clock costs as much as a poll: while spinning, look now and then.
+        let check_clock = i % 16 == 0 || backoff.as_ref().is_some_and(Backoff::is_past_spinning);
+        if check_clock && limit.is_some_and(|l| start.elapsed() >= l) {
             return Err(Error::new(
                 rch_status::RCH_ERR_TIMEOUT,
                 format!("no progress within {timeout_ms} ms"),

@@ -31,6 +31,9 @@ static MPIDI_VC_t *active_head;
  * (non-blocking collectives, generalized requests) also need passes. */
 #define RCH_WAIT_SLICE_MS 100
 
+/* Idle passes of a blocking wait before it sleeps in rch_wait. */
+#define RCH_IDLE_PASSES 64
+
 int MPIDI_CH3I_Rch_error(int rc, const char *what, int rank)
 {
     const char *detail = rch_last_error();
@@ -343,6 +346,7 @@ int MPIDI_CH3I_Progress(int blocking, MPID_Progress_state * state)
 {
     int mpi_errno = MPI_SUCCESS;
     int made_progress = FALSE;
+    int idle = 0;
 
     if (!blocking) {
 #ifdef MPICH_IS_THREADED
@@ -359,8 +363,15 @@ int MPIDI_CH3I_Progress(int blocking, MPID_Progress_state * state)
         MPIR_ERR_CHECK(mpi_errno);
         if (state->ch.completion_count != MPIDI_CH3I_progress_completion_count)
             break;
-        if (made_progress)
+        if (made_progress) {
+            idle = 0;
             continue;
+        }
+        /* Poll a little before sleeping in rch_wait: a reply usually arrives within
+         * a few passes, and a pass is cheaper than entering and leaving a wait. */
+        if (++idle < RCH_IDLE_PASSES)
+            continue;
+        idle = 0;
 #ifdef MPICH_IS_THREADED
         if (MPIR_IS_THREADED) {
             if (MPIDI_CH3I_progress_blocked == TRUE) {

@@ -8,8 +8,8 @@
 //! | `RCH_CHUNK_SIZE` | largest packet in bytes (multiple of 64, 128 ..= ring/2) | 64 KiB |
 //! | `RCH_TAIL_THRESHOLD` | consumed bytes before an explicit tail update | ring/4 |
 //! | `RCH_MAX_INLINE` | cap on inline writes (smaller forces the staging copy) | fabric's |
-//! | `RCH_SPIN` | busy polls before a blocking wait yields | 2000 |
-//! | `RCH_YIELD` | `sched_yield`s before it sleeps | 50000 |
+//! | `RCH_SPIN` | busy polls before a blocking wait yields | 2000 (100 in a process group with more ranks on the host than CPUs) |
+//! | `RCH_YIELD` | `sched_yield`s before it sleeps | 50000 (0 when oversubscribed, as above) |
 //! | `RCH_SLEEP_MAX_US` | longest sleep between polls | 1000 |
 //! | `RCH_ZCOPY_THRESHOLD` | smallest buffer from [`alloc_mem`](crate::Channel::alloc_mem) sent zero-copy (`off` to disable) | fabric's |
 //! | `RCH_ZCOPY_PRIVATE_THRESHOLD` | the same for any other memory | fabric's |
@@ -53,6 +53,9 @@ pub struct Config {
     spin: u32,
     yields: u32,
     sleep_max: Duration,
+    /// The spin or yield count was chosen (RCH_SPIN, RCH_YIELD, `wait_policy`), so
+    /// no automatic adjustment may override it.
+    wait_set: bool,
     zcopy_threshold: Option<usize>,
     zcopy_private_threshold: Option<usize>,
     rcache_entries: usize,
@@ -77,6 +80,7 @@ impl Default for Config {
             max_inline: None,
             spin: 2_000,
             yields: 50_000,
+            wait_set: false,
             sleep_max: Duration::from_micros(1000),
             zcopy_threshold: None,
             zcopy_private_threshold: None,
@@ -161,9 +165,11 @@ impl Config {
         }
         if let Some(v) = var("RCH_SPIN") {
             c.spin = num("RCH_SPIN", v)?.min(u32::MAX as u64) as u32;
+            c.wait_set = true;
         }
         if let Some(v) = var("RCH_YIELD") {
             c.yields = num("RCH_YIELD", v)?.min(u32::MAX as u64) as u32;
+            c.wait_set = true;
         }
         if let Some(v) = var("RCH_SLEEP_MAX_US") {
             c.sleep_max = Duration::from_micros(num("RCH_SLEEP_MAX_US", v)?);
@@ -230,6 +236,7 @@ impl Config {
         self.spin = spin;
         self.yields = yields;
         self.sleep_max = sleep_max;
+        self.wait_set = true;
         self
     }
 
@@ -306,6 +313,12 @@ impl Config {
     /// The wait policy as (spins, yields, longest sleep).
     pub fn wait(&self) -> (u32, u32, Duration) {
         (self.spin, self.yields, self.sleep_max)
+    }
+
+    /// True when the spin or yield count was chosen (RCH_SPIN, RCH_YIELD or
+    /// [`wait_policy`](Self::wait_policy)) rather than left at its default.
+    pub fn wait_policy_set(&self) -> bool {
+        self.wait_set
     }
 
     /// Checks the values are usable together.

@@ -358,6 +358,12 @@ fn alltoall_8_ranks_oversubscribed_pmi() {
 }
 
 #[test]
+fn wakeup_ends_another_threads_wait() {
+    external("t_wakeup", 1, &[], &[], "wakeup ok");
+    pmi("t_wakeup", 1, &[], &[], "wakeup ok");
+}
+
+#[test]
 fn unexpected_messages_external() {
     external("t_unexpected", 3, &[], &[], "unexpected ok");
 }

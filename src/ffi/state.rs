@@ -103,7 +103,8 @@ pub(crate) fn wait(
             if let Some(r) = only {
                 g.check_rank(r)?;
             }
-            let b = backoff.get_or_insert_with(|| g.wait_policy());
+            let b = backoff
+                .get_or_insert_with(|| g.idle_backoff.take().unwrap_or_else(|| g.wait_policy()));
             let sockets = i % PROGRESS_EVERY == 0 || b.is_sleeping();
             if g.poll(only, read, write, sockets) {
                 return Ok(());
@@ -116,6 +117,12 @@ pub(crate) fn wait(
         // Reading the clock costs as much as a poll: while spinning, look now and then.
         let check_clock = i % 16 == 0 || backoff.as_ref().is_some_and(Backoff::is_past_spinning);
         if check_clock && limit.is_some_and(|l| start.elapsed() >= l) {
+            // Nothing happened: the next wait goes on from this phase of the backoff.
+            if let Ok(mut lib) = lock() {
+                if let Ok(g) = lib.ready() {
+                    g.idle_backoff = backoff;
+                }
+            }
             return Err(Error::new(
                 rch_status::RCH_ERR_TIMEOUT,
                 format!("no progress within {timeout_ms} ms"),

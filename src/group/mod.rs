@@ -181,6 +181,11 @@ pub(crate) struct Group {
     /// Handshakes in progress (outbound or awaiting READY), to skip the scan when none.
     handshakes: usize,
     tick: u32,
+    /// Where the last wait's backoff stopped when it timed out with nothing to do;
+    /// the next wait continues from there (an upper layer that waits in slices, as
+    /// MPI's progress engine does, would otherwise spin and yield again each slice).
+    /// Cleared when data moves.
+    pub(crate) idle_backoff: Option<Backoff>,
     /// Smallest buffer the engine may send zero-copy (C memory is never from
     /// `alloc_mem`, so the threshold for other memory); smaller puts take the
     /// plain copying path, which skips the eligibility checks.
@@ -253,6 +258,7 @@ impl Group {
             inbound: Vec::new(),
             handshakes: 0,
             tick: 0,
+            idle_backoff: None,
             zc_min,
             // SAFETY: getuid cannot fail and touches no memory.
             uid: unsafe { libc::getuid() },
@@ -321,6 +327,26 @@ impl Group {
     /// and unmodified until a later call counts them.
     #[inline]
     pub(crate) unsafe fn put(
+        &mut self,
+        rank: usize,
+        iov: &[IoSlice<'_>],
+        total: usize,
+    ) -> Result<usize, Error> {
+        // SAFETY: forwarded from this function's contract.
+        let r = unsafe { self.put_inner(rank, iov, total) };
+        if matches!(r, Ok(n) if n > 0) {
+            self.idle_backoff = None;
+        }
+        r
+    }
+
+    /// [`put`](Self::put) without the idle bookkeeping.
+    ///
+    /// # Safety
+    ///
+    /// As [`put`](Self::put).
+    #[inline]
+    unsafe fn put_inner(
         &mut self,
         rank: usize,
         iov: &[IoSlice<'_>],
@@ -405,6 +431,25 @@ impl Group {
     /// allocated and untouched until a later call counts them.
     #[inline]
     pub(crate) unsafe fn read(
+        &mut self,
+        rank: usize,
+        iov: &mut [IoSliceMut<'_>],
+    ) -> Result<usize, Error> {
+        // SAFETY: forwarded from this function's contract.
+        let r = unsafe { self.read_inner(rank, iov) };
+        if matches!(r, Ok(n) if n > 0) {
+            self.idle_backoff = None;
+        }
+        r
+    }
+
+    /// [`read`](Self::read) without the idle bookkeeping.
+    ///
+    /// # Safety
+    ///
+    /// As [`read`](Self::read).
+    #[inline]
+    unsafe fn read_inner(
         &mut self,
         rank: usize,
         iov: &mut [IoSliceMut<'_>],

@@ -115,9 +115,12 @@ static int recv_iov_done(MPIDI_VC_t * vc, MPIR_Request * rreq, int *complete)
 }
 
 /* Reads what has arrived on one connection: headers, handed to CH3's handlers, and
- * the data they ask for. Stops when the connection has nothing more. */
-static int recv_progress(MPIDI_VC_t * vc, int *made_progress)
+ * the data they ask for. Stops when the connection has nothing more, or, with
+ * `until_completion`, once a request completed (a blocking wait's caller may be
+ * waiting for just that one: returning at once saves a read on the critical path). */
+static int recv_progress(MPIDI_VC_t * vc, int *made_progress, int until_completion)
 {
+    unsigned int completions_before = MPIDI_CH3I_progress_completion_count;
     MPIDI_CH3I_VC *vcch = &vc->ch;
     MPIDI_CH3I_Rch_recv *rs = vcch->recv;
     int mpi_errno = MPI_SUCCESS;
@@ -125,6 +128,8 @@ static int recv_progress(MPIDI_VC_t * vc, int *made_progress)
     size_t nb;
 
     while (vcch->state == MPIDI_CH3I_VC_STATE_CONNECTED) {
+        if (until_completion && completions_before != MPIDI_CH3I_progress_completion_count)
+            break;
         if (rs->active == NULL) {
             /* A packet header. */
             struct iovec iov;
@@ -270,7 +275,7 @@ static int send_pass(int *made_progress)
     return mpi_errno;
 }
 
-static int progress_once(int *made_progress)
+static int progress_once(int *made_progress, int blocking)
 {
     int mpi_errno;
     MPIDI_PG_t *pg = MPIDI_Process.my_pg;
@@ -290,7 +295,7 @@ static int progress_once(int *made_progress)
         MPIDI_PG_Get_vc(pg, i, &vc);
         if (vc->ch.state != MPIDI_CH3I_VC_STATE_CONNECTED)
             continue;
-        mpi_errno = recv_progress(vc, made_progress);
+        mpi_errno = recv_progress(vc, made_progress, blocking);
         MPIR_ERR_CHECK(mpi_errno);
     }
     /* Receiving may have queued replies (CTS, CLOSE acks): send them now. */
@@ -354,12 +359,12 @@ int MPIDI_CH3I_Progress(int blocking, MPID_Progress_state * state)
         if (MPIR_IS_THREADED && MPIDI_CH3I_progress_blocked == TRUE)
             return MPI_SUCCESS;
 #endif
-        return progress_once(&made_progress);
+        return progress_once(&made_progress, FALSE);
     }
 
     do {
         made_progress = FALSE;
-        mpi_errno = progress_once(&made_progress);
+        mpi_errno = progress_once(&made_progress, TRUE);
         MPIR_ERR_CHECK(mpi_errno);
         if (state->ch.completion_count != MPIDI_CH3I_progress_completion_count)
             break;

@@ -112,29 +112,25 @@ col() { # system, size, field (2 latency, 3 bandwidth)
     cat "$work/$1".round* 2>/dev/null | awk -v s="$2" -v f="$3" '$1 == s { print $f }' | median
 }
 
-echo
-echo "MPI-level one-way latency (us), medians of $kept rounds; ranks on CPUs 0 and 1, heap buffers"
-printf '| %-8s |' size
-for s in "${systems[@]}"; do printf ' %s |' "${label[$s]}"; done
-printf ' ch3:rch / channel | ch3:rch / Debian |\n|---|'
-for s in "${systems[@]}"; do printf -- '---:|'; done
-printf -- '---:|---:|\n'
-for z in ${sizes//,/ }; do
-    printf '| %-8s |' "$z"
-    for s in "${systems[@]}"; do printf ' %s |' "$(col "$s" "$z" 2)"; done
-    awk -v a="$(col rch "$z" 2)" -v c="$(col channel "$z" 2)" -v d="$(col deb "$z" 2)" \
-        'BEGIN { printf " %+.3f us | %.2fx |\n", a - c, a / d }'
-done
-echo
-echo "Bandwidth (GB/s, 64 messages in flight), medians of $kept rounds"
-printf '| %-8s |' size
-for s in "${systems[@]}"; do printf ' %s |' "${label[$s]}"; done
-printf ' ch3:rch / channel | ch3:rch / Debian |\n|---|'
-for s in "${systems[@]}"; do printf -- '---:|'; done
-printf -- '---:|---:|\n'
-for z in ${sizes//,/ }; do
-    printf '| %-8s |' "$z"
-    for s in "${systems[@]}"; do printf ' %s |' "$(col "$s" "$z" 3)"; done
-    awk -v a="$(col rch "$z" 3)" -v c="$(col channel "$z" 3)" -v d="$(col deb "$z" 3)" \
-        'BEGIN { printf " %.2fx | %.2fx |\n", a / c, a / d }'
-done
+# One markdown table: field 2 (latency, us) or 3 (bandwidth, GB/s), with ch3:rch's
+# difference from the channel's own figure and its ratio to Debian's MPICH.
+table() {
+    local field=$1 title=$2 diff_fmt=$3
+    echo
+    echo "$title, medians of $kept rounds; ranks on CPUs 0 and 1, heap buffers"
+    printf '| size |'
+    for s in "${systems[@]}"; do printf ' %s |' "${label[$s]}"; done
+    printf ' ch3:rch vs channel | ch3:rch / Debian |\n|---|'
+    for s in "${systems[@]}"; do printf -- '---:|'; done
+    printf -- '---:|---:|\n'
+    for z in ${sizes//,/ }; do
+        printf '| %s |' "$z"
+        for s in "${systems[@]}"; do printf ' %s |' "$(col "$s" "$z" "$field")"; done
+        awk -v a="$(col rch "$z" "$field")" -v c="$(col channel "$z" "$field")" \
+            -v d="$(col deb "$z" "$field")" -v f="$diff_fmt" \
+            'BEGIN { if (f == "diff") printf " %+.3f us |", a - c; else printf " %.2fx |", a / c;
+                     printf " %.2fx |\n", a / d }'
+    done
+}
+table 2 "MPI-level one-way latency (us)" diff
+table 3 "Bandwidth (GB/s, 64 messages in flight)" ratio

@@ -12,26 +12,13 @@
  * Rank r is pinned to CPU r unless OSU_NO_PIN is set. Heap buffers (malloc), as an
  * MPI application's are; separate send and receive buffers.
  */
-#define _GNU_SOURCE
+#include "osu_common.h"
+
 #include <mpi.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define WINDOW 64
-
-static size_t lat_iters(size_t s)
-{
-    size_t n = 20000000 / (s + 2000);
-    return n < 50 ? 50 : n > 20000 ? 20000 : n;
-}
-
-static size_t bw_iters(size_t s)
-{
-    size_t n = 2000000000 / (s * WINDOW + 100000);
-    return n < 5 ? 5 : n > 2000 ? 2000 : n;
-}
 
 static double latency(int rank, char *sbuf, char *rbuf, size_t s, size_t iters)
 {
@@ -82,46 +69,19 @@ static double bandwidth(int rank, char *sbuf, char *rbuf, size_t s, size_t iters
 
 int main(int argc, char **argv)
 {
-    size_t sizes[64];
-    int ns = 0;
-    long fixed_iters = 0;
-    int latency_only = 0;
+    struct osu_args a;
     int rank, size;
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) {
-            char *s = argv[++i];
-            while (*s && ns < 64) {
-                sizes[ns++] = strtoull(s, &s, 10);
-                if (*s == ',')
-                    s++;
-            }
-        } else if (strcmp(argv[i], "--latency") == 0) {
-            latency_only = 1;
-        } else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
-            fixed_iters = atol(argv[++i]);
-        }
-    }
-    if (ns == 0)
-        for (size_t s = 1; s <= ((size_t)4 << 20); s *= 2)
-            sizes[ns++] = s;
+    osu_parse(argc, argv, &a);
     if (size != 2) {
         if (rank == 0)
             fprintf(stderr, "osu_mpi runs on exactly 2 ranks, not %d\n", size);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
-    if (!getenv("OSU_NO_PIN")) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(rank, &set);
-        sched_setaffinity(0, sizeof set, &set);
-    }
-    size_t max = 0;
-    for (int i = 0; i < ns; i++)
-        if (sizes[i] > max)
-            max = sizes[i];
+    osu_pin(rank);
+    size_t max = osu_max_size(&a);
     char *sbuf = malloc(max ? max : 1), *rbuf = malloc(max * WINDOW + 1), *lbuf = malloc(max ? max : 1);
     if (!sbuf || !rbuf || !lbuf) {
         fprintf(stderr, "osu_mpi: out of memory\n");
@@ -140,10 +100,11 @@ int main(int argc, char **argv)
         printf("# latency: one-way = half the mean round trip; bandwidth: %d messages in flight\n", WINDOW);
         printf("%10s %12s %12s\n", "size", "latency_us", "bw_GB/s");
     }
-    for (int i = 0; i < ns; i++) {
-        size_t s = sizes[i];
-        double lat = latency(rank, sbuf, lbuf, s, fixed_iters ? (size_t)fixed_iters : lat_iters(s));
-        double bw = latency_only ? 0 : bandwidth(rank, sbuf, rbuf, s, fixed_iters ? (size_t)fixed_iters : bw_iters(s));
+    for (int i = 0; i < a.nsizes; i++) {
+        size_t s = a.sizes[i];
+        double lat = latency(rank, sbuf, lbuf, s, a.fixed_iters ? (size_t)a.fixed_iters : lat_iters(s));
+        double bw = a.latency_only ? 0
+                                   : bandwidth(rank, sbuf, rbuf, s, a.fixed_iters ? (size_t)a.fixed_iters : bw_iters(s));
         if (rank == 0) {
             printf("%10zu %12.3f %12.2f\n", s, lat, bw);
             fflush(stdout);

@@ -998,20 +998,15 @@ impl Group {
             // (MPICH's sendflood, 3 ranks flooding a 4th on 2 CPUs: 78 s with the
             // default policy, 15 s polling 100 times then sleeping; yields only
             // slowed it). Poll briefly, then sleep.
-            return Backoff::new(
-                spin.min(OVERSUBSCRIBED_SPIN),
-                yields.min(OVERSUBSCRIBED_YIELD),
-                sleep_max,
-            );
+            return Backoff::new(spin.min(OVERSUBSCRIBED_SPIN), 0, sleep_max);
         }
         Backoff::new(spin, yields, sleep_max)
     }
 }
 
-/// The blocking-wait policy's busy polls and yields when this host has more ranks
-/// than CPUs (unless RCH_SPIN / RCH_YIELD say otherwise).
+/// The blocking-wait policy's busy polls when this host has more ranks than CPUs
+/// (unless RCH_SPIN / RCH_YIELD say otherwise); it then sleeps without yielding.
 const OVERSUBSCRIBED_SPIN: u32 = 100;
-const OVERSUBSCRIBED_YIELD: u32 = 0;
 
 /// The CPUs this process may run on (its affinity mask and CPU quota).
 fn available_cpus() -> usize {

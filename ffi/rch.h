@@ -263,6 +263,19 @@ int rch_put_datav(rch_vc *vc, const struct iovec *iov, int n, size_t *nbytes);
  * it sent was read. */
 int rch_read_datav(rch_vc *vc, const struct iovec *iov, int n, size_t *nbytes);
 
+/* As rch_read_datav into one buffer, but copies only bytes that have arrived in the
+ * connection's ring: it stops before a zero-copy transfer instead of starting its
+ * RDMA READs, so it never leaves reads in flight and `buf` may be a scratch buffer
+ * the caller reuses at once. For an upper layer that reads ahead into a staging
+ * buffer (several small packets per call) yet wants large transfers to land straight
+ * in their destination: when it returns fewer bytes than `len`, a zero-copy transfer
+ * may be next, to be read with rch_read_datav into its destination. Since interface
+ * 1.1.
+ * Errors: as rch_read_datav (RCH_ERR_NULL for `buf` NULL with `len` > 0,
+ * RCH_ERR_INVALID for `len` above SSIZE_MAX), and RCH_ERR_IN_FLIGHT while reads
+ * started by rch_read_datav are in flight (finish them with rch_read_datav first). */
+int rch_read_buffered(rch_vc *vc, void *buf, size_t len, size_t *nbytes);
+
 /* Waits until some connection may progress: a read would return data (or an error),
  * a put that last returned fewer bytes than offered now has room or its zero-copy
  * transfer was read, a connection handshake advanced or a peer asked to connect.

@@ -1749,7 +1749,28 @@ impl<F: Fabric> Receiver<F> {
     /// has been read; `ConnectionReset` when the peer vanished or the fabric failed;
     /// `InvalidData` if the ring holds something no correct peer writes.
     pub fn get(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        self.get_inner(iov, false)
+        self.get_inner(iov, GetMode::Wait)
+    }
+
+    /// As [`get_nowait`](Self::get_nowait), but copies only bytes that are in the
+    /// ring: it stops before a zero-copy transfer instead of starting its RDMA READs,
+    /// so it never leaves reads in flight and `iov` may be any scratch buffer. For a
+    /// caller that reads ahead into a staging buffer of its own and wants the large
+    /// transfers to land straight in their destination: when this returns fewer
+    /// bytes than asked, a zero-copy transfer may be next; read it with `get_nowait`.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get); `InvalidInput` while reads started by `get_nowait` are
+    /// in flight (finish them with `get_nowait` first).
+    pub fn get_buffered(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        if self.reads.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "zero-copy reads are in flight: finish them with get_nowait first",
+            ));
+        }
+        self.get_inner(iov, GetMode::RingOnly)
     }
 
     /// As [`get`](Self::get), but never waits for the RDMA READs of a zero-copy
@@ -1786,7 +1807,7 @@ impl<F: Fabric> Receiver<F> {
     /// As [`get`](Self::get); `InvalidInput` if reads are in flight and `iov` does not
     /// start with their buffer.
     pub unsafe fn get_nowait(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        self.get_inner(iov, true)
+        self.get_inner(iov, GetMode::NoWait)
     }
 
     /// True while RDMA READs started by [`get_nowait`](Self::get_nowait) have not been
@@ -1795,7 +1816,8 @@ impl<F: Fabric> Receiver<F> {
         self.reads.is_some()
     }
 
-    fn get_inner(&mut self, iov: &mut [IoSliceMut<'_>], nowait: bool) -> io::Result<usize> {
+    fn get_inner(&mut self, iov: &mut [IoSliceMut<'_>], mode: GetMode) -> io::Result<usize> {
+        let nowait = mode != GetMode::Wait;
         let mut done = 0;
         let mut resumed = 0;
         if let Some(r) = self.reads.take() {
@@ -1824,6 +1846,12 @@ impl<F: Fabric> Receiver<F> {
                     break;
                 }
                 if self.zc.is_some() {
+                    if mode == GetMode::RingOnly {
+                        // The zero-copy transfer is left for get_nowait.
+                        done += at;
+                        self.after_get(done)?;
+                        return Ok(done);
+                    }
                     if !nowait {
                         at += self.read_zero_copy(&mut buf[at..])?;
                         continue;
@@ -1994,4 +2022,15 @@ impl<F: Fabric> Drop for Receiver<F> {
         }
         self.close();
     }
+}
+
+/// How far a `get` goes at a zero-copy transfer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum GetMode {
+    /// Starts its RDMA READs and waits for them (`get`).
+    Wait,
+    /// Starts them and returns (`get_nowait`).
+    NoWait,
+    /// Stops before it (`get_buffered`).
+    RingOnly,
 }

@@ -30,7 +30,7 @@ mod lock;
 mod state;
 pub mod sys;
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, c_void};
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -543,6 +543,48 @@ pub unsafe extern "C" fn rch_read_datav(
     })
 }
 
+/// See `rch_read_buffered` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `buf` is NULL (with `len` 0) or writable for `len` bytes; `nbytes` is NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn rch_read_buffered(
+    vc: *mut rch_vc,
+    buf: *mut c_void,
+    len: size_t,
+    nbytes: *mut size_t,
+) -> c_int {
+    guard(|| {
+        if nbytes.is_null() {
+            return Err(null("nbytes"));
+        }
+        // SAFETY: checked non-NULL; the caller promised a writable size_t.
+        unsafe { out(nbytes, 0) };
+        if buf.is_null() && len != 0 {
+            return Err(null("buf"));
+        }
+        if len as u128 > isize::MAX as u128 {
+            return Err(invalid(format!("len {len} is above SSIZE_MAX")));
+        }
+        let mut lib = lock()?;
+        let g = lib.ready()?;
+        let r = data_vc(g, vc)?;
+        let done = if len == 0 {
+            g.read_buffered(r, &mut [])?
+        } else {
+            // SAFETY: non-NULL (checked) and writable for len bytes (the caller's
+            // promise); no reads are left in flight in buffered mode.
+            let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len as usize) };
+            g.read_buffered(r, &mut [IoSliceMut::new(b)])?
+        };
+        // SAFETY: checked non-NULL above.
+        unsafe { out(nbytes, done as size_t) };
+        Ok(())
+    })
+}
+
 fn check_timeout(t: c_int) -> Result<(), Error> {
     if t < -1 {
         return Err(invalid(format!("timeout {t} ms is below -1")));
@@ -654,6 +696,7 @@ same_signature!(
     rch_vc_rank,
     rch_put_datav,
     rch_read_datav,
+    rch_read_buffered,
     rch_wait,
     rch_wakeup,
     rch_vc_wait_readable,

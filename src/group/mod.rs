@@ -436,14 +436,32 @@ impl Group {
         iov: &mut [IoSliceMut<'_>],
     ) -> Result<usize, Error> {
         // SAFETY: forwarded from this function's contract.
-        let r = unsafe { self.read_inner(rank, iov) };
+        let r = unsafe { self.read_inner(rank, iov, false) };
         if matches!(r, Ok(n) if n > 0) {
             self.idle_backoff = None;
         }
         r
     }
 
-    /// [`read`](Self::read) without the idle bookkeeping.
+    /// rch_read_buffered: as [`read`](Self::read), but only bytes already in the
+    /// ring; it stops before a zero-copy transfer, so it leaves no reads in flight.
+    #[inline]
+    pub(crate) fn read_buffered(
+        &mut self,
+        rank: usize,
+        iov: &mut [IoSliceMut<'_>],
+    ) -> Result<usize, Error> {
+        // SAFETY: in buffered mode no RDMA READ is started, so no buffer is left with
+        // reads in flight: read's contract holds trivially.
+        let r = unsafe { self.read_inner(rank, iov, true) };
+        if matches!(r, Ok(n) if n > 0) {
+            self.idle_backoff = None;
+        }
+        r
+    }
+
+    /// [`read`](Self::read) (or, `buffered`, [`read_buffered`](Self::read_buffered))
+    /// without the idle bookkeeping.
     ///
     /// # Safety
     ///
@@ -453,12 +471,18 @@ impl Group {
         &mut self,
         rank: usize,
         iov: &mut [IoSliceMut<'_>],
+        buffered: bool,
     ) -> Result<usize, Error> {
         self.background();
         let vc = &mut self.vcs[rank];
         if let Conn::Up(up) = &mut vc.conn {
-            // SAFETY: forwarded from this function's contract.
-            return match unsafe { up.rx.get_nowait(iov) } {
+            let r = if buffered {
+                up.rx.get_buffered(iov)
+            } else {
+                // SAFETY: forwarded from this function's contract.
+                unsafe { up.rx.get_nowait(iov) }
+            };
+            return match r {
                 Ok(0) if up.idle_gone() => {
                     vc.rx_done = true;
                     Err(gone(rank))
@@ -473,7 +497,7 @@ impl Group {
             };
         }
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.read_slow(rank, iov) }
+        unsafe { self.read_slow(rank, iov, buffered) }
     }
 
     /// [`read`](Self::read) on a connection that is not up (yet).
@@ -486,6 +510,7 @@ impl Group {
         &mut self,
         rank: usize,
         iov: &mut [IoSliceMut<'_>],
+        buffered: bool,
     ) -> Result<usize, Error> {
         match &self.vcs[rank].conn {
             Conn::Closed => return Err(closed(rank)),
@@ -508,7 +533,7 @@ impl Group {
         }
         match &self.vcs[rank].conn {
             // SAFETY: forwarded from this function's contract.
-            Conn::Up(_) => unsafe { self.read(rank, iov) },
+            Conn::Up(_) => unsafe { self.read_inner(rank, iov, buffered) },
             Conn::Failed(e) => Err(e.clone()),
             _ => Ok(0),
         }

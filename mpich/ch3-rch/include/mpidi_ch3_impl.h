@@ -16,13 +16,27 @@
 #include "mpidimpl.h"
 #include <rch.h>
 
+/* Bytes a VC reads ahead into its stage while small packets are flowing: several
+ * headers (and their small payloads) per rch_read_buffered instead of one call per
+ * header. Large payloads never go through the stage: rch_read_buffered stops before
+ * zero-copy transfers, and after a packet with more than RCH_READAHEAD_DATA_MAX bytes
+ * of data the next header is read alone, so big eager data is copied once, from the
+ * ring straight into its destination. */
+#define RCH_STAGE_SIZE (8 * 1024)
+#define RCH_READAHEAD_DATA_MAX 1024
+
 /* Receive state of one VC (allocated when the VC is initialised). */
 typedef struct MPIDI_CH3I_Rch_recv {
-    /* The packet header being read, and how many of its bytes have arrived. */
+    /* The header at hand, copied out of the stage (CH3's handlers want it aligned). */
     MPIDI_CH3_Pkt_t pkt;
-    size_t pkt_got;
     /* The request whose iov is being filled; NULL while reading a header. */
     MPIR_Request *active;
+    /* Read-ahead bytes not consumed yet: stage[pos, len). */
+    char *stage;
+    size_t pos;
+    size_t len;
+    /* Data bytes of the last packet: whether to read ahead for the next header. */
+    size_t last_data;
 } MPIDI_CH3I_Rch_recv;
 
 /* The send queue holds a reference to each request so that its `next` field stays

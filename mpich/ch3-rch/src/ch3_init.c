@@ -165,8 +165,13 @@ int MPIDI_CH3_VC_Init(MPIDI_VC_t * vc)
     vcch->in_active_list = 0;
     vcch->recv = MPL_malloc(sizeof(*vcch->recv), MPL_MEM_OTHER);
     MPIR_ERR_CHKANDJUMP(vcch->recv == NULL, mpi_errno, MPI_ERR_OTHER, "**nomem");
-    vcch->recv->pkt_got = 0;
     vcch->recv->active = NULL;
+    vcch->recv->pos = 0;
+    vcch->recv->len = 0;
+    vcch->recv->last_data = 0;
+    /* The stage is allocated on the VC's first read (most VCs of a big job never
+     * carry traffic). */
+    vcch->recv->stage = NULL;
 
     /* VCs of this job's process group are created before MPIDI_CH3_Init (the
      * connection handles are looked up there, in Progress_init); others cannot
@@ -177,6 +182,8 @@ int MPIDI_CH3_VC_Init(MPIDI_VC_t * vc)
 
 int MPIDI_CH3_VC_Destroy(MPIDI_VC_t * vc)
 {
+    if (vc->ch.recv != NULL)
+        MPL_free(vc->ch.recv->stage);
     MPL_free(vc->ch.recv);
     vc->ch.recv = NULL;
     return MPI_SUCCESS;

@@ -114,10 +114,105 @@ static int recv_iov_done(MPIDI_VC_t * vc, MPIR_Request * rreq, int *complete)
     return reqFn(vc, rreq, complete);
 }
 
-/* Reads what has arrived on one connection: headers, handed to CH3's handlers, and
- * the data they ask for. Stops when the connection has nothing more, or, with
- * `until_completion`, once a request completed (a blocking wait's caller may be
- * waiting for just that one: returning at once saves a read on the critical path). */
+/* The stage's unread bytes at an 8-byte-aligned address, for a handler that reads
+ * its payload in place. */
+static void align_stage(MPIDI_CH3I_Rch_recv * rs)
+{
+    if (((uintptr_t) (rs->stage + rs->pos) & 7) != 0) {
+        memmove(rs->stage, rs->stage + rs->pos, rs->len - rs->pos);
+        rs->len -= rs->pos;
+        rs->pos = 0;
+    }
+}
+
+/* Makes a whole header available at stage + pos if the connection has one: moves a
+ * partial header to the front and reads (ahead, while packets are small). Returns an
+ * rch status; *got says whether a header is there. */
+static int fill_header(MPIDI_CH3I_VC * vcch, int *got, int *made_progress)
+{
+    MPIDI_CH3I_Rch_recv *rs = vcch->recv;
+    const size_t hdr = sizeof(MPIDI_CH3_Pkt_t);
+    size_t want, nb = 0;
+    int rc;
+
+    *got = (rs->len - rs->pos >= hdr);
+    if (*got)
+        return RCH_SUCCESS;
+    if (rs->stage == NULL) {
+        rs->stage = MPL_malloc(RCH_STAGE_SIZE, MPL_MEM_BUFFER);
+        if (rs->stage == NULL)
+            return RCH_ERR_NO_MEMORY;
+    }
+    if (rs->pos > 0) {
+        memmove(rs->stage, rs->stage + rs->pos, rs->len - rs->pos);
+        rs->len -= rs->pos;
+        rs->pos = 0;
+    }
+    /* Only the header after a large payload: the next payload may be large too, and
+     * it should go from the ring straight to its destination. */
+    want = rs->last_data > RCH_READAHEAD_DATA_MAX ? hdr - rs->len : RCH_STAGE_SIZE - rs->len;
+    rc = rch_read_buffered(vcch->rvc, rs->stage + rs->len, want, &nb);
+    if (rc != RCH_SUCCESS)
+        return rc;
+    if (nb > 0)
+        *made_progress = TRUE;
+    rs->len += nb;
+    *got = (rs->len >= hdr);
+    return RCH_SUCCESS;
+}
+
+/* Fills a receive request's iov: first from the stage, then straight from the
+ * connection (where a zero-copy transfer lands directly in the destination).
+ * *full says whether the iov is complete. */
+static int fill_iov(MPIDI_CH3I_VC * vcch, MPIR_Request * rreq, int *full, int *made_progress)
+{
+    MPIDI_CH3I_Rch_recv *rs = vcch->recv;
+    struct iovec *cur = rreq->dev.iov + rreq->dev.iov_offset;
+    int left = rreq->dev.iov_count - (int) rreq->dev.iov_offset;
+    size_t nb = 0;
+    int rc = RCH_SUCCESS;
+
+    while (left > 0 && rs->pos < rs->len) {
+        size_t n = MPL_MIN(cur->iov_len, rs->len - rs->pos);
+        memcpy(cur->iov_base, rs->stage + rs->pos, n);
+        rs->pos += n;
+        rs->last_data += n;
+        *made_progress = TRUE;
+        cur->iov_base = (char *) cur->iov_base + n;
+        cur->iov_len -= n;
+        if (cur->iov_len == 0) {
+            cur++;
+            left--;
+        }
+    }
+    if (rs->pos == rs->len)
+        rs->pos = rs->len = 0;
+    if (left > 0) {
+        rc = rch_read_datav(vcch->rvc, cur, left, &nb);
+        if (rc == RCH_SUCCESS && nb > 0) {
+            *made_progress = TRUE;
+            rs->last_data += nb;
+            while (left > 0 && nb >= cur->iov_len) {
+                nb -= cur->iov_len;
+                cur++;
+                left--;
+            }
+            if (left > 0) {
+                cur->iov_base = (char *) cur->iov_base + nb;
+                cur->iov_len -= nb;
+            }
+        }
+    }
+    rreq->dev.iov_offset = cur - rreq->dev.iov;
+    *full = (left == 0);
+    return rc;
+}
+
+/* Reads what has arrived on one connection: headers, handed to CH3's handlers with
+ * the payload bytes already staged, and the data they ask for. Stops when the
+ * connection has nothing more, or, with `until_completion`, once a request completed
+ * (a blocking wait's caller may be waiting for just that one: returning at once saves
+ * a read on the critical path). */
 static int recv_progress(MPIDI_VC_t * vc, int *made_progress, int until_completion)
 {
     unsigned int completions_before = MPIDI_CH3I_progress_completion_count;
@@ -125,32 +220,26 @@ static int recv_progress(MPIDI_VC_t * vc, int *made_progress, int until_completi
     MPIDI_CH3I_Rch_recv *rs = vcch->recv;
     int mpi_errno = MPI_SUCCESS;
     int rc = RCH_SUCCESS;
-    size_t nb;
 
     while (vcch->state == MPIDI_CH3I_VC_STATE_CONNECTED) {
         if (until_completion && completions_before != MPIDI_CH3I_progress_completion_count)
             break;
         if (rs->active == NULL) {
-            /* A packet header. */
-            struct iovec iov;
             MPIR_Request *rreq = NULL;
-            intptr_t buflen = 0;
+            intptr_t buflen;
+            int got;
 
-            iov.iov_base = (char *) &rs->pkt + rs->pkt_got;
-            iov.iov_len = sizeof(MPIDI_CH3_Pkt_t) - rs->pkt_got;
-            rc = rch_read_datav(vcch->rvc, &iov, 1, &nb);
+            rc = fill_header(vcch, &got, made_progress);
             if (rc != RCH_SUCCESS)
                 goto read_error;
-            if (nb == 0)
+            if (!got)
                 break;
-            *made_progress = TRUE;
             /* A peer that talks to us uses this VC: CH3 must close it at finalize. */
             if (vc->state == MPIDI_VC_STATE_INACTIVE)
                 MPIDI_CHANGE_VC_STATE(vc, ACTIVE);
-            rs->pkt_got += nb;
-            if (rs->pkt_got < sizeof(MPIDI_CH3_Pkt_t))
-                break;
-            rs->pkt_got = 0;
+            memcpy(&rs->pkt, rs->stage + rs->pos, sizeof(MPIDI_CH3_Pkt_t));
+            rs->pos += sizeof(MPIDI_CH3_Pkt_t);
+            rs->last_data = 0;
             if (rs->pkt.type < 0 || rs->pkt.type >= MPIDI_CH3_PKT_END_CH3 ||
                 pktArray[rs->pkt.type] == NULL) {
                 MPIR_ERR_SET1(mpi_errno, MPI_ERR_OTHER, "**ch3|rch|peerlost",
@@ -158,9 +247,17 @@ static int recv_progress(MPIDI_VC_t * vc, int *made_progress, int until_completi
                 MPIDI_CH3I_VC_fail(vc, mpi_errno);
                 return mpi_errno;
             }
-            mpi_errno = pktArray[rs->pkt.type] (vc, &rs->pkt, NULL, &buflen, &rreq);
+            align_stage(rs);
+            /* CH3's handlers say in *buflen how much payload they took, except the
+             * REVOKE handler, which takes none and leaves it alone: offer it none. */
+            buflen = rs->pkt.type == MPIDI_CH3_PKT_REVOKE ? 0 : rs->len - rs->pos;
+            mpi_errno = pktArray[rs->pkt.type] (vc, &rs->pkt, rs->stage + rs->pos, &buflen, &rreq);
             MPIR_ERR_CHECK(mpi_errno);
-            MPIR_Assert(buflen == 0);
+            /* The handler took `buflen` payload bytes from the stage. */
+            rs->pos += buflen;
+            rs->last_data = buflen;
+            if (rs->pos == rs->len)
+                rs->pos = rs->len = 0;
             if (rreq != NULL) {
                 rreq->dev.iov_offset = 0;
                 rs->active = rreq;
@@ -168,30 +265,13 @@ static int recv_progress(MPIDI_VC_t * vc, int *made_progress, int until_completi
         } else {
             /* The data of the request at hand. */
             MPIR_Request *rreq = rs->active;
-            struct iovec *cur = rreq->dev.iov + rreq->dev.iov_offset;
-            int left = rreq->dev.iov_count - (int) rreq->dev.iov_offset;
-            int complete;
+            int full, complete;
 
-            if (left > 0) {
-                rc = rch_read_datav(vcch->rvc, cur, left, &nb);
-                if (rc != RCH_SUCCESS)
-                    goto read_error;
-                if (nb == 0)
-                    break;
-                *made_progress = TRUE;
-                while (left > 0 && nb >= cur->iov_len) {
-                    nb -= cur->iov_len;
-                    cur++;
-                    left--;
-                }
-                if (left > 0) {
-                    cur->iov_base = (char *) cur->iov_base + nb;
-                    cur->iov_len -= nb;
-                }
-                rreq->dev.iov_offset = cur - rreq->dev.iov;
-                if (left > 0)
-                    break;
-            }
+            rc = fill_iov(vcch, rreq, &full, made_progress);
+            if (rc != RCH_SUCCESS)
+                goto read_error;
+            if (!full)
+                break;
             mpi_errno = recv_iov_done(vc, rreq, &complete);
             MPIR_ERR_CHECK(mpi_errno);
             if (complete)

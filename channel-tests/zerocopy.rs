@@ -249,6 +249,64 @@ fn mismatched_retry_is_refused_and_the_transfer_survives() {
     assert!(!a.sender().zero_copy_pending());
 }
 
+/// `get_buffered` copies what is in the ring and stops before a zero-copy transfer
+/// without starting its reads; `get_nowait` then moves it into its destination.
+#[test]
+fn buffered_get_stops_before_a_zero_copy_transfer() {
+    let (mut a, mut b) = chan_pair(zc_config(1 << 16, 1 << 14, 1024, 1024));
+    let small = [7u8; 10];
+    let big = vec![5u8; 100_000];
+    assert_eq!(a.put(&[IoSlice::new(&small)]).unwrap(), 10);
+    // SAFETY: `big` outlives every call below and is not modified.
+    let n = unsafe { a.sender().put_nocopy(&[IoSlice::new(&big)]) }.unwrap();
+    assert_eq!(n, 0, "announced, not copied");
+    let mut stage = vec![0u8; 200_000];
+    let start = Instant::now();
+    let mut got = 0;
+    while got < 10 {
+        assert!(start.elapsed() < SETTLE, "the small bytes never arrived");
+        got += b
+            .receiver()
+            .get_buffered(&mut [IoSliceMut::new(&mut stage[got..])])
+            .unwrap();
+    }
+    assert_eq!(got, 10, "nothing of the zero-copy transfer in the stage");
+    assert_eq!(&stage[..10], &small);
+    for _ in 0..100 {
+        let n = b
+            .receiver()
+            .get_buffered(&mut [IoSliceMut::new(&mut stage)])
+            .unwrap();
+        assert_eq!(n, 0, "stops before the transfer");
+    }
+    assert!(!b.receiver().reads_in_flight(), "no read was started");
+    let mut dst = vec![0u8; 100_000];
+    let mut at = 0;
+    while at < dst.len() {
+        assert!(start.elapsed() < SETTLE, "the transfer never landed");
+        // SAFETY: `dst` stays untouched until every byte is counted.
+        at += unsafe {
+            b.receiver()
+                .get_nowait(&mut [IoSliceMut::new(&mut dst[at..])])
+        }
+        .unwrap();
+        if at > 0 && at < dst.len() {
+            // In flight: a buffered get is refused rather than skipping ahead.
+            if b.receiver().reads_in_flight() {
+                let e = b
+                    .receiver()
+                    .get_buffered(&mut [IoSliceMut::new(&mut stage)])
+                    .unwrap_err();
+                assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+            }
+        }
+    }
+    assert!(dst.iter().all(|&x| x == 5));
+    // SAFETY: as above.
+    let n = unsafe { a.sender().put_nocopy(&[IoSlice::new(&big)]) }.unwrap();
+    assert_eq!(n, 100_000, "counted once read");
+}
+
 /// A receiver that goes away while a transfer is announced gives the sender an
 /// error, not a hang; and end of stream comes only after a transfer is read.
 #[test]

@@ -66,6 +66,7 @@ int main(void)
         failures++;
     }
     EXPECT(rch_read_datav((rch_vc *)(uintptr_t)0xc5, &iov, 1, &nb), RCH_ERR_NOT_INITIALIZED);
+    EXPECT(rch_read_buffered((rch_vc *)(uintptr_t)0xc5, data, 8, &nb), RCH_ERR_NOT_INITIALIZED);
 
     /* bad init arguments */
     EXPECT(rch_init_process_group(NULL, &size, &parent), RCH_ERR_NULL);
@@ -105,6 +106,12 @@ int main(void)
     EXPECT(rch_put_datav((rch_vc *)(uintptr_t)0x12345678, &iov, 1, &nb), RCH_ERR_UNKNOWN_VC);
     EXPECT(rch_put_datav((rch_vc *)(uintptr_t)((5 << 8) | 0xc5), &iov, 1, &nb), RCH_ERR_UNKNOWN_VC);
     EXPECT(rch_read_datav((rch_vc *)data, &iov, 1, &nb), RCH_ERR_UNKNOWN_VC);
+    EXPECT(rch_read_buffered((rch_vc *)data, data, 8, &nb), RCH_ERR_UNKNOWN_VC);
+    EXPECT(rch_read_buffered(NULL, data, 8, &nb), RCH_ERR_NULL);
+    EXPECT(rch_read_buffered(vc, data, 8, NULL), RCH_ERR_NULL);
+    EXPECT(rch_read_buffered(vc, NULL, 8, &nb), RCH_ERR_NULL);
+    EXPECT(rch_read_buffered(vc, data, (size_t)SSIZE_MAX + 1, &nb), RCH_ERR_INVALID);
+    EXPECT(rch_read_buffered(vc, NULL, 0, &nb), RCH_SUCCESS);
     EXPECT(rch_vc_wait_readable((rch_vc *)data, 0), RCH_ERR_UNKNOWN_VC);
 
     /* iovec arguments */
@@ -148,6 +155,19 @@ int main(void)
     }
     if (got != 15 || memcmp(back, data, 15) != 0) {
         fprintf(stderr, "FAIL: loopback read %zu bytes: %.15s\n", got, back);
+        failures++;
+    }
+    /* a buffered read gets loopback bytes too (no zero-copy is involved) */
+    EXPECT(rch_put_datav(vc, parts, 3, &put), RCH_SUCCESS);
+    got = 0;
+    memset(back, 0, sizeof back);
+    for (int i = 0; i < 1000000 && got < put; i++) {
+        size_t n = 0;
+        EXPECT(rch_read_buffered(vc, back + got, sizeof back - got, &n), RCH_SUCCESS);
+        got += n;
+    }
+    if (got != put || memcmp(back, data, put) != 0) {
+        fprintf(stderr, "FAIL: buffered loopback read %zu of %zu bytes\n", got, put);
         failures++;
     }
     size_t extra = 0;
@@ -201,6 +221,7 @@ int main(void)
     EXPECT(rch_vc_close(vc), RCH_SUCCESS);
     EXPECT(rch_put_datav(vc, &iov, 1, &nb), RCH_ERR_VC_CLOSED);
     EXPECT(rch_read_datav(vc, &iov, 1, &nb), RCH_ERR_VC_CLOSED);
+    EXPECT(rch_read_buffered(vc, data, 8, &nb), RCH_ERR_VC_CLOSED);
     EXPECT(rch_vc_close((rch_vc *)data), RCH_ERR_UNKNOWN_VC);
     EXPECT(rch_vc_close(NULL), RCH_ERR_NULL);
 

@@ -5,7 +5,9 @@
 mod common;
 
 use common::Rng;
-use rdma_channel::fabric::verbs::{device_names, VerbsConfig, VerbsFabric, VerbsQp, VerbsRegion};
+use rdma_channel::fabric::verbs::{
+    device_names, software_device_present, VerbsConfig, VerbsFabric, VerbsQp, VerbsRegion,
+};
 use rdma_channel::fabric::{
     Access, CompletedOp, Completion, CompletionStatus, Fabric, FabricError, MemoryRegion, Opcode,
     PendingQp, QpState, QueuePair, Sge, WorkRequest,
@@ -115,6 +117,22 @@ fn write_wr<'a>(
         },
         signaled: true,
     }
+}
+
+/// Soft-RoCE devices (the VM's rxe) are recognised as software: the process group
+/// then counts a CPU for the kernel's protocol work when it chooses its wait policy.
+#[test]
+fn soft_roce_is_a_software_device() {
+    let _f = fabric_or_skip!();
+    let names = device_names().expect("device names");
+    let soft = names
+        .iter()
+        .any(|n| n.starts_with("rxe") || n.starts_with("siw"));
+    assert_eq!(
+        software_device_present(),
+        soft,
+        "devices {names:?}: software_device_present() disagrees"
+    );
 }
 
 #[test]

@@ -300,7 +300,21 @@ impl Group {
             .iter()
             .filter(|h| h.host == self.hello.host)
             .count();
-        self.oversubscribed = local > available_cpus();
+        #[allow(unused_mut)]
+        let mut cpus = available_cpus();
+        #[cfg(feature = "verbs")]
+        {
+            // Soft-RoCE's protocol runs in this host's kernel: count one CPU as its
+            // when our traffic goes through it (peers elsewhere, or the verbs fabric
+            // here). A 1-CPU VM with one rank otherwise spins the kernel out.
+            let remote = self.peers.iter().any(|h| h.host != self.hello.host);
+            if (remote || self.hello.fabric == crate::fabric::FabricKind::Verbs)
+                && crate::fabric::verbs::software_device_present()
+            {
+                cpus = cpus.saturating_sub(1);
+            }
+        }
+        self.oversubscribed = local > cpus;
         Ok(())
     }
 

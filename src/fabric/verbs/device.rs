@@ -57,6 +57,19 @@ pub fn device_names() -> io::Result<Vec<String>> {
     with_device_list(|devs| Ok(devs.iter().map(|(_, n)| n.clone()).collect()))
 }
 
+/// True when an RDMA device of this host is implemented in software (Soft-RoCE
+/// `rxe`, `siw`): the kernel's protocol processing for it then runs on the host's
+/// CPUs, so a process that busy-polls competes with its own transfers. Such devices
+/// sit under `/sys/devices/virtual/infiniband`; adapters under their bus (PCI).
+pub fn software_device_present() -> bool {
+    let Ok(entries) = std::fs::read_dir("/sys/class/infiniband") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        std::fs::canonicalize(e.path()).is_ok_and(|p| p.starts_with("/sys/devices/virtual"))
+    })
+}
+
 /// Calls `f` with the device list (pointer and name of each device); frees the list.
 fn with_device_list<T>(
     f: impl FnOnce(&[(*mut sys::ibv_device, String)]) -> io::Result<T>,

@@ -86,7 +86,9 @@ mod error;
 mod mr;
 mod qp;
 
-pub use device::{device_names, CompletionQueue, Context, ProtectionDomain};
+pub use device::{
+    device_names, software_device_present, CompletionQueue, Context, ProtectionDomain,
+};
 pub use mr::VerbsRegion;
 pub use qp::{RcQueuePair, VerbsPending, VerbsQp, MAX_SGE};
 

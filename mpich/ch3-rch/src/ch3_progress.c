@@ -38,26 +38,26 @@ int MPIDI_CH3I_Rch_error(int rc, const char *what, int rank)
 {
     const char *detail = rch_last_error();
     const char *name = rch_strerror(rc);
-    int cls = MPI_ERR_OTHER;
+    int errclass = MPI_ERR_OTHER;
 
     if (rc == RCH_ERR_NO_MEMORY)
-        cls = MPI_ERR_NO_MEM;
+        errclass = MPI_ERR_NO_MEM;
     if (rank >= 0 && what[0] == 'p')
-        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, cls,
+        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, errclass,
                                     "**ch3|rch|put", "**ch3|rch|put %d %s %s", rank, name,
                                     detail);
     if (rank >= 0)
-        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, cls,
+        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, errclass,
                                     "**ch3|rch|read", "**ch3|rch|read %d %s %s", rank, name,
                                     detail);
     if (what[0] == 'i')
-        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_FATAL, __func__, __LINE__, cls,
+        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_FATAL, __func__, __LINE__, errclass,
                                     "**ch3|rch|init", "**ch3|rch|init %s %s", name, detail);
     if (what[0] == 'f')
-        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, cls,
+        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, errclass,
                                     "**ch3|rch|finalize", "**ch3|rch|finalize %s %s", name,
                                     detail);
-    return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, cls,
+    return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, errclass,
                                 "**ch3|rch|wait", "**ch3|rch|wait %s %s", name, detail);
 }
 

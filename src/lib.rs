@@ -46,6 +46,7 @@ pub mod pmi;
 pub mod rcache;
 pub mod ring;
 pub mod stream;
+mod zerocopy;
 
 pub use config::Config;
 pub use engine::{Channel, Prepared, RdmaBuf, Receiver, Sender};

@@ -24,8 +24,7 @@ use std::io;
 
 use crate::fabric::RemoteRegion;
 
-/// Bytes of a connection's control region (see the engine's module docs).
-pub const CTRL_SIZE: usize = 4096;
+pub use crate::ring::memory::CTRL_SIZE;
 
 const MAGIC: &[u8; 4] = b"RCHC";
 const VERSION: u8 = 2;

@@ -27,10 +27,12 @@
 
 pub mod any;
 pub mod emulated;
+mod gather;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
 pub use any::{AnyFabric, FabricKind};
+pub use gather::GatherList;
 
 use std::fmt;
 use std::io;
@@ -411,6 +413,40 @@ pub trait QueuePair: Send + Sync {
     /// [`FabricError::InvalidRequest`] for requests beyond [`Caps`]. Access errors are
     /// not reported here but as completions.
     unsafe fn post(&self, wr: &WorkRequest<'_>) -> Result<(), FabricError>;
+
+    /// Posts an inline RDMA WRITE of `list`: safe, because the fabric copies the
+    /// gather list before returning and the list borrows every piece it names.
+    ///
+    /// # Errors
+    ///
+    /// As [`post`](Self::post); [`FabricError::InvalidRequest`] beyond
+    /// [`Caps::max_inline`].
+    #[inline]
+    fn post_inline_write<const N: usize>(
+        &self,
+        wr_id: u64,
+        list: &GatherList<'_, N>,
+        remote_addr: u64,
+        rkey: u32,
+        signaled: bool,
+    ) -> Result<(), FabricError>
+    where
+        Self: Sized,
+    {
+        let wr = WorkRequest {
+            wr_id,
+            opcode: Opcode::Write {
+                local: list.as_sges(),
+                remote_addr,
+                rkey,
+                inline: true,
+            },
+            signaled,
+        };
+        // SAFETY: inline: the memory need only be valid during the call, and the list
+        // borrows each piece for longer than that.
+        unsafe { self.post(&wr) }
+    }
 
     /// Moves up to `out.len()` completions into `out` and returns how many.
     fn poll(&self, out: &mut [Completion]) -> usize;

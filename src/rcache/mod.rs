@@ -37,7 +37,10 @@
 //! * Memory that another userfaultfd already watches (the application's own, say)
 //!   cannot be watched and stays uncached.
 
+mod buf;
 mod watch;
+
+pub use buf::RdmaBuf;
 
 use std::collections::BTreeMap;
 use std::io;

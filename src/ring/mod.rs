@@ -32,6 +32,7 @@
 //! an earlier design had the sender inspect those words in the payload instead, which
 //! took 27% of the sender's time, and the sender is the bottleneck side.
 
+pub mod memory;
 pub mod wire;
 
 use wire::{CELL, HEADER_LEN, OVERHEAD};

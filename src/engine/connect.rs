@@ -1,0 +1,208 @@
+//! Setting up a connection: [`Prepared`] holds one end's rings and an unconnected
+//! queue pair until the peer's card arrives, then builds the [`Channel`].
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+
+use super::card::{ConnCard, CTRL_SIZE};
+use super::link::{Link, SendQueue};
+use super::receiver::Receiver;
+use super::sender::{Sender, MAX_SGE};
+use super::Channel;
+use crate::config::Config;
+use crate::fabric::{Access, Caps, Card, Fabric, MemoryRegion, PendingQp, QueuePair};
+use crate::rcache::{CacheLimits, RegCache};
+use crate::ring::memory::{ControlWords, RingMemory, StagingBuffer};
+use crate::ring::wire::{Rendezvous, MAX_RNDV_SEGS, OVERHEAD};
+
+/// A connection being set up: create it, send [`card`](Prepared::card) to the peer,
+/// then [`connect`](Prepared::connect) with the peer's card.
+///
+/// ```
+/// use std::io::{IoSlice, IoSliceMut};
+/// use rdma_channel::fabric::emulated::EmuFabric;
+/// use rdma_channel::{Config, Prepared};
+///
+/// // Two ends in one process; across processes the cards travel over a Unix socket
+/// // (see `rdma_channel::oob` and `RdmaStream::handshake`).
+/// let a = Prepared::new(EmuFabric::new()?, Config::default())?;
+/// let b = Prepared::new(EmuFabric::new()?, Config::default())?;
+/// let (card_a, card_b) = (a.card()?, b.card()?);
+/// let mut a = a.connect(card_b)?;
+/// let mut b = b.connect(card_a)?;
+/// assert_eq!(a.put(&[IoSlice::new(b"pipe")])?, 4);
+/// let mut buf = [0u8; 4];
+/// assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)])?, 4);
+/// assert_eq!(&buf, b"pipe");
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct Prepared<F: Fabric> {
+    fabric: F,
+    pending: F::Pending,
+    ring: RingMemory<F::Region>,
+    ctrl: ControlWords<F::Region>,
+    cfg: Config,
+}
+
+impl<F: Fabric> Prepared<F> {
+    /// Allocates the incoming ring and control region and an unconnected queue pair.
+    ///
+    /// # Errors
+    ///
+    /// An invalid `cfg` or a fabric failure.
+    pub fn new(fabric: F, cfg: Config) -> io::Result<Prepared<F>> {
+        let pending = fabric.create_qp()?;
+        Self::with_pending(fabric, pending, cfg)
+    }
+
+    /// As [`new`](Self::new), with a queue pair the caller created (for instance
+    /// through rdma_cm, which connects it while the cards travel).
+    ///
+    /// # Errors
+    ///
+    /// An invalid `cfg` or a fabric failure.
+    pub fn with_pending(fabric: F, pending: F::Pending, cfg: Config) -> io::Result<Prepared<F>> {
+        cfg.validate()?;
+        let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let ring = RingMemory::new(fabric.alloc_region(cfg.ring_size_bytes(), rights)?)?;
+        let ctrl = ControlWords::new(fabric.alloc_region(CTRL_SIZE, rights)?)?;
+        Ok(Prepared {
+            fabric,
+            pending,
+            ring,
+            ctrl,
+            cfg,
+        })
+    }
+
+    /// The card for the peer: the fabric's card plus where our ring and control words are.
+    ///
+    /// # Errors
+    ///
+    /// A fabric failure.
+    pub fn card(&self) -> io::Result<Card> {
+        let fabric_card = self.pending.card()?;
+        let bytes = ConnCard::encode(
+            self.ring.region().remote(),
+            self.ctrl.region().remote(),
+            &fabric_card.bytes,
+        )?;
+        Ok(Card {
+            bytes,
+            fds: fabric_card.fds,
+        })
+    }
+
+    /// Connects to the peer described by `peer` and returns the channel.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidData` for a malformed card (see [`ConnCard::new_checked`]); fabric
+    /// failures as they come.
+    pub fn connect(self, peer: Card) -> io::Result<Channel<F>> {
+        let card = ConnCard::new_checked(&peer.bytes[..])?;
+        let (peer_ring, peer_ctrl) = (card.ring(), card.ctrl());
+        let qp = self.pending.connect(Card {
+            bytes: card.fabric_card().to_vec(),
+            fds: peer.fds,
+        })?;
+        let caps = qp.caps();
+        if caps.max_sge < 4 {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "fabric allows {} gather entries; the ring needs at least 4",
+                    caps.max_sge
+                ),
+            ));
+        }
+        let inline_limit = caps
+            .max_inline
+            .min(self.cfg.max_inline_bytes().unwrap_or(usize::MAX));
+        // A packet is at most half the peer's ring, so two are always in flight.
+        let chunk = (self.cfg.chunk_size_bytes() as u64).min(peer_ring.len / 2);
+        // Packets longer than the inline limit are assembled in a registered copy of
+        // the peer's ring.
+        let staging = if (inline_limit as u64) < chunk {
+            let region = self
+                .fabric
+                .alloc_region(peer_ring.len as usize, Access::LOCAL_WRITE)?;
+            Some(StagingBuffer::new(region)?)
+        } else {
+            None
+        };
+        let link = Arc::new(Link {
+            qp,
+            ring: self.ring,
+            ctrl: self.ctrl,
+            staging,
+            peer_ring,
+            peer_ctrl,
+            rx_tail: AtomicU64::new(0),
+            rx_explicit: AtomicU64::new(0),
+            rx_piggy: AtomicU64::new(0),
+            credit_served: AtomicU64::new(0),
+            tx_tail_piggy: AtomicU64::new(0),
+            publish: Mutex::new(()),
+            sq: send_queue_for(&caps),
+            broken: Mutex::new(None),
+            is_broken: AtomicBool::new(false),
+            zc_thresholds: zero_copy_thresholds(&self.fabric, &self.cfg),
+            rcache: Arc::new(registration_cache(&self.cfg)),
+            cfg: self.cfg,
+            fabric: self.fabric,
+        });
+        let max_rndv_segs = ((chunk as usize - OVERHEAD - Rendezvous::encoded_len(0))
+            / Rendezvous::encoded_len(1).saturating_sub(Rendezvous::encoded_len(0)))
+        .clamp(1, MAX_RNDV_SEGS);
+        Ok(Channel {
+            tx: Sender::new(
+                link.clone(),
+                chunk,
+                inline_limit,
+                caps.max_sge.min(MAX_SGE) - 3,
+                max_rndv_segs,
+            ),
+            rx: Receiver::new(link, caps.max_rd_atomic),
+        })
+    }
+}
+
+/// Send-queue accounting for the queue pair's depth: a finite queue is signalled
+/// every half depth, so completions keep freeing room; the emulated fabric's queue
+/// never fills.
+fn send_queue_for(caps: &Caps) -> SendQueue {
+    let (depth, interval) = if caps.max_send_wr == usize::MAX {
+        (u64::MAX, u64::MAX)
+    } else {
+        let d = caps.max_send_wr.max(2) as u64;
+        (d, (d / 2).max(1))
+    };
+    SendQueue {
+        depth,
+        interval,
+        posted: AtomicU64::new(0),
+        retired: AtomicU64::new(0),
+        completed: AtomicU64::new(0),
+    }
+}
+
+/// The zero-copy thresholds in force, as (allocated memory, other memory): the
+/// configuration's, else the fabric's measured defaults.
+fn zero_copy_thresholds<F: Fabric>(fabric: &F, cfg: &Config) -> (usize, usize) {
+    let (alloc_default, private_default) = fabric.zero_copy_defaults();
+    let (alloc_set, private_set) = cfg.zero_copy_thresholds();
+    (
+        alloc_set.unwrap_or(alloc_default).max(1),
+        private_set.unwrap_or(private_default).max(1),
+    )
+}
+
+fn registration_cache<F: Fabric>(cfg: &Config) -> RegCache<F> {
+    let (max_entries, max_bytes) = cfg.registration_cache_limits();
+    RegCache::new(CacheLimits {
+        max_entries,
+        max_bytes,
+    })
+}

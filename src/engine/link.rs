@@ -1,0 +1,312 @@
+//! The link: the state both halves of one connection share (queue pair, the rings'
+//! memory, replicated positions, send-queue accounting, the first error), and the
+//! writes of control words.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::wait::Backoff;
+use crate::config::Config;
+use crate::fabric::{
+    CompletedOp, Completion, CompletionStatus, Fabric, GatherList, QpState, QueuePair, RemoteRegion,
+};
+use crate::rcache::RegCache;
+use crate::ring::memory::{ControlWords, CtrlWord, RingMemory, StagingBuffer};
+
+/// Empty polls between two checks of the queue pair's health.
+pub(super) const HEALTH_EVERY: u32 = 1024;
+
+/// State both halves of a connection share.
+pub(crate) struct Link<F: Fabric> {
+    /// Declared first, so dropped first: once it is gone no request reads the
+    /// staging buffer or writes a caller's buffer (`StagingBuffer::post_write`).
+    pub(crate) qp: F::Qp,
+    /// Incoming ring (the peer writes it).
+    pub(super) ring: RingMemory<F::Region>,
+    /// Control words the peer writes.
+    pub(super) ctrl: ControlWords<F::Region>,
+    /// Registered copy of the outgoing ring for packets too long to write inline.
+    pub(super) staging: Option<StagingBuffer<F::Region>>,
+    pub(super) peer_ring: RemoteRegion,
+    pub(super) peer_ctrl: RemoteRegion,
+    /// Master tail of the incoming ring (bytes fully consumed).
+    pub(super) rx_tail: AtomicU64,
+    /// Highest incoming tail sent to the peer in an explicit update.
+    pub(super) rx_explicit: AtomicU64,
+    /// Highest incoming tail sent to the peer piggybacked on a packet.
+    pub(super) rx_piggy: AtomicU64,
+    /// Credit request value last answered.
+    pub(super) credit_served: AtomicU64,
+    /// Highest tail of the outgoing ring seen piggybacked on incoming packets.
+    pub(super) tx_tail_piggy: AtomicU64,
+    /// Serialises explicit control writes so that they reach the peer in value order.
+    pub(super) publish: Mutex<()>,
+    /// Send queue accounting, for fabrics whose queue needs signalled completions.
+    pub(crate) sq: SendQueue,
+    /// First error seen, after which every call fails.
+    pub(super) broken: Mutex<Option<(io::ErrorKind, String)>>,
+    pub(super) is_broken: AtomicBool,
+    /// Zero-copy thresholds in force, as (allocated memory, other memory).
+    pub(super) zc_thresholds: (usize, usize),
+    /// Registrations of user buffers for the zero-copy path (dropped before the fabric).
+    pub(crate) rcache: Arc<RegCache<F>>,
+    pub(super) cfg: Config,
+    pub(crate) fabric: F,
+}
+
+/// Counts posted and retired work requests where the fabric's queue is finite.
+///
+/// Work request ids are sequence numbers from `posted` (writes take one only when the
+/// queue is finite; reads always do, as they are always signalled). Completions of an
+/// RC queue pair arrive in posting order, so `completed` > n means request n is done.
+pub(crate) struct SendQueue {
+    pub(super) depth: u64,
+    pub(super) interval: u64,
+    pub(super) posted: AtomicU64,
+    /// One past the highest request retired by a successful signalled completion.
+    pub(super) retired: AtomicU64,
+    /// One past the highest request with any completion (success, error or flush).
+    pub(crate) completed: AtomicU64,
+}
+
+impl<F: Fabric> Link<F> {
+    /// `Err(BrokenPipe)` once the peer's receiver has stopped reading.
+    pub(super) fn check_peer_reading(&self) -> io::Result<()> {
+        if self.ctrl.receiver_closed() {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the peer closed its reading side",
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn fail(&self, kind: io::ErrorKind, msg: String) -> io::Error {
+        let mut b = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+        if b.is_none() {
+            *b = Some((kind, msg));
+        }
+        // Release: publishes the message stored above to `error`'s Acquire load.
+        self.is_broken.store(true, Ordering::Release);
+        let (k, m) = b.as_ref().unwrap();
+        io::Error::new(*k, m.clone())
+    }
+
+    #[inline]
+    pub(crate) fn error(&self) -> Option<io::Error> {
+        // Acquire: pairs with the Release in `fail`, so the message is there to read.
+        if !self.is_broken.load(Ordering::Acquire) {
+            return None;
+        }
+        self.stored_error()
+    }
+
+    #[cold]
+    fn stored_error(&self) -> Option<io::Error> {
+        let b = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+        b.as_ref().map(|(k, m)| io::Error::new(*k, m.clone()))
+    }
+
+    /// Drains completions and turns an error completion or an error state into a
+    /// permanent connection error.
+    pub(super) fn check_health(&self) -> io::Result<()> {
+        if let Some(e) = self.error() {
+            return Err(e);
+        }
+        self.drain_completions()?;
+        if self.qp.state() == QpState::Error {
+            let why = self
+                .qp
+                .error_reason()
+                .map_or_else(String::new, |r| format!(" ({r})"));
+            return Err(self.fail(
+                io::ErrorKind::ConnectionReset,
+                format!("connection broken: the peer is gone or the queue pair failed{why}"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn drain_completions(&self) -> io::Result<()> {
+        let mut wcs = [Completion {
+            wr_id: 0,
+            status: CompletionStatus::Success,
+            op: CompletedOp::Write,
+            byte_len: 0,
+        }; 16];
+        let mut failure = None;
+        loop {
+            let n = self.qp.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                // AcqRel on both counters: a waiter that sees the new value also sees
+                // what the request did (the bytes a read placed).
+                self.sq.completed.fetch_max(wc.wr_id + 1, Ordering::AcqRel);
+                if wc.status != CompletionStatus::Success {
+                    let kind = match wc.status {
+                        CompletionStatus::TransportError | CompletionStatus::Flushed => {
+                            io::ErrorKind::ConnectionReset
+                        }
+                        _ => io::ErrorKind::Other,
+                    };
+                    if failure.is_none() {
+                        failure = Some(
+                            self.fail(kind, format!("RDMA operation failed: {:?}", wc.status)),
+                        );
+                    }
+                    continue;
+                }
+                // A signalled success retires it and every unsignalled request before it.
+                self.sq.retired.fetch_max(wc.wr_id + 1, Ordering::AcqRel);
+            }
+            if n < wcs.len() {
+                return failure.map_or(Ok(()), Err);
+            }
+        }
+    }
+
+    /// Takes the next request number for a write, waiting while a finite send queue
+    /// is full; returns it and whether the write must be signalled (every
+    /// `interval`-th, so that completions retire the unsignalled ones before it).
+    #[inline]
+    fn reserve_write(&self) -> io::Result<(u64, bool)> {
+        if self.sq.depth == u64::MAX {
+            return Ok((0, false));
+        }
+        self.wait_for_send_slot()?;
+        // AcqRel: request numbers are handed out once each, in order with the
+        // completions that count against them.
+        let wr_id = self.sq.posted.fetch_add(1, Ordering::AcqRel);
+        Ok((wr_id, wr_id % self.sq.interval == self.sq.interval - 1))
+    }
+
+    /// Takes the next request number for a (signalled) RDMA READ, waiting while a
+    /// finite send queue is full (see [`SendQueue`]).
+    pub(crate) fn reserve_read(&self) -> io::Result<u64> {
+        if self.sq.depth != u64::MAX {
+            self.wait_for_send_slot()?;
+        }
+        // AcqRel: as in reserve_write.
+        Ok(self.sq.posted.fetch_add(1, Ordering::AcqRel))
+    }
+
+    /// Writes `list` inline to `remote_addr` in the peer's memory.
+    #[inline]
+    pub(super) fn post_inline<const N: usize>(
+        &self,
+        list: &GatherList<'_, N>,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> io::Result<()> {
+        let (wr_id, signaled) = self.reserve_write()?;
+        self.qp
+            .post_inline_write(wr_id, list, remote_addr, rkey, signaled)
+            .map_err(io::Error::from)
+    }
+
+    /// Writes `list` to offset `at` of the peer's ring through the staging buffer.
+    pub(super) fn post_staged<const N: usize>(
+        &self,
+        at: usize,
+        list: &GatherList<'_, N>,
+    ) -> io::Result<()> {
+        let staging = self
+            .staging
+            .as_ref()
+            .expect("a staging buffer exists when inline writes are limited");
+        let (wr_id, signaled) = self.reserve_write()?;
+        staging
+            .post_write(&self.qp, wr_id, signaled, at, list, &self.peer_ring)
+            .map_err(io::Error::from)
+    }
+
+    /// Waits until the finite send queue has a free slot (requests posted and not yet
+    /// retired by a signalled completion stay below its depth).
+    fn wait_for_send_slot(&self) -> io::Result<()> {
+        let mut backoff = Backoff::new(1000, 100, std::time::Duration::from_micros(100));
+        // Acquire: pairs with the AcqRel updates of both counters (a slot counts as free
+        // only after the completion that freed it was processed).
+        while self.sq.posted.load(Ordering::Acquire) - self.sq.retired.load(Ordering::Acquire)
+            >= self.sq.depth
+        {
+            self.check_health()?;
+            backoff.snooze();
+        }
+        Ok(())
+    }
+
+    /// Waits until request `seq` has a completion, successful or not. Never gives up
+    /// early: the memory a read targets must not be handed back while the NIC may
+    /// still write it, and an RC queue pair completes (or flushes) every request.
+    ///
+    /// # Errors
+    ///
+    /// The connection's error if any completion failed.
+    pub(crate) fn wait_completed(&self, seq: u64) -> io::Result<()> {
+        let mut backoff = Backoff::new(20_000, 1000, std::time::Duration::from_micros(50));
+        let mut failure = None;
+        // Acquire: pairs with drain_completions' AcqRel, so the bytes a read placed are
+        // visible once its completion is counted.
+        while self.sq.completed.load(Ordering::Acquire) <= seq {
+            if let Err(e) = self.drain_completions() {
+                failure.get_or_insert(e);
+            }
+            if self.sq.completed.load(Ordering::Acquire) > seq {
+                break;
+            }
+            backoff.snooze();
+        }
+        match failure.or_else(|| self.error()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes one 8-byte control word into the peer's control region.
+    pub(crate) fn post_ctrl(&self, word: CtrlWord, value: u64) -> io::Result<()> {
+        let bytes = value.to_le_bytes();
+        let mut list = GatherList::<1>::new();
+        list.push(&bytes);
+        self.post_inline(
+            &list,
+            self.peer_ctrl.addr + word.offset(),
+            self.peer_ctrl.rkey,
+        )
+    }
+
+    /// Sends the incoming ring's tail explicitly if it moved since the last explicit
+    /// update. Serialised so that updates reach the peer in increasing order.
+    pub(super) fn publish_tail(&self) -> io::Result<()> {
+        let _g = self.publish.lock().unwrap_or_else(|p| p.into_inner());
+        // Acquire pairs with the receiver's Release store after it finished copying out
+        // of the ring: the peer may reuse the space as soon as it sees this value.
+        let tail = self.rx_tail.load(Ordering::Acquire);
+        // Relaxed: rx_explicit is only touched under the `publish` lock held here.
+        if tail > self.rx_explicit.load(Ordering::Relaxed) {
+            self.post_ctrl(CtrlWord::Tail, tail)?;
+            self.rx_explicit.store(tail, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Answers a pending credit request from the peer's sender (see module docs).
+    ///
+    /// A request carries the tail the sender already knows, plus one. It is answered
+    /// only once our tail has moved past that value, so the answer always frees room;
+    /// until then it stays pending, however many tails we piggyback meanwhile (the
+    /// stalled sender may not be reading them).
+    #[inline]
+    pub(super) fn serve_credit(&self) -> io::Result<()> {
+        let req = self.ctrl.credit_request();
+        // Relaxed on credit_served: two halves racing here at worst publish the same
+        // tail twice (publish_tail is serialised and idempotent). Acquire on rx_tail:
+        // as in publish_tail.
+        if req != self.credit_served.load(Ordering::Relaxed)
+            && self.rx_tail.load(Ordering::Acquire) >= req
+        {
+            self.publish_tail()?;
+            self.credit_served.store(req, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,537 @@
+//! The receiving direction: packets out of the ring in local memory, the delayed
+//! tail update and credit service, and the receiver's side of zero-copy transfers
+//! (the RDMA READs themselves are started in [`crate::zerocopy`]).
+
+use std::io::{self, IoSliceMut};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::link::{Link, HEALTH_EVERY};
+use super::wait::Backoff;
+use crate::fabric::Fabric;
+use crate::rcache::RegHandle;
+use crate::ring::memory::CtrlWord;
+use crate::ring::wire::{
+    cells_for, trailer_word, Header, PacketKind, Rendezvous, RndvSeg, CELL, HEADER_LEN,
+    MAX_RNDV_SEGS,
+};
+use crate::ring::{boundary_offsets, PAYLOAD_OFFSET};
+use crate::zerocopy::Lent;
+
+/// Largest single RDMA READ of the zero-copy path: big enough to amortise a request,
+/// small enough that several are in flight for a pipelined transfer.
+pub(crate) const READ_PIECE: usize = 1 << 20;
+/// Most zero-copy reads one receiver keeps in flight.
+const MAX_READS_IN_FLIGHT: usize = 16;
+
+/// The receiving direction of a connection.
+pub struct Receiver<F: Fabric> {
+    pub(crate) link: Arc<Link<F>>,
+    ring_size: u64,
+    threshold: u64,
+    /// Start of the packet being read (or of the next one).
+    read_pos: u64,
+    /// Ring offset of the next unread payload byte of the current packet.
+    cur_off: usize,
+    /// Unread payload bytes of the current packet.
+    cur_left: usize,
+    cur_cells: usize,
+    in_packet: bool,
+    empty_polls: u32,
+    /// The zero-copy transfer being read, if the stream is at one.
+    pub(crate) zc: Option<ZcRecv>,
+    /// Number the next announcement must carry.
+    zc_expected_id: u64,
+    /// Most RDMA READs in flight (the fabric's `max_rd_atomic`, capped).
+    pub(crate) max_reads: usize,
+    /// Reads left in flight by [`get_nowait`](Receiver::get_nowait).
+    pub(crate) reads: Option<ReadsInFlight>,
+}
+
+/// RDMA READs posted into a caller's buffer and not yet seen complete.
+pub(crate) struct ReadsInFlight {
+    /// Where they land (the caller's buffer), for matching the retry.
+    pub(crate) dst: usize,
+    pub(crate) len: usize,
+    /// Sequence number of the last read (completions arrive in order).
+    pub(crate) last: u64,
+    pub(crate) handle: RegHandle,
+}
+
+/// An announced transfer the receiver is reading (its segments, and how far it got).
+pub(crate) struct ZcRecv {
+    id: u64,
+    pub(crate) total: u64,
+    pub(crate) done: u64,
+    count: usize,
+    pub(crate) segs: [RndvSeg; MAX_RNDV_SEGS],
+    /// Segment and offset in it of the next byte to read.
+    pub(crate) seg: usize,
+    pub(crate) seg_off: u64,
+}
+
+impl<F: Fabric> Receiver<F> {
+    pub(super) fn new(link: Arc<Link<F>>, max_rd_atomic: usize) -> Receiver<F> {
+        Receiver {
+            ring_size: link.ring.size(),
+            threshold: link.cfg.tail_threshold_bytes() as u64,
+            link,
+            read_pos: 0,
+            cur_off: 0,
+            cur_left: 0,
+            cur_cells: 0,
+            in_packet: false,
+            empty_polls: 0,
+            zc: None,
+            zc_expected_id: 1,
+            max_reads: max_rd_atomic.clamp(1, MAX_READS_IN_FLIGHT),
+            reads: None,
+        }
+    }
+
+    #[inline]
+    fn load_word(&self, pos: u64, order: Ordering) -> u64 {
+        self.link.ring.load_word(pos, order)
+    }
+
+    /// Looks for a complete packet at `read_pos`; true when one is ready to read.
+    fn next_packet(&mut self) -> io::Result<bool> {
+        loop {
+            // Relaxed: the header alone is not trusted; the trailer's Acquire below is
+            // what orders the packet's bytes.
+            let first = self.load_word(self.read_pos, Ordering::Relaxed);
+            let mut hbytes = [0u8; HEADER_LEN];
+            hbytes[..8].copy_from_slice(&first.to_le_bytes());
+            if !Header::new_unchecked(&hbytes[..]).is_at(self.read_pos) {
+                return Ok(false);
+            }
+            let len = Header::new_unchecked(&hbytes[..]).len() as usize;
+            let cells = cells_for(len);
+            let end = self.read_pos + (cells * CELL) as u64;
+            if (self.read_pos & (self.ring_size - 1)) + (cells * CELL) as u64 > self.ring_size {
+                return Err(self.link.fail(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "protocol error: packet of {len} bytes at {} overruns the ring",
+                        self.read_pos
+                    ),
+                ));
+            }
+            // Acquire pairs with the fabric's Release store of the last word of the
+            // write: once the trailer is visible, so is every byte before it.
+            if self.load_word(end - 8, Ordering::Acquire) != trailer_word(end) {
+                return Ok(false);
+            }
+            // Re-read the header now that the whole packet is visible; a first read that
+            // raced with the write (and so pointed us at a wrong trailer) shows up here.
+            let word = self.load_word(self.read_pos, Ordering::Relaxed);
+            if word != first {
+                continue;
+            }
+            let ack = self.load_word(self.read_pos + 8, Ordering::Relaxed);
+            hbytes[8..].copy_from_slice(&ack.to_le_bytes());
+            let header = Header::new_unchecked(&hbytes[..]);
+            let kind = header.kind().map_err(|e| {
+                self.link
+                    .fail(io::ErrorKind::InvalidData, format!("protocol error: {e}"))
+            })?;
+            self.take_ack(header.ack())?;
+            self.cur_cells = cells;
+            match kind {
+                PacketKind::Data => {
+                    self.cur_off = (self.read_pos & (self.ring_size - 1)) as usize + PAYLOAD_OFFSET;
+                    self.cur_left = len;
+                    self.in_packet = true;
+                    if len == 0 {
+                        self.finish_packet();
+                        continue;
+                    }
+                    return Ok(true);
+                }
+                PacketKind::Pad => {
+                    self.finish_packet();
+                }
+                PacketKind::Rendezvous => {
+                    let mut desc = [0u8; Rendezvous::encoded_len(MAX_RNDV_SEGS)];
+                    if len > desc.len() {
+                        return Err(self.link.fail(
+                            io::ErrorKind::InvalidData,
+                            format!("protocol error: rendezvous of {len} bytes"),
+                        ));
+                    }
+                    // The packet is fully visible (the trailer check above).
+                    let at = self.read_pos + PAYLOAD_OFFSET as u64;
+                    self.link.ring.copy_out(at, &mut desc[..len]);
+                    let r = Rendezvous::new_checked(&desc[..len]).map_err(|e| {
+                        self.link
+                            .fail(io::ErrorKind::InvalidData, format!("protocol error: {e}"))
+                    })?;
+                    if r.id() != self.zc_expected_id {
+                        return Err(self.link.fail(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "protocol error: rendezvous {} where {} was due",
+                                r.id(),
+                                self.zc_expected_id
+                            ),
+                        ));
+                    }
+                    let mut z = ZcRecv {
+                        id: r.id(),
+                        total: r.total(),
+                        done: 0,
+                        count: r.count(),
+                        segs: [RndvSeg::default(); MAX_RNDV_SEGS],
+                        seg: 0,
+                        seg_off: 0,
+                    };
+                    for i in 0..z.count {
+                        z.segs[i] = r.seg(i);
+                    }
+                    self.zc_expected_id += 1;
+                    self.zc = Some(z);
+                    // The announcement is copied out: its cells can be reused at once.
+                    self.finish_packet();
+                    return Ok(true);
+                }
+            }
+        }
+    }
+
+    /// Completes reads started by `start_reads`: waits for them
+    /// (`wait`) or only checks. Returns `None` (and keeps them in flight) if they are
+    /// not done, else the byte count, after confirming the transfer to the sender if
+    /// it is complete.
+    pub(crate) fn finish_reads(
+        &mut self,
+        r: ReadsInFlight,
+        wait: bool,
+    ) -> io::Result<Option<usize>> {
+        let link = self.link.clone();
+        if !wait {
+            let drained = link.drain_completions();
+            if link.sq.completed.load(Ordering::Acquire) <= r.last {
+                drained?;
+                self.reads = Some(r);
+                return Ok(None);
+            }
+        }
+        // Completions arrive in order, so the last read's covers all of them.
+        let result = link.wait_completed(r.last);
+        link.rcache.release(r.handle);
+        result?;
+        let z = self.zc.as_mut().expect("reads belong to a transfer");
+        z.done += r.len as u64;
+        if z.done == z.total {
+            let id = z.id;
+            self.zc = None;
+            link.post_ctrl(CtrlWord::ZeroCopyDone, id)?;
+        }
+        Ok(Some(r.len))
+    }
+
+    fn take_ack(&self, ack: u64) -> io::Result<()> {
+        let link = &*self.link;
+        if ack > link.tx_tail_piggy.load(Ordering::Relaxed) {
+            if ack % CELL as u64 != 0 {
+                return Err(link.fail(
+                    io::ErrorKind::InvalidData,
+                    format!("protocol error: bad ack {ack}"),
+                ));
+            }
+            // Release: the sender half's Acquire load then sees a position the peer
+            // finished reading (we observed the ack after the peer's Release trailer).
+            link.tx_tail_piggy.store(ack, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    fn finish_packet(&mut self) {
+        // Zero the words where a later header or trailer may stand, before the tail
+        // below lets the sender reuse these cells (ring module docs).
+        let start = (self.read_pos & (self.ring_size - 1)) as usize;
+        // The sender does not touch these cells until it sees the tail stored below,
+        // whose Release orders the clearing stores.
+        for off in boundary_offsets(start, self.cur_cells) {
+            self.link.ring.clear_word(off as u64);
+        }
+        self.read_pos += (self.cur_cells * CELL) as u64;
+        self.in_packet = false;
+        // Release: our copies out of the packet happen before anyone who reads this tail
+        // (the sender half piggybacking it, or publish_tail) lets the peer reuse it.
+        self.link.rx_tail.store(self.read_pos, Ordering::Release);
+    }
+
+    /// Reads up to the total length of `iov` bytes, in order, and returns how many
+    /// (0 when nothing has arrived).
+    ///
+    /// ```
+    /// use std::io::{ErrorKind, IoSlice, IoSliceMut};
+    /// let (mut a, mut b) = rdma_channel::RdmaStream::pair()?;
+    /// let mut two = [0u8; 2];
+    /// assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut two)])?, 0); // nothing yet
+    /// a.try_put(&[IoSlice::new(b"abc")])?;
+    /// a.shutdown_write()?;
+    /// // A message can be taken in parts; FIFO order holds across calls.
+    /// assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut two)])?, 2);
+    /// assert_eq!(&two, b"ab");
+    /// assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut two)])?, 1);
+    /// assert_eq!(two[0], b'c');
+    /// // Then end of stream.
+    /// let e = b.try_get(&mut [IoSliceMut::new(&mut two)]).unwrap_err();
+    /// assert_eq!(e.kind(), ErrorKind::UnexpectedEof);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `UnexpectedEof` once the peer closed its sending side and every byte it sent
+    /// has been read; `ConnectionReset` when the peer vanished or the fabric failed;
+    /// `InvalidData` if the ring holds something no correct peer writes.
+    pub fn get(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        self.get_inner(iov, GetMode::Wait)
+    }
+
+    /// As [`get_nowait`](Self::get_nowait), but copies only bytes that are in the
+    /// ring: it stops before a zero-copy transfer instead of starting its RDMA READs,
+    /// so it never leaves reads in flight and `iov` may be any scratch buffer. For a
+    /// caller that reads ahead into a staging buffer of its own and wants the large
+    /// transfers to land straight in their destination: when this returns fewer
+    /// bytes than asked, a zero-copy transfer may be next; read it with `get_nowait`.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get); `InvalidInput` while reads started by `get_nowait` are
+    /// in flight (finish them with `get_nowait` first).
+    pub fn get_buffered(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        if self.reads.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "zero-copy reads are in flight: finish them with get_nowait first",
+            ));
+        }
+        self.get_inner(iov, GetMode::RingOnly)
+    }
+
+    /// True while RDMA READs started by [`get_nowait`](Self::get_nowait) have not been
+    /// counted yet.
+    pub fn reads_in_flight(&self) -> bool {
+        self.reads.is_some()
+    }
+
+    pub(crate) fn get_inner(
+        &mut self,
+        iov: &mut [IoSliceMut<'_>],
+        mode: GetMode,
+    ) -> io::Result<usize> {
+        let nowait = mode != GetMode::Wait;
+        let mut done = 0;
+        let mut resumed = 0;
+        if let Some(r) = self.reads.take() {
+            // Reads in flight: the caller must offer their buffer first.
+            let first = iov.iter().find(|b| !b.is_empty());
+            if !first.is_some_and(|b| b.as_ptr() as usize == r.dst && b.len() >= r.len) {
+                self.reads = Some(r);
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "zero-copy reads are in flight: offer the same buffer again until they are counted",
+                ));
+            }
+            match self.finish_reads(r, !nowait)? {
+                None => return Ok(0),
+                Some(n) => resumed = n,
+            }
+        }
+        for buf in iov.iter_mut() {
+            if buf.is_empty() {
+                continue;
+            }
+            // Bytes of reads counted above landed at the start of the first buffer.
+            let mut at = std::mem::take(&mut resumed);
+            while at < buf.len() {
+                if self.zc.is_none() && !self.in_packet && !self.next_packet()? {
+                    break;
+                }
+                if self.zc.is_some() {
+                    if mode == GetMode::RingOnly {
+                        // The zero-copy transfer is left for get_nowait.
+                        done += at;
+                        self.after_get(done)?;
+                        return Ok(done);
+                    }
+                    if !nowait {
+                        at += self.read_zero_copy(&mut buf[at..])?;
+                        continue;
+                    }
+                    let GetMode::NoWait(lent) = mode else {
+                        unreachable!("nowait is NoWait")
+                    };
+                    let r = self.start_reads_lent(&mut buf[at..], lent)?;
+                    match self.finish_reads(r, false)? {
+                        Some(n) => {
+                            at += n;
+                            continue;
+                        }
+                        None => {
+                            done += at;
+                            self.maintain()?;
+                            return Ok(done);
+                        }
+                    }
+                }
+                let n = self.cur_left.min(buf.len() - at);
+                // The whole packet is visible (next_packet saw its trailer) and will not
+                // be rewritten until we publish a tail beyond it.
+                self.link
+                    .ring
+                    .copy_out(self.cur_off as u64, &mut buf[at..at + n]);
+                at += n;
+                self.cur_off += n;
+                self.cur_left -= n;
+                if self.cur_left == 0 {
+                    self.finish_packet();
+                }
+            }
+            done += at;
+            if at < buf.len() {
+                break;
+            }
+        }
+        self.after_get(done)?;
+        Ok(done)
+    }
+
+    /// Delayed tail update and credit service, run after every `get`.
+    fn maintain(&mut self) -> io::Result<()> {
+        let link = &*self.link;
+        let told = link
+            .rx_explicit
+            .load(Ordering::Relaxed)
+            .max(link.rx_piggy.load(Ordering::Relaxed));
+        if self.read_pos.saturating_sub(told) >= self.threshold {
+            link.publish_tail()?;
+        }
+        link.serve_credit()
+    }
+
+    /// True once the peer closed and everything it sent has been read.
+    fn at_end(&self) -> bool {
+        let fin = self.link.ctrl.end_of_stream();
+        !self.in_packet && self.zc.is_none() && fin != 0 && self.read_pos + 1 >= fin
+    }
+
+    /// Called when a poll found nothing: end of stream, and now and then the health
+    /// of the connection.
+    fn idle(&mut self) -> io::Result<()> {
+        // A failure seen by the other half or by a waiter is this half's too, at once.
+        if let Some(e) = self.link.error() {
+            return Err(e);
+        }
+        if self.at_end() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the peer closed the connection",
+            ));
+        }
+        self.empty_polls += 1;
+        if self.empty_polls >= HEALTH_EVERY {
+            self.empty_polls = 0;
+            self.link.check_health()?;
+        }
+        Ok(())
+    }
+
+    fn after_get(&mut self, done: usize) -> io::Result<()> {
+        self.maintain()?;
+        if done == 0 && !self.in_packet && self.zc.is_none() {
+            self.idle()?;
+        }
+        Ok(())
+    }
+
+    /// True when a `get` would return data now.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get).
+    pub fn can_get(&mut self) -> io::Result<bool> {
+        Ok(self.in_packet || self.zc.is_some() || self.next_packet()?)
+    }
+
+    /// Waits (with the configured backoff) until `get` can return data.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get): `UnexpectedEof` at end of stream.
+    pub fn wait_readable(&mut self) -> io::Result<()> {
+        let (s, y, m) = self.link.cfg.wait();
+        let mut b = Backoff::new(s, y, m);
+        loop {
+            if self.can_get()? {
+                return Ok(());
+            }
+            self.maintain()?;
+            self.idle()?;
+            b.snooze();
+        }
+    }
+
+    /// One non-blocking step of [`wait_readable`](Self::wait_readable), for callers
+    /// that wait on many connections at once: true when a `get` would return data
+    /// now, or when the RDMA READs that [`get_nowait`](Self::get_nowait) left in
+    /// flight have landed (so that it would count them). Serves credit requests and
+    /// delayed tail updates, and checks the connection's health now and then.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get): `UnexpectedEof` at end of stream.
+    pub fn poll_readable(&mut self) -> io::Result<bool> {
+        if let Some(r) = &self.reads {
+            let link = &*self.link;
+            let drained = link.drain_completions();
+            // Acquire: as in finish_reads.
+            if link.sq.completed.load(Ordering::Acquire) > r.last {
+                return Ok(true);
+            }
+            drained?;
+            return Ok(false);
+        }
+        if self.can_get()? {
+            return Ok(true);
+        }
+        self.maintain()?;
+        self.idle()?;
+        Ok(false)
+    }
+
+    /// Stops reading: the peer's `put` fails with `BrokenPipe` from now on. Dropping
+    /// the receiver does the same.
+    pub fn close(&mut self) {
+        if self.link.error().is_none() {
+            let _ = self.link.post_ctrl(CtrlWord::ReceiverClosed, 1);
+        }
+    }
+}
+
+impl<F: Fabric> Drop for Receiver<F> {
+    fn drop(&mut self) {
+        // Reads left in flight by get_nowait target the caller's memory: let them land
+        // before the caller can take that memory back.
+        if let Some(r) = self.reads.take() {
+            let _ = self.link.wait_completed(r.last);
+            self.link.rcache.release(r.handle);
+        }
+        self.close();
+    }
+}
+
+/// How far a `get` goes at a zero-copy transfer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GetMode {
+    /// Starts its RDMA READs and waits for them (`get`).
+    Wait,
+    /// Starts them and returns (`get_nowait`, whose caller lent the buffer).
+    NoWait(Lent),
+    /// Stops before it (`get_buffered`).
+    RingOnly,
+}

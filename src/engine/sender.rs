@@ -1,0 +1,577 @@
+//! The sending direction: packets into the ring in the peer's memory, flow control
+//! by the replicated tail, and the sender's side of zero-copy transfers (announce,
+//! confirm; the lending itself is in [`crate::zerocopy`]).
+
+use std::io::{self, IoSlice};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::link::{Link, HEALTH_EVERY};
+use super::wait::Backoff;
+use crate::fabric::{Fabric, GatherList};
+use crate::rcache::{CacheStats, RdmaBuf, RegCache, RegHandle};
+use crate::ring::max_payload_now;
+use crate::ring::memory::CtrlWord;
+use crate::ring::wire::{
+    cells_for, trailer_word, Header, PacketKind, RndvSeg, CELL, HEADER_LEN, MAX_RNDV_SEGS,
+    ONE_CELL_PAYLOAD, OVERHEAD, TRAILER_LEN,
+};
+use crate::zerocopy::Lent;
+
+/// Most gather entries one packet uses (header, payload pieces, padding, trailer).
+pub(super) const MAX_SGE: usize = 32;
+/// Zero bytes that padding (and pad packets) are gathered from.
+static ZEROS: [u8; 8 * CELL] = [0; 8 * CELL];
+/// One cell, aligned like the ring's cells so the copy into the ring is aligned too.
+#[repr(C, align(64))]
+struct Cell([u8; CELL]);
+
+/// The sending direction of a connection.
+pub struct Sender<F: Fabric> {
+    pub(crate) link: Arc<Link<F>>,
+    /// Master head of the outgoing ring (in the peer's memory).
+    head: u64,
+    /// Cached replica of the peer's tail: never ahead of the real one.
+    tail: u64,
+    ring_size: u64,
+    chunk: u64,
+    inline_limit: usize,
+    /// Payload entries a gather list may hold (the fabric's limit less three).
+    max_pieces: usize,
+    /// Known tail at our last credit request (so we ask once per stall).
+    credit_requested_at: u64,
+    closed: bool,
+    /// The zero-copy transfer announced and not yet confirmed, if any.
+    pub(crate) pending: Option<PendingZc>,
+    /// Number of the next announcement.
+    pub(crate) zc_next_id: u64,
+    /// Polls of an unconfirmed transfer since the last health check.
+    pub(crate) zc_polls: u32,
+    /// Most segments one announcement may name (so it fits one packet).
+    pub(crate) max_rndv_segs: usize,
+}
+
+/// A zero-copy transfer the peer has been told about and has not confirmed.
+pub(crate) struct PendingZc {
+    pub(crate) id: u64,
+    pub(crate) count: usize,
+    pub(crate) segs: [RndvSeg; MAX_RNDV_SEGS],
+    pub(crate) handles: [Option<RegHandle>; MAX_RNDV_SEGS],
+}
+
+impl PendingZc {
+    fn total(&self) -> usize {
+        self.segs[..self.count].iter().map(|s| s.len as usize).sum()
+    }
+}
+
+impl<F: Fabric> Sender<F> {
+    pub(super) fn new(
+        link: Arc<Link<F>>,
+        chunk: u64,
+        inline_limit: usize,
+        max_pieces: usize,
+        max_rndv_segs: usize,
+    ) -> Sender<F> {
+        Sender {
+            ring_size: link.peer_ring.len,
+            link,
+            head: 0,
+            tail: 0,
+            chunk,
+            inline_limit,
+            max_pieces,
+            credit_requested_at: u64::MAX,
+            closed: false,
+            pending: None,
+            zc_next_id: 1,
+            zc_polls: 0,
+            max_rndv_segs,
+        }
+    }
+
+    /// Writes as much of `iov` as the ring has room for, in order, and returns the
+    /// number of bytes taken (0 when the ring is full). The caller may reuse the
+    /// buffers as soon as this returns and must offer the rest again later.
+    ///
+    /// ```
+    /// use std::io::{IoSlice, IoSliceMut};
+    /// use rdma_channel::{Config, RdmaStream};
+    /// let cfg = Config::default().ring_size(4096).chunk_size(1024);
+    /// let (mut a, mut b) = RdmaStream::pair_with(cfg)?;
+    /// let data = vec![1u8; 10_000];
+    /// // A 4 KiB ring cannot take 10,000 bytes at once: put takes part, retry the rest.
+    /// let first = a.try_put(&[IoSlice::new(&data)])?;
+    /// assert!(first > 0 && first < data.len());
+    /// assert_eq!(a.try_put(&[IoSlice::new(&data[first..])])?, 0); // still full
+    /// let mut sink = vec![0u8; 10_000];
+    /// let got = b.try_get(&mut [IoSliceMut::new(&mut sink)])?;
+    /// assert_eq!(got, first);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `BrokenPipe` once the peer stopped reading or after [`close`](Self::close);
+    /// `ConnectionReset` when the peer vanished or the fabric failed.
+    pub fn put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.put_inner(iov, None)
+    }
+
+    /// This connection's registration cache (see [`Channel::registration_cache`]).
+    pub fn registration_cache(&self) -> &RegCache<F> {
+        &self.link.rcache
+    }
+
+    /// True while a zero-copy transfer is announced and not yet confirmed.
+    pub fn zero_copy_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Waits (with the configured backoff) until the announced zero-copy transfer is
+    /// confirmed by the peer, so that the next [`put_nocopy`](Self::put_nocopy) counts it.
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Self::put).
+    pub fn wait_zero_copy(&mut self) -> io::Result<()> {
+        let (s, y, m) = self.link.cfg.wait();
+        let mut b = Backoff::new(s, y, m);
+        while let Some(p) = &self.pending {
+            if self.zc_confirmed(p.id)? {
+                return Ok(());
+            }
+            self.link.serve_credit()?;
+            b.snooze();
+        }
+        Ok(())
+    }
+
+    /// Allocates `len` bytes of zeroed, registered memory for zero-copy sends (like
+    /// `MPI_Alloc_mem` / `ucp_mem_map`). On the emulated fabric it is a shared segment
+    /// the peer reads with a plain copy, so it goes zero-copy from a lower threshold
+    /// ([`Config::zero_copy_threshold`]) than other memory. The buffer is registered
+    /// in this connection's domain; it can be sent on other connections too, at the
+    /// cost of ordinary memory.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for 0 bytes; out of memory or registration failure.
+    pub fn alloc_mem(&self, len: usize) -> io::Result<RdmaBuf<F>> {
+        RdmaBuf::new(&self.link.rcache, &self.link.fabric, len)
+    }
+
+    /// Counters of this connection's registration cache.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.link.rcache.stats()
+    }
+
+    /// True once the peer confirmed announcement `id`; checks the connection's health
+    /// now and then while it has not.
+    fn zc_confirmed(&mut self, id: u64) -> io::Result<bool> {
+        let link = &*self.link;
+        if link.ctrl.zero_copy_done() >= id {
+            return Ok(true);
+        }
+        link.check_peer_reading()?;
+        self.zc_polls += 1;
+        if self.zc_polls >= HEALTH_EVERY {
+            self.zc_polls = 0;
+            link.check_health()?;
+        }
+        Ok(false)
+    }
+
+    /// Gives up an unconfirmed transfer after an error: releases and deregisters its
+    /// buffers so the peer can no longer read them.
+    pub(crate) fn abort_pending(&mut self) {
+        if let Some(p) = self.pending.take() {
+            for (seg, h) in p.segs.iter().zip(p.handles.iter()).take(p.count) {
+                if let Some(h) = h {
+                    self.link.rcache.release(*h);
+                    if !h.is_owned() {
+                        self.link
+                            .rcache
+                            .invalidate(seg.addr as *const u8, seg.len as usize);
+                    }
+                }
+            }
+        }
+    }
+
+    /// True when `buf` should go zero-copy.
+    pub(crate) fn zc_eligible(&self, buf: &[u8]) -> bool {
+        let (alloc_t, private_t) = self.link.zc_thresholds;
+        buf.len() >= private_t
+            || (buf.len() >= alloc_t && self.link.rcache.is_owned(buf.as_ptr(), buf.len()))
+    }
+
+    /// The put loop. With `lent` (from `put_nocopy`), eligible buffers are announced
+    /// for zero-copy instead of copied.
+    pub(crate) fn put_inner(
+        &mut self,
+        iov: &[IoSlice<'_>],
+        lent: Option<Lent>,
+    ) -> io::Result<usize> {
+        if self.closed {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "put after close"));
+        }
+        if let Some(e) = self.link.error() {
+            return Err(e);
+        }
+        let total: usize = iov.iter().map(|s| s.len()).sum();
+        let (mut idx, mut off, mut done) = (0usize, 0usize, 0usize);
+        // An announced transfer is settled first: a peer that read it and then closed
+        // its reading side has still received it, and the count must say so.
+        if let Some(p) = &self.pending {
+            // The caller must offer the announced buffers again, first.
+            let mut matched = 0;
+            for s in iov.iter().filter(|s| !s.is_empty()).take(p.count) {
+                let seg = &p.segs[matched];
+                if s.as_ptr() as u64 != seg.addr || s.len() as u64 != seg.len {
+                    break;
+                }
+                matched += 1;
+            }
+            if matched < p.count {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a zero-copy put is in flight: offer the same buffers again until it is counted",
+                ));
+            }
+            let id = p.id;
+            if !self.zc_confirmed(id)? {
+                return Ok(0);
+            }
+            let p = self.pending.take().expect("checked above");
+            for h in p.handles.iter().take(p.count).flatten() {
+                self.link.rcache.release(*h);
+            }
+            done = p.total();
+            // Skip past the announced buffers.
+            let mut seen = 0;
+            while seen < p.count {
+                if !iov[idx].is_empty() {
+                    seen += 1;
+                }
+                idx += 1;
+            }
+        }
+        let link = &*self.link;
+        if let Err(e) = link.check_peer_reading() {
+            return if done > 0 { Ok(done) } else { Err(e) };
+        }
+        link.serve_credit()?;
+        while done < total {
+            // Skip empty slices so the cursor always points at a byte.
+            while iov[idx].len() == off {
+                idx += 1;
+                off = 0;
+            }
+            // Eager bytes stop where the next zero-copy buffer starts.
+            let mut eager_left = total - done;
+            if let Some(lent) = lent {
+                if off == 0 && self.zc_eligible(&iov[idx]) {
+                    match self.announce(&iov[idx..], lent)? {
+                        Announce::Sent => return Ok(done),
+                        Announce::NoRoom => break,
+                        Announce::Refused => {}
+                    }
+                } else {
+                    eager_left = iov[idx].len() - off;
+                    for s in &iov[idx + 1..] {
+                        if self.zc_eligible(s) {
+                            break;
+                        }
+                        eager_left += s.len();
+                    }
+                }
+            }
+            let mut room = max_payload_now(self.ring_size, self.head, self.tail, self.chunk);
+            if room < eager_left && room < self.chunk as usize - OVERHEAD {
+                self.refresh_tail()?;
+                room = max_payload_now(self.ring_size, self.head, self.tail, self.chunk);
+                if room == 0 {
+                    self.request_credit()?;
+                    break;
+                }
+            }
+            let n = self.write_packet(&iov[idx..], off, eager_left.min(room))?;
+            done += n;
+            // Advance the cursor by n bytes.
+            let mut left = n;
+            while left > 0 {
+                let here = (iov[idx].len() - off).min(left);
+                off += here;
+                left -= here;
+                if off == iov[idx].len() {
+                    idx += 1;
+                    off = 0;
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Writes one packet of at most `want` payload bytes starting at byte `skip` of
+    /// `iov`; returns the payload bytes written (at least one cell's worth or `want`).
+    fn write_packet(&mut self, iov: &[IoSlice<'_>], skip: usize, want: usize) -> io::Result<usize> {
+        if want <= ONE_CELL_PAYLOAD && self.inline_limit >= CELL {
+            return self.write_cell(iov, skip, want);
+        }
+        self.write_gathered(iov, skip, want, PacketKind::Data)
+    }
+
+    /// Makes sure a packet with `payload` bytes fits in one piece at the head, writing
+    /// a pad packet to the ring's physical end if that is what stands in the way.
+    /// False when the ring has no room (credit requested).
+    pub(crate) fn make_room_for(&mut self, payload: usize) -> io::Result<bool> {
+        loop {
+            let room = max_payload_now(self.ring_size, self.head, self.tail, self.chunk);
+            if room >= payload {
+                return Ok(true);
+            }
+            let to_end = self.ring_size - (self.head & (self.ring_size - 1));
+            let free = self.ring_size - (self.head - self.tail);
+            if room > 0 && to_end < (cells_for(payload) * CELL) as u64 && free >= to_end {
+                // Fill to the end with a pad packet; the packet then starts at offset 0.
+                let pad = to_end as usize - OVERHEAD;
+                self.write_gathered(&[IoSlice::new(&ZEROS[..pad])], 0, pad, PacketKind::Pad)?;
+                continue;
+            }
+            self.refresh_tail()?;
+            if max_payload_now(self.ring_size, self.head, self.tail, self.chunk) >= payload {
+                return Ok(true);
+            }
+            if max_payload_now(self.ring_size, self.head, self.tail, self.chunk) == room {
+                self.request_credit()?;
+                return Ok(false);
+            }
+        }
+    }
+
+    /// The small-message path: the whole one-cell packet is assembled on the stack and
+    /// written with a single gather entry.
+    fn write_cell(&mut self, iov: &[IoSlice<'_>], skip: usize, len: usize) -> io::Result<usize> {
+        let link = &*self.link;
+        let mut cell = Cell([0; CELL]);
+        let (mut i, mut o, mut at) = (0usize, skip, HEADER_LEN);
+        while at < HEADER_LEN + len {
+            let n = (iov[i].len() - o).min(HEADER_LEN + len - at);
+            cell.0[at..at + n].copy_from_slice(&iov[i][o..o + n]);
+            at += n;
+            i += 1;
+            o = 0;
+        }
+        // Acquire: as in write_gathered.
+        let ack = link.rx_tail.load(Ordering::Acquire);
+        Header::new_unchecked(&mut cell.0[..HEADER_LEN]).fill(
+            self.head,
+            PacketKind::Data,
+            len as u32,
+            ack,
+        );
+        let end = self.head + CELL as u64;
+        cell.0[CELL - TRAILER_LEN..].copy_from_slice(&trailer_word(end).to_le_bytes());
+        let mut list = GatherList::<1>::new();
+        list.push(&cell.0);
+        let remote = link.peer_ring.addr + (self.head & (self.ring_size - 1));
+        link.post_inline(&list, remote, link.peer_ring.rkey)?;
+        self.head = end;
+        // Relaxed: only this half writes rx_piggy; the receiver reads it as a hint.
+        if ack > link.rx_piggy.load(Ordering::Relaxed) {
+            link.rx_piggy.store(ack, Ordering::Relaxed);
+        }
+        Ok(len)
+    }
+
+    /// The general path: header, payload slices straight from `iov`, padding and
+    /// trailer as one gather list.
+    pub(crate) fn write_gathered(
+        &mut self,
+        iov: &[IoSlice<'_>],
+        skip: usize,
+        want: usize,
+        kind: PacketKind,
+    ) -> io::Result<usize> {
+        let link = &*self.link;
+        // The payload length first: the gather list holds at most `max_pieces`
+        // payload entries, which may end the packet before `want` bytes.
+        let (mut len, mut pieces) = (0, 0);
+        let (mut i, mut o) = (0usize, skip);
+        while len < want && pieces < self.max_pieces {
+            let n = (iov[i].len() - o).min(want - len);
+            if n > 0 {
+                len += n;
+                pieces += 1;
+            }
+            i += 1;
+            o = 0;
+        }
+        let cells = cells_for(len);
+        let bytes = cells * CELL;
+        let end = self.head + bytes as u64;
+        let pad = bytes - OVERHEAD - len;
+        let mut header = [0u8; HEADER_LEN];
+        // Acquire pairs with the receiver's Release after copying out: the value we
+        // announce is only ever a position whose bytes were fully consumed.
+        let ack = link.rx_tail.load(Ordering::Acquire);
+        Header::new_unchecked(&mut header[..]).fill(self.head, kind, len as u32, ack);
+        let trailer = trailer_word(end).to_le_bytes();
+        let mut list = GatherList::<MAX_SGE>::new();
+        list.push(&header);
+        let (mut i, mut o, mut left) = (0usize, skip, len);
+        while left > 0 {
+            let n = (iov[i].len() - o).min(left);
+            if n > 0 {
+                list.push(&iov[i][o..o + n]);
+                left -= n;
+            }
+            i += 1;
+            o = 0;
+        }
+        if pad > 0 {
+            list.push(&ZEROS[..pad]);
+        }
+        list.push(&trailer);
+        let at = (self.head & (self.ring_size - 1)) as usize;
+        let remote = link.peer_ring.addr + at as u64;
+        if bytes <= self.inline_limit {
+            link.post_inline(&list, remote, link.peer_ring.rkey)?;
+        } else {
+            // At the offset it will have in the peer's ring: that space is ours until
+            // the peer frees it, which it does only after this write landed.
+            link.post_staged(at, &list)?;
+        }
+        self.head = end;
+        // Relaxed: only this half writes rx_piggy; the receiver reads it as a hint.
+        if ack > link.rx_piggy.load(Ordering::Relaxed) {
+            link.rx_piggy.store(ack, Ordering::Relaxed);
+        }
+        Ok(len)
+    }
+
+    /// Updates the cached tail from the explicit control word and piggybacked acks.
+    fn refresh_tail(&mut self) -> io::Result<()> {
+        let link = &*self.link;
+        // Acquire pairs with the peer's Release (the fabric's last-word store, or our
+        // receiver's Release on tx_tail_piggy): the peer finished reading the space
+        // before it announced it, so our next writes cannot overtake its reads.
+        let explicit = link.ctrl.tail();
+        let piggy = link.tx_tail_piggy.load(Ordering::Acquire);
+        let t = explicit.max(piggy);
+        if t > self.head || t % CELL as u64 != 0 {
+            return Err(link.fail(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "protocol error: peer announced tail {t} beyond head {}",
+                    self.head
+                ),
+            ));
+        }
+        if t > self.tail {
+            self.tail = t;
+        }
+        link.check_health()
+    }
+
+    /// Asks the receiver for an explicit tail update beyond the tail we know; once per
+    /// known tail, since the answer necessarily moves it.
+    fn request_credit(&mut self) -> io::Result<()> {
+        if self.credit_requested_at != self.tail {
+            self.link
+                .post_ctrl(CtrlWord::CreditRequest, self.tail + 1)?;
+            self.credit_requested_at = self.tail;
+        }
+        Ok(())
+    }
+
+    /// True when a `put` of one byte would make progress now (ring not full).
+    pub fn can_put(&mut self) -> io::Result<bool> {
+        if max_payload_now(self.ring_size, self.head, self.tail, self.chunk) > 0 {
+            return Ok(true);
+        }
+        self.refresh_tail()?;
+        let ok = max_payload_now(self.ring_size, self.head, self.tail, self.chunk) > 0;
+        if !ok {
+            self.request_credit()?;
+        }
+        Ok(ok)
+    }
+
+    /// Ends the stream: the peer's `get` reports end of stream after the data sent
+    /// so far. Later `put`s fail. Dropping the sender closes it too.
+    ///
+    /// # Errors
+    ///
+    /// A fabric failure while sending the notice.
+    pub fn close(&mut self) -> io::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        if self.link.error().is_some() {
+            return Ok(());
+        }
+        self.link.post_ctrl(CtrlWord::EndOfStream, self.head + 1)
+    }
+
+    /// Bytes written into the ring so far, padding and headers included.
+    pub fn position(&self) -> u64 {
+        self.head
+    }
+
+    /// One non-blocking step of [`wait_writable`](Self::wait_writable), for callers
+    /// that wait on many connections at once: true when a `put` would progress now
+    /// (the ring has room), or, while a zero-copy transfer is in flight, when the peer
+    /// has confirmed it (so that [`put_nocopy`](Self::put_nocopy) would count it).
+    /// Serves the peer's credit requests; asks for credit when the ring is full.
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Self::put).
+    pub fn poll_writable(&mut self) -> io::Result<bool> {
+        self.link.serve_credit()?;
+        if let Some(p) = &self.pending {
+            let id = p.id;
+            return self.zc_confirmed(id);
+        }
+        self.link.check_peer_reading()?;
+        self.can_put()
+    }
+
+    /// Waits (with the configured backoff) until `put` can progress.
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Self::put).
+    pub fn wait_writable(&mut self) -> io::Result<()> {
+        let (s, y, m) = self.link.cfg.wait();
+        let mut b = Backoff::new(s, y, m);
+        loop {
+            self.link.check_peer_reading()?;
+            self.link.serve_credit()?;
+            if self.can_put()? {
+                return Ok(());
+            }
+            b.snooze();
+        }
+    }
+}
+
+/// Outcome of an attempt to announce a zero-copy transfer.
+pub(crate) enum Announce {
+    /// Announced; the transfer is in flight.
+    Sent,
+    /// The ring has no room for the announcement now.
+    NoRoom,
+    /// The buffer could not be registered: send it through the ring instead.
+    Refused,
+}
+
+impl<F: Fabric> Drop for Sender<F> {
+    fn drop(&mut self) {
+        self.abort_pending();
+        let _ = self.close();
+    }
+}

@@ -1,0 +1,363 @@
+//! The memory a connection's peer writes, and the sender's staging copy: the only raw
+//! memory the engine touches, behind three small types.
+//!
+//! * [`RingMemory`]: the incoming ring. Words are polled atomically (the peer's fabric
+//!   writes them like a NIC's DMA, never torn: fabric guarantee 3), payload is copied
+//!   out, and consumed boundary words are cleared.
+//! * [`ControlWords`]: the control region, one named accessor per word, each with the
+//!   memory ordering the protocol needs and why.
+//! * [`StagingBuffer`]: the registered copy of the outgoing ring that packets are
+//!   assembled in when the fabric cannot write them inline.
+//!
+//! Every access is bounds-checked against the region (positions are reduced with the
+//! ring's mask; copies are checked), so the safety of this file does not depend on the
+//! engine's arithmetic. What the bytes *mean* is the engine's business: a peer that
+//! writes garbage yields garbage values here, never an access outside the region.
+
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::fabric::{
+    FabricError, GatherList, MemoryRegion, Opcode, QueuePair, RemoteRegion, Sge, WorkRequest,
+};
+
+/// The incoming ring: registered memory the peer writes with RDMA WRITE.
+///
+/// ```
+/// use std::sync::atomic::Ordering;
+/// use rdma_channel::fabric::{emulated::EmuFabric, Access, Fabric};
+/// use rdma_channel::ring::memory::RingMemory;
+/// let fabric = EmuFabric::new()?;
+/// let ring = RingMemory::new(fabric.alloc_region(4096, Access::LOCAL_WRITE)?)?;
+/// assert_eq!(ring.load_word(4096 + 8, Ordering::Relaxed), 0); // positions wrap
+/// let mut out = [1u8; 16];
+/// ring.copy_out(4096 - 16, &mut out);
+/// assert_eq!(out, [0; 16]);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct RingMemory<R: MemoryRegion> {
+    /// Start of `region`, cached: it is read on every poll.
+    base: NonNull<u8>,
+    mask: u64,
+    region: R,
+}
+
+// SAFETY: `base` points into `region`, which this value owns and which is Send + Sync
+// (the MemoryRegion bound); every access through `base` is atomic or a copy that the
+// owner of `&self` / `&mut self` performs, exactly as through the region itself.
+unsafe impl<R: MemoryRegion> Send for RingMemory<R> {}
+// SAFETY: as above; shared access only loads words atomically or copies bytes out.
+unsafe impl<R: MemoryRegion> Sync for RingMemory<R> {}
+
+impl<R: MemoryRegion> RingMemory<R> {
+    /// Takes over `region` as a ring.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` unless the region's length is a power of two of at least 64
+    /// bytes and its start is 64-byte aligned.
+    pub fn new(region: R) -> io::Result<RingMemory<R>> {
+        let len = region.len();
+        let base = NonNull::new(region.addr())
+            .filter(|p| p.as_ptr() as usize % 64 == 0 && len.is_power_of_two() && len >= 64)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("a ring needs a 64-byte aligned power-of-two region, got {len} bytes"),
+                )
+            })?;
+        Ok(RingMemory {
+            base,
+            mask: len as u64 - 1,
+            region,
+        })
+    }
+
+    /// The region, for the connection card.
+    pub fn region(&self) -> &R {
+        &self.region
+    }
+
+    /// The ring's size in bytes.
+    #[inline]
+    pub fn size(&self) -> u64 {
+        self.mask + 1
+    }
+
+    /// Offset in the ring of absolute position `pos`.
+    #[inline]
+    pub fn offset(&self, pos: u64) -> usize {
+        (pos & self.mask) as usize
+    }
+
+    #[inline]
+    fn word(&self, pos: u64) -> &AtomicU64 {
+        let off = self.offset(pos) & !7;
+        // SAFETY: `off` is 8-aligned and at most size - 8, so the word lies inside the
+        // region, which lives as long as `self`. The peer's fabric writes ring memory
+        // only as whole aligned words or byte copies that never tear an aligned word
+        // (fabric guarantee 3), and we access these words only atomically.
+        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU64>() }
+    }
+
+    /// Loads the 8-byte word at position `pos` (rounded down to a word) with `order`.
+    #[inline]
+    pub fn load_word(&self, pos: u64, order: Ordering) -> u64 {
+        self.word(pos).load(order)
+    }
+
+    /// Zeroes the word at position `pos` (rounded down to a word). Relaxed: the caller
+    /// publishes the consumed range with a Release store afterwards, which orders this.
+    #[inline]
+    pub fn clear_word(&self, pos: u64) {
+        self.word(pos).store(0, Ordering::Relaxed);
+    }
+
+    /// Copies `dst.len()` bytes starting at position `pos` out of the ring.
+    ///
+    /// # Panics
+    ///
+    /// If the range runs past the ring's physical end (packets never do).
+    #[inline]
+    pub fn copy_out(&self, pos: u64, dst: &mut [u8]) {
+        let off = self.offset(pos);
+        assert!(
+            dst.len() <= self.size() as usize - off,
+            "copy of {} bytes at ring offset {off} runs past the end",
+            dst.len()
+        );
+        // SAFETY: [off, off + len) lies inside the region (checked above) and `dst` is
+        // an exclusive borrow, so the ranges do not overlap. The engine copies only
+        // packets whose trailer it has seen (so the peer has finished writing them);
+        // a misbehaving peer could still be writing, which changes the bytes we get
+        // but never what memory we touch.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.base.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
+        };
+    }
+}
+
+/// A word of the control region, each written only by the peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CtrlWord {
+    /// From the receiver of our outgoing ring: its tail (explicit, delayed update).
+    Tail,
+    /// From the receiver of our outgoing ring: nonzero once it stopped reading.
+    ReceiverClosed,
+    /// From the receiver of our outgoing ring: the number of the last zero-copy
+    /// announcement it has read in full.
+    ZeroCopyDone,
+    /// From the sender into our ring: credit request, the tail it knows + 1.
+    CreditRequest,
+    /// From the sender into our ring: end of stream, its final head + 1.
+    EndOfStream,
+}
+
+impl CtrlWord {
+    /// Byte offset in the control region. The sender's words and the receiver's sit
+    /// on different cache lines, as two threads may poll them.
+    pub const fn offset(self) -> u64 {
+        match self {
+            CtrlWord::Tail => 0,
+            CtrlWord::ReceiverClosed => 8,
+            CtrlWord::ZeroCopyDone => 16,
+            CtrlWord::CreditRequest => 64,
+            CtrlWord::EndOfStream => 72,
+        }
+    }
+}
+
+/// Bytes of a connection's control region.
+pub const CTRL_SIZE: usize = 4096;
+
+/// The control region: words the peer writes with 8-byte RDMA WRITEs.
+///
+/// ```
+/// use rdma_channel::fabric::{emulated::EmuFabric, Access, Fabric};
+/// use rdma_channel::ring::memory::{ControlWords, CTRL_SIZE};
+/// let fabric = EmuFabric::new()?;
+/// let ctrl = ControlWords::new(fabric.alloc_region(CTRL_SIZE, Access::REMOTE_WRITE)?)?;
+/// assert_eq!((ctrl.tail(), ctrl.receiver_closed(), ctrl.end_of_stream()), (0, false, 0));
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct ControlWords<R: MemoryRegion> {
+    base: NonNull<u8>,
+    region: R,
+}
+
+// SAFETY: as for RingMemory: `base` points into the owned, Send + Sync region.
+unsafe impl<R: MemoryRegion> Send for ControlWords<R> {}
+// SAFETY: shared access only loads words atomically.
+unsafe impl<R: MemoryRegion> Sync for ControlWords<R> {}
+
+impl<R: MemoryRegion> ControlWords<R> {
+    /// Takes over `region` as a control region.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` unless the region is [`CTRL_SIZE`] bytes and 64-byte aligned.
+    pub fn new(region: R) -> io::Result<ControlWords<R>> {
+        let base = NonNull::new(region.addr())
+            .filter(|p| p.as_ptr() as usize % 64 == 0 && region.len() == CTRL_SIZE)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a control region is 4096 bytes, 64-byte aligned",
+                )
+            })?;
+        Ok(ControlWords { base, region })
+    }
+
+    /// The region, for the connection card.
+    pub fn region(&self) -> &R {
+        &self.region
+    }
+
+    #[inline]
+    fn word(&self, w: CtrlWord) -> &AtomicU64 {
+        // SAFETY: every offset is 8-aligned and below CTRL_SIZE, the region's length
+        // (checked in `new`); the region lives as long as `self`; the peer's fabric
+        // writes these words whole (fabric guarantee 3) and we only access them
+        // atomically.
+        unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .add(w.offset() as usize)
+                .cast::<AtomicU64>()
+        }
+    }
+
+    /// The tail of our outgoing ring that the peer announced explicitly. Acquire:
+    /// pairs with the fabric's Release store of the word; the peer had finished
+    /// reading the space before it announced it, so our next writes cannot overtake
+    /// its reads.
+    #[inline]
+    pub fn tail(&self) -> u64 {
+        self.word(CtrlWord::Tail).load(Ordering::Acquire)
+    }
+
+    /// True once the peer's receiver stopped reading. Relaxed: a flag only; nothing
+    /// is read on its strength.
+    #[inline]
+    pub fn receiver_closed(&self) -> bool {
+        self.word(CtrlWord::ReceiverClosed).load(Ordering::Relaxed) != 0
+    }
+
+    /// The last zero-copy announcement the peer has read in full. Acquire: the
+    /// peer's RDMA READs completed before it wrote the number, and the buffers may be
+    /// handed back to the caller once we see it.
+    #[inline]
+    pub fn zero_copy_done(&self) -> u64 {
+        self.word(CtrlWord::ZeroCopyDone).load(Ordering::Acquire)
+    }
+
+    /// The peer sender's credit request (the tail it knows + 1), 0 before the first.
+    /// Relaxed: only the value matters; the tail update that answers it orders the
+    /// data itself.
+    #[inline]
+    pub fn credit_request(&self) -> u64 {
+        self.word(CtrlWord::CreditRequest).load(Ordering::Relaxed)
+    }
+
+    /// The peer sender's end of stream (its final head + 1), 0 while it is open.
+    /// Acquire: pairs with the fabric's Release store; the peer posted it after all
+    /// its packets.
+    #[inline]
+    pub fn end_of_stream(&self) -> u64 {
+        self.word(CtrlWord::EndOfStream).load(Ordering::Acquire)
+    }
+}
+
+/// A registered copy of the outgoing ring: packets are assembled here, at the offset
+/// they will have in the peer's ring, and written from here (seed 001 sec. 4.2's
+/// pre-registered send buffer), for fabrics whose inline limit is small.
+pub struct StagingBuffer<R: MemoryRegion> {
+    base: NonNull<u8>,
+    region: R,
+}
+
+// SAFETY: as for RingMemory: `base` points into the owned, Send + Sync region.
+unsafe impl<R: MemoryRegion> Send for StagingBuffer<R> {}
+// SAFETY: shared access only copies into ranges the caller has to itself (see `stage`).
+unsafe impl<R: MemoryRegion> Sync for StagingBuffer<R> {}
+
+impl<R: MemoryRegion> StagingBuffer<R> {
+    /// Takes over `region` (registered with local access at least).
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for a null region.
+    pub fn new(region: R) -> io::Result<StagingBuffer<R>> {
+        let base = NonNull::new(region.addr())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "null staging region"))?;
+        Ok(StagingBuffer { base, region })
+    }
+
+    /// Copies the pieces of `list` to offset `at` and writes them from there to the
+    /// same offset of the peer's ring with one non-inline RDMA WRITE on `qp`.
+    ///
+    /// The caller keeps `[at, at + list.bytes())` for this write until the peer has
+    /// consumed it (the sender only reuses ring space the peer freed, and the peer
+    /// frees it after the write landed), so the bytes stay as posted while the fabric
+    /// reads them.
+    ///
+    /// # Errors
+    ///
+    /// As [`QueuePair::post`].
+    ///
+    /// # Panics
+    ///
+    /// If the range runs past the buffer.
+    pub fn post_write<Q: QueuePair, const N: usize>(
+        &self,
+        qp: &Q,
+        wr_id: u64,
+        signaled: bool,
+        at: usize,
+        list: &GatherList<'_, N>,
+        peer_ring: &RemoteRegion,
+    ) -> Result<(), FabricError> {
+        let bytes = list.bytes();
+        assert!(
+            bytes <= self.region.len() && at <= self.region.len() - bytes,
+            "staging {bytes} bytes at {at} runs past the buffer"
+        );
+        let mut dst = at;
+        for piece in list.pieces() {
+            // SAFETY: [dst, dst + len) lies inside the region (the pieces add up to
+            // `bytes`, checked above); `piece` is borrowed memory of the list, which
+            // never points into this registered buffer.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    piece.as_ptr(),
+                    self.base.as_ptr().add(dst),
+                    piece.len(),
+                )
+            };
+            dst += piece.len();
+        }
+        let sge = [Sge {
+            // SAFETY: `at` is inside the region (checked above).
+            addr: unsafe { self.base.as_ptr().add(at) },
+            len: bytes as u32,
+            lkey: self.region.lkey(),
+        }];
+        let wr = WorkRequest {
+            wr_id,
+            opcode: Opcode::Write {
+                local: &sge,
+                remote_addr: peer_ring.addr + at as u64,
+                rkey: peer_ring.rkey,
+                inline: false,
+            },
+            signaled,
+        };
+        // SAFETY: the entry lies in this registered region. It stays valid until the
+        // write completes: the link that owns this buffer declares its queue pair
+        // first, so the queue pair is dropped (and reads nothing more) before the
+        // region is; and the bytes stay unchanged meanwhile (see above).
+        unsafe { qp.post(&wr) }
+    }
+}

@@ -1,0 +1,23 @@
+//! Zero-copy transfers (seed 001 sec. 5): caller memory lent to the fabric.
+//!
+//! A buffer at or above the zero-copy threshold is not copied into the ring: the
+//! sender registers it and announces it ([`Sender::put_nocopy`]), and the receiver
+//! pulls it with RDMA READ straight into the caller's buffer
+//! ([`Receiver::get_nowait`], or `get`, which waits for its reads). Both leave
+//! memory in the fabric's hands beyond a call, on the caller's promise, so both are
+//! `unsafe`; this folder holds those two entry points and the code that relies on
+//! their promise. The engine itself has no `unsafe`: the rest of the protocol
+//! (announcement packets, confirmations, read accounting) is in `engine/`.
+//!
+//! [`Sender::put_nocopy`]: crate::engine::Sender::put_nocopy
+//! [`Receiver::get_nowait`]: crate::engine::Receiver::get_nowait
+
+mod receive;
+mod send;
+
+/// Proof that the caller of `put_nocopy` or `get_nowait` made its promise: the
+/// buffers it names stay mapped and untouched until the transfer is counted. Only
+/// those two functions make one (the field is private to this module); the engine
+/// carries it to the code here that relies on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Lent(());

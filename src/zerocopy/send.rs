@@ -1,0 +1,123 @@
+//! The sender's side of a zero-copy transfer: lending the caller's buffers.
+
+use std::io::{self, IoSlice};
+
+use super::Lent;
+use crate::engine::{Announce, PendingZc, Sender};
+use crate::fabric::{Access, Fabric};
+use crate::ring::wire::{PacketKind, Rendezvous, RndvSeg, MAX_RNDV_SEGS};
+
+impl<F: Fabric> Sender<F> {
+    /// As [`put`](Sender::put), but buffers at or above the zero-copy threshold travel
+    /// without a copy: the peer reads them straight from `iov` with RDMA READ.
+    ///
+    /// When `put_nocopy` reaches such a buffer it announces it to the peer and returns
+    /// the bytes completed before it (possibly 0). The announced buffers are then in
+    /// flight: call `put_nocopy` again with an `iov` that starts with the same buffers
+    /// (same addresses and lengths) until it counts them, which it does once the peer
+    /// has read them all. Eager and zero-copy bytes keep one FIFO order.
+    ///
+    /// ```
+    /// use std::io::{IoSlice, IoSliceMut};
+    /// let (mut a, mut b) = rdma_channel::RdmaStream::pair()?;
+    /// let big = a.alloc_mem(256 << 10)?;
+    /// let iov = [IoSlice::new(b"head"), IoSlice::new(&big)];
+    /// // SAFETY: `big` and "head" stay untouched until put_nocopy has counted them.
+    /// let n = unsafe { a.channel().sender().put_nocopy(&iov) }?;
+    /// assert_eq!(n, 4); // the eager part; the big buffer is announced
+    /// let mut out = vec![1u8; 4 + (256 << 10)];
+    /// let mut got = 0;
+    /// while got < out.len() {
+    ///     got += b.try_get(&mut [IoSliceMut::new(&mut out[got..])])?;
+    /// }
+    /// assert_eq!(unsafe { a.channel().sender().put_nocopy(&iov[1..]) }?, 256 << 10);
+    /// assert!(out[4..].iter().all(|&x| x == 0));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Safety
+    ///
+    /// While a transfer is in flight (from the call that announced it until a call
+    /// counts it, or the sender is dropped), the announced memory must stay mapped
+    /// and unmodified. Dropping the sender with a transfer in flight deregisters the
+    /// buffers, so the peer's read fails instead of reading freed memory.
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Sender::put); `InvalidInput` if a transfer is in flight and `iov`
+    /// does not start with its buffers.
+    pub unsafe fn put_nocopy(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+        let r = self.put_inner(iov, Some(Lent(())));
+        if let Err(e) = &r {
+            // A mismatched retry leaves the transfer in flight (the caller may retry
+            // correctly); any other error ends the connection, so revoke the buffers.
+            if e.kind() != io::ErrorKind::InvalidInput || self.link.error().is_some() {
+                self.abort_pending();
+            }
+        }
+        r
+    }
+
+    /// Announces a zero-copy transfer of the buffers at the start of `iov` (the first
+    /// is eligible; following eligible ones join it, up to the segment limit).
+    pub(crate) fn announce(&mut self, iov: &[IoSlice<'_>], _lent: Lent) -> io::Result<Announce> {
+        let mut count = 1;
+        while count < iov.len().min(self.max_rndv_segs) && self.zc_eligible(&iov[count]) {
+            count += 1;
+        }
+        let need = Rendezvous::encoded_len(count);
+        if !self.make_room_for(need)? {
+            return Ok(Announce::NoRoom);
+        }
+        let link = self.link.clone();
+        let mut p = PendingZc {
+            id: self.zc_next_id,
+            count: 0,
+            segs: [RndvSeg::default(); MAX_RNDV_SEGS],
+            handles: [None; MAX_RNDV_SEGS],
+        };
+        for buf in &iov[..count] {
+            // SAFETY: `_lent` proves the caller of put_nocopy promised to keep these
+            // buffers mapped until the transfer is counted (then the sender releases
+            // the handles) or aborted (release and invalidate).
+            match unsafe {
+                link.rcache
+                    .acquire(&link.fabric, buf.as_ptr(), buf.len(), Access::REMOTE_READ)
+            } {
+                Ok(h) => {
+                    p.segs[p.count] = RndvSeg {
+                        addr: buf.as_ptr() as u64,
+                        len: buf.len() as u64,
+                        rkey: h.rkey(),
+                    };
+                    p.handles[p.count] = Some(h);
+                    p.count += 1;
+                }
+                // Memory the fabric cannot register (read-only pages on verbs, say)
+                // simply goes through the ring.
+                Err(_) => break,
+            }
+        }
+        if p.count == 0 {
+            return Ok(Announce::Refused);
+        }
+        let mut desc = [0u8; Rendezvous::encoded_len(MAX_RNDV_SEGS)];
+        let n = Rendezvous::encode(&mut desc, p.id, &p.segs[..p.count]);
+        let written =
+            self.write_gathered(&[IoSlice::new(&desc[..n])], 0, n, PacketKind::Rendezvous);
+        match written {
+            Ok(_) => {
+                self.zc_next_id += 1;
+                self.zc_polls = 0;
+                self.pending = Some(p);
+                Ok(Announce::Sent)
+            }
+            Err(e) => {
+                for h in p.handles.iter().take(p.count).flatten() {
+                    link.rcache.release(*h);
+                }
+                Err(e)
+            }
+        }
+    }
+}

@@ -46,6 +46,7 @@ pub mod pmi;
 pub mod rcache;
 pub mod ring;
 pub mod stream;
+pub mod wire;
 mod zerocopy;
 
 pub use config::Config;

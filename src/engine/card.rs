@@ -1,6 +1,7 @@
 //! The connection card: what one end tells the other about its incoming ring and its
 //! control words, followed by the fabric's own card (queue pair addressing, shared
-//! memory segments). A typed view over bytes, in the manner of `ring::wire`.
+//! memory segments). A typed view over bytes, in the crate's one card pattern
+//! ([`crate::wire`]).
 //!
 //! Layout (32 bytes and the fabric card, little-endian integers):
 //!
@@ -23,22 +24,20 @@
 use std::io;
 
 use crate::fabric::RemoteRegion;
+use crate::wire::{card_fields, CardFormat};
 
 pub use crate::ring::memory::CTRL_SIZE;
 
-const MAGIC: &[u8; 4] = b"RCHC";
-const VERSION: u8 = 2;
+/// Magic `RCHC`, version 2.
+pub const FORMAT: CardFormat = CardFormat {
+    name: "connection card",
+    magic: b"RCHC",
+    version: 2,
+};
 /// Bytes before the fabric card.
 pub const HEADER_LEN: usize = 32;
 const MIN_RING_LOG2: u8 = 12;
 const MAX_RING_LOG2: u8 = 30;
-
-fn invalid(msg: impl std::fmt::Display) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("bad connection card: {msg}"),
-    )
-}
 
 /// A connection card over a byte buffer.
 ///
@@ -58,6 +57,13 @@ pub struct ConnCard<T: AsRef<[u8]>> {
     buf: T,
 }
 
+// The layout of the table above.
+card_fields!(ConnCard {
+    ring_log2/set_ring_log2: u8 @ 5, fabric_len/set_fabric_len: u16 @ 6,
+    ring_addr/set_ring_addr: u64 @ 8, ring_rkey/set_ring_rkey: u32 @ 16,
+    ctrl_rkey/set_ctrl_rkey: u32 @ 20, ctrl_addr/set_ctrl_addr: u64 @ 24,
+});
+
 impl<T: AsRef<[u8]>> ConnCard<T> {
     /// Checks everything a peer could get wrong: length, magic, version, ring size,
     /// alignment, and that the buffer holds exactly the header and the fabric card.
@@ -66,62 +72,41 @@ impl<T: AsRef<[u8]>> ConnCard<T> {
     ///
     /// [`io::ErrorKind::InvalidData`] ("bad connection card: ...") naming the fault.
     pub fn new_checked(buf: T) -> io::Result<ConnCard<T>> {
-        let b = buf.as_ref();
-        if b.len() < HEADER_LEN || &b[0..4] != MAGIC {
-            return Err(invalid("not an rdma-channel card"));
+        let len = buf.as_ref().len();
+        FORMAT.check(buf.as_ref(), HEADER_LEN)?;
+        let card = ConnCard { buf };
+        let log2 = card.ring_log2();
+        if !(MIN_RING_LOG2..=MAX_RING_LOG2).contains(&log2) {
+            return Err(FORMAT.invalid(format_args!("ring size 2^{log2} outside 4 KiB ..= 1 GiB")));
         }
-        if b[4] != VERSION {
-            return Err(invalid(format_args!(
-                "version {}, expected {VERSION} (both ends must run the same rdma-channel)",
-                b[4]
-            )));
-        }
-        if !(MIN_RING_LOG2..=MAX_RING_LOG2).contains(&b[5]) {
-            return Err(invalid(format_args!(
-                "ring size 2^{} outside 4 KiB ..= 1 GiB",
-                b[5]
-            )));
-        }
-        let flen = usize::from(u16::from_le_bytes([b[6], b[7]]));
-        if b.len() != HEADER_LEN + flen {
-            return Err(invalid(format_args!(
-                "{} bytes, expected {} for a {flen}-byte fabric card",
-                b.len(),
+        let flen = usize::from(card.fabric_len());
+        if len != HEADER_LEN + flen {
+            return Err(FORMAT.invalid(format_args!(
+                "{len} bytes, expected {} for a {flen}-byte fabric card",
                 HEADER_LEN + flen
             )));
         }
-        let card = ConnCard { buf };
-        if card.ring().addr % 64 != 0 || card.ctrl().addr % 64 != 0 {
-            return Err(invalid("ring or control region not 64-byte aligned"));
+        if card.ring_addr() % 64 != 0 || card.ctrl_addr() % 64 != 0 {
+            return Err(FORMAT.invalid("ring or control region not 64-byte aligned"));
         }
         Ok(card)
-    }
-
-    fn u64_at(&self, o: usize) -> u64 {
-        let b = self.buf.as_ref();
-        u64::from_le_bytes(b[o..o + 8].try_into().expect("checked length"))
-    }
-
-    fn u32_at(&self, o: usize) -> u32 {
-        let b = self.buf.as_ref();
-        u32::from_le_bytes(b[o..o + 4].try_into().expect("checked length"))
     }
 
     /// The peer's incoming ring (we write into it).
     pub fn ring(&self) -> RemoteRegion {
         RemoteRegion {
-            addr: self.u64_at(8),
-            len: 1 << self.buf.as_ref()[5],
-            rkey: self.u32_at(16),
+            addr: self.ring_addr(),
+            len: 1 << self.ring_log2(),
+            rkey: self.ring_rkey(),
         }
     }
 
     /// The peer's control words.
     pub fn ctrl(&self) -> RemoteRegion {
         RemoteRegion {
-            addr: self.u64_at(24),
+            addr: self.ctrl_addr(),
             len: CTRL_SIZE as u64,
-            rkey: self.u32_at(20),
+            rkey: self.ctrl_rkey(),
         }
     }
 
@@ -154,17 +139,18 @@ impl ConnCard<&[u8]> {
                 format!("control region of {} bytes, expected {CTRL_SIZE}", ctrl.len),
             ));
         }
-        let mut b = Vec::with_capacity(HEADER_LEN + fabric.len());
-        b.extend_from_slice(MAGIC);
-        b.push(VERSION);
-        b.push(log2);
-        b.extend_from_slice(&flen.to_le_bytes());
-        b.extend_from_slice(&ring.addr.to_le_bytes());
-        b.extend_from_slice(&ring.rkey.to_le_bytes());
-        b.extend_from_slice(&ctrl.rkey.to_le_bytes());
-        b.extend_from_slice(&ctrl.addr.to_le_bytes());
-        b.extend_from_slice(fabric);
-        Ok(b)
+        let mut card = ConnCard {
+            buf: vec![0u8; HEADER_LEN + fabric.len()],
+        };
+        FORMAT.emit(&mut card.buf);
+        card.set_ring_log2(log2);
+        card.set_fabric_len(flen);
+        card.set_ring_addr(ring.addr);
+        card.set_ring_rkey(ring.rkey);
+        card.set_ctrl_rkey(ctrl.rkey);
+        card.set_ctrl_addr(ctrl.addr);
+        card.buf[HEADER_LEN..].copy_from_slice(fabric);
+        Ok(card.buf)
     }
 }
 
@@ -207,7 +193,7 @@ mod tests {
         longer.push(0);
         assert!(ConnCard::new_checked(&longer[..]).is_err());
         for (i, v, what) in [
-            (0, b'X', "not an rdma-channel card"),
+            (0, b'X', "does not start with"),
             (4, 1, "version 1"),
             (5, 11, "ring size"),
             (5, 31, "ring size"),

@@ -147,7 +147,7 @@ impl FabricKind {
 
     /// The fabric whose cards start like `card` does, if either.
     fn of_card(card: &[u8]) -> Option<FabricKind> {
-        if card.starts_with(EMULATED_CARD_MAGIC) {
+        if super::emulated::card::FORMAT.is_magic_of(card) {
             Some(FabricKind::Emulated)
         } else if card.starts_with(VERBS_CARD_MAGIC) {
             Some(FabricKind::Verbs)
@@ -159,9 +159,8 @@ impl FabricKind {
 
 const ALLOWED: &str = "unknown fabric; use `emulated` (the default) or `verbs`";
 
-/// First bytes of an emulated card (`src/fabric/emulated/card.rs`).
-const EMULATED_CARD_MAGIC: &[u8] = b"RDMAEMU1";
-/// First bytes of a verbs card (`src/fabric/verbs/card.rs`).
+/// First bytes of a verbs card (`src/fabric/verbs/card.rs`, which is compiled only
+/// with the feature).
 const VERBS_CARD_MAGIC: &[u8] = b"RCHV";
 
 impl FromStr for FabricKind {

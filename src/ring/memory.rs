@@ -22,6 +22,37 @@ use crate::fabric::{
     FabricError, GatherList, MemoryRegion, Opcode, QueuePair, RemoteRegion, Sge, WorkRequest,
 };
 
+/// A region and its start address, cached because the data path reads it on every
+/// access. The one place where a raw pointer into registered memory is kept.
+struct RegionPtr<R: MemoryRegion> {
+    base: NonNull<u8>,
+    region: R,
+}
+
+// SAFETY: `base` points into `region`, which this value owns and which is Send + Sync
+// (the MemoryRegion bound). The types below access memory through `base` only
+// atomically or by copies whose ranges they check, as they would through the region.
+unsafe impl<R: MemoryRegion> Send for RegionPtr<R> {}
+// SAFETY: as above.
+unsafe impl<R: MemoryRegion> Sync for RegionPtr<R> {}
+
+impl<R: MemoryRegion> RegionPtr<R> {
+    /// `None` for a null region, or one whose start is not 64-byte aligned when
+    /// `aligned` asks for it.
+    fn new(region: R, aligned: bool) -> Option<RegionPtr<R>> {
+        let base = NonNull::new(region.addr())?;
+        if aligned && base.as_ptr() as usize % 64 != 0 {
+            return None;
+        }
+        Some(RegionPtr { base, region })
+    }
+
+    /// The region's length.
+    fn len(&self) -> usize {
+        self.region.len()
+    }
+}
+
 /// The incoming ring: registered memory the peer writes with RDMA WRITE.
 ///
 /// ```
@@ -37,18 +68,9 @@ use crate::fabric::{
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub struct RingMemory<R: MemoryRegion> {
-    /// Start of `region`, cached: it is read on every poll.
-    base: NonNull<u8>,
+    mem: RegionPtr<R>,
     mask: u64,
-    region: R,
 }
-
-// SAFETY: `base` points into `region`, which this value owns and which is Send + Sync
-// (the MemoryRegion bound); every access through `base` is atomic or a copy that the
-// owner of `&self` / `&mut self` performs, exactly as through the region itself.
-unsafe impl<R: MemoryRegion> Send for RingMemory<R> {}
-// SAFETY: as above; shared access only loads words atomically or copies bytes out.
-unsafe impl<R: MemoryRegion> Sync for RingMemory<R> {}
 
 impl<R: MemoryRegion> RingMemory<R> {
     /// Takes over `region` as a ring.
@@ -59,24 +81,23 @@ impl<R: MemoryRegion> RingMemory<R> {
     /// bytes and its start is 64-byte aligned.
     pub fn new(region: R) -> io::Result<RingMemory<R>> {
         let len = region.len();
-        let base = NonNull::new(region.addr())
-            .filter(|p| p.as_ptr() as usize % 64 == 0 && len.is_power_of_two() && len >= 64)
+        RegionPtr::new(region, true)
+            .filter(|_| len.is_power_of_two() && len >= 64)
+            .map(|mem| RingMemory {
+                mem,
+                mask: len as u64 - 1,
+            })
             .ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidInput,
                     format!("a ring needs a 64-byte aligned power-of-two region, got {len} bytes"),
                 )
-            })?;
-        Ok(RingMemory {
-            base,
-            mask: len as u64 - 1,
-            region,
-        })
+            })
     }
 
     /// The region, for the connection card.
     pub fn region(&self) -> &R {
-        &self.region
+        &self.mem.region
     }
 
     /// The ring's size in bytes.
@@ -98,7 +119,7 @@ impl<R: MemoryRegion> RingMemory<R> {
         // region, which lives as long as `self`. The peer's fabric writes ring memory
         // only as whole aligned words or byte copies that never tear an aligned word
         // (fabric guarantee 3), and we access these words only atomically.
-        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU64>() }
+        unsafe { &*self.mem.base.as_ptr().add(off).cast::<AtomicU64>() }
     }
 
     /// Loads the 8-byte word at position `pos` (rounded down to a word) with `order`.
@@ -133,7 +154,11 @@ impl<R: MemoryRegion> RingMemory<R> {
         // a misbehaving peer could still be writing, which changes the bytes we get
         // but never what memory we touch.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.base.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
+            std::ptr::copy_nonoverlapping(
+                self.mem.base.as_ptr().add(off),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
         };
     }
 }
@@ -182,14 +207,8 @@ pub const CTRL_SIZE: usize = 4096;
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub struct ControlWords<R: MemoryRegion> {
-    base: NonNull<u8>,
-    region: R,
+    mem: RegionPtr<R>,
 }
-
-// SAFETY: as for RingMemory: `base` points into the owned, Send + Sync region.
-unsafe impl<R: MemoryRegion> Send for ControlWords<R> {}
-// SAFETY: shared access only loads words atomically.
-unsafe impl<R: MemoryRegion> Sync for ControlWords<R> {}
 
 impl<R: MemoryRegion> ControlWords<R> {
     /// Takes over `region` as a control region.
@@ -198,20 +217,20 @@ impl<R: MemoryRegion> ControlWords<R> {
     ///
     /// `InvalidInput` unless the region is [`CTRL_SIZE`] bytes and 64-byte aligned.
     pub fn new(region: R) -> io::Result<ControlWords<R>> {
-        let base = NonNull::new(region.addr())
-            .filter(|p| p.as_ptr() as usize % 64 == 0 && region.len() == CTRL_SIZE)
+        RegionPtr::new(region, true)
+            .filter(|mem| mem.len() == CTRL_SIZE)
+            .map(|mem| ControlWords { mem })
             .ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidInput,
                     "a control region is 4096 bytes, 64-byte aligned",
                 )
-            })?;
-        Ok(ControlWords { base, region })
+            })
     }
 
     /// The region, for the connection card.
     pub fn region(&self) -> &R {
-        &self.region
+        &self.mem.region
     }
 
     #[inline]
@@ -220,13 +239,8 @@ impl<R: MemoryRegion> ControlWords<R> {
         // (checked in `new`); the region lives as long as `self`; the peer's fabric
         // writes these words whole (fabric guarantee 3) and we only access them
         // atomically.
-        unsafe {
-            &*self
-                .base
-                .as_ptr()
-                .add(w.offset() as usize)
-                .cast::<AtomicU64>()
-        }
+        let at = w.offset() as usize;
+        unsafe { &*self.mem.base.as_ptr().add(at).cast::<AtomicU64>() }
     }
 
     /// The tail of our outgoing ring that the peer announced explicitly. Acquire:
@@ -274,14 +288,8 @@ impl<R: MemoryRegion> ControlWords<R> {
 /// they will have in the peer's ring, and written from here (seed 001 sec. 4.2's
 /// pre-registered send buffer), for fabrics whose inline limit is small.
 pub struct StagingBuffer<R: MemoryRegion> {
-    base: NonNull<u8>,
-    region: R,
+    mem: RegionPtr<R>,
 }
-
-// SAFETY: as for RingMemory: `base` points into the owned, Send + Sync region.
-unsafe impl<R: MemoryRegion> Send for StagingBuffer<R> {}
-// SAFETY: shared access only copies into ranges the caller has to itself (see `stage`).
-unsafe impl<R: MemoryRegion> Sync for StagingBuffer<R> {}
 
 impl<R: MemoryRegion> StagingBuffer<R> {
     /// Takes over `region` (registered with local access at least).
@@ -290,9 +298,9 @@ impl<R: MemoryRegion> StagingBuffer<R> {
     ///
     /// `InvalidInput` for a null region.
     pub fn new(region: R) -> io::Result<StagingBuffer<R>> {
-        let base = NonNull::new(region.addr())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "null staging region"))?;
-        Ok(StagingBuffer { base, region })
+        RegionPtr::new(region, false)
+            .map(|mem| StagingBuffer { mem })
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "null staging region"))
     }
 
     /// Copies the pieces of `list` to offset `at` and writes them from there to the
@@ -321,7 +329,7 @@ impl<R: MemoryRegion> StagingBuffer<R> {
     ) -> Result<(), FabricError> {
         let bytes = list.bytes();
         assert!(
-            bytes <= self.region.len() && at <= self.region.len() - bytes,
+            bytes <= self.mem.len() && at <= self.mem.len() - bytes,
             "staging {bytes} bytes at {at} runs past the buffer"
         );
         let mut dst = at;
@@ -332,7 +340,7 @@ impl<R: MemoryRegion> StagingBuffer<R> {
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     piece.as_ptr(),
-                    self.base.as_ptr().add(dst),
+                    self.mem.base.as_ptr().add(dst),
                     piece.len(),
                 )
             };
@@ -340,9 +348,9 @@ impl<R: MemoryRegion> StagingBuffer<R> {
         }
         let sge = [Sge {
             // SAFETY: `at` is inside the region (checked above).
-            addr: unsafe { self.base.as_ptr().add(at) },
+            addr: unsafe { self.mem.base.as_ptr().add(at) },
             len: bytes as u32,
-            lkey: self.region.lkey(),
+            lkey: self.mem.region.lkey(),
         }];
         let wr = WorkRequest {
             wr_id,

@@ -5,7 +5,8 @@
 //! | offset | size | field |
 //! | --- | --- | --- |
 //! | 0 | 8 | magic `"RDMAEMU1"` |
-//! | 8 | 4 | layout version |
+//! | 8 | 1 | layout version (of the card and the domain segment) |
+//! | 9 | 3 | reserved, 0 |
 //! | 12 | 4 | owner pid |
 //! | 16 | 8 | domain id |
 //! | 24 | 4 | queue-pair key |
@@ -20,11 +21,25 @@
 //! one message); segments beyond that are opened later through `/proc`.
 
 use super::table::{LAYOUT_SIZE, MAGIC, SEG_CAPACITY, VERSION};
+use crate::fabric::MAX_CARD_FDS;
+use crate::wire::{card_fields, le, CardFormat};
 use std::io;
 
+const MAGIC_BYTES: [u8; 8] = MAGIC.to_le_bytes();
+const _: () = assert!(
+    VERSION <= u8::MAX as u32,
+    "the card carries the version in a byte"
+);
+
+/// Magic `RDMAEMU1` (the domain segment's), then the layout version.
+pub(crate) const FORMAT: CardFormat = CardFormat {
+    name: "emulated fabric card",
+    magic: &MAGIC_BYTES,
+    version: VERSION as u8,
+};
 /// Bytes before the segment records.
 const HEAD: usize = 48;
-/// Bytes per segment record.
+/// Bytes per segment record: slot (4), generation (4), length (8).
 const RECORD: usize = 16;
 
 /// A live data segment as listed in a card.
@@ -36,6 +51,88 @@ pub(crate) struct CardSegment {
     pub(crate) gen: u32,
     /// Length in bytes.
     pub(crate) len: u64,
+}
+
+/// An emulated fabric card over a byte buffer.
+pub(crate) struct EmuCard<T: AsRef<[u8]>> {
+    buf: T,
+}
+
+// The layout of the table above; the segment records follow at HEAD.
+card_fields!(EmuCard {
+    reserved_a/set_reserved_a: u16 @ 9, reserved_c/set_reserved_c: u8 @ 11,
+    reserved_b/set_reserved_b: u32 @ 44, pid/set_pid: u32 @ 12,
+    domain_id/set_domain_id: u64 @ 16, qp_key/set_qp_key: u32 @ 24,
+    domain_fd/set_domain_fd: u32 @ 28, layout_size/set_layout_size: u64 @ 32,
+    records/set_records: u32 @ 40,
+});
+
+impl<T: AsRef<[u8]>> EmuCard<T> {
+    /// Checks a card that arrived with `fds` descriptors: magic, version, layout
+    /// size, record count against length and descriptors, reserved fields, pid, key
+    /// and every segment record.
+    ///
+    /// # Errors
+    ///
+    /// [`io::ErrorKind::InvalidData`] ("bad emulated fabric card: ...") naming the
+    /// fault.
+    pub(crate) fn new_checked(buf: T, fds: usize) -> io::Result<EmuCard<T>> {
+        let len = buf.as_ref().len();
+        FORMAT.check(buf.as_ref(), HEAD)?;
+        let card = EmuCard { buf };
+        let layout = card.layout_size();
+        if layout != LAYOUT_SIZE as u64 {
+            return Err(FORMAT.invalid(format_args!(
+                "domain layout of {layout} bytes, expected {LAYOUT_SIZE}"
+            )));
+        }
+        let n = card.records() as usize;
+        if n >= MAX_CARD_FDS {
+            return Err(FORMAT.invalid(format_args!(
+                "{n} segment records, at most {} fit",
+                MAX_CARD_FDS - 1
+            )));
+        }
+        if len != HEAD + RECORD * n {
+            return Err(FORMAT.invalid(format_args!(
+                "{len} bytes for {n} segment records, expected {}",
+                HEAD + RECORD * n
+            )));
+        }
+        if fds != n + 1 {
+            return Err(FORMAT.invalid(format_args!(
+                "{fds} descriptors arrived, the card needs {} (domain + {n} segments)",
+                n + 1
+            )));
+        }
+        if card.reserved_a() != 0 || card.reserved_c() != 0 || card.reserved_b() != 0 {
+            return Err(FORMAT.invalid("reserved field is not zero"));
+        }
+        let pid = card.pid();
+        if pid == 0 || pid > i32::MAX as u32 {
+            return Err(FORMAT.invalid(format_args!("bad process id {pid}")));
+        }
+        if card.qp_key() == 0 {
+            return Err(FORMAT.invalid("queue-pair key 0"));
+        }
+        for i in 0..n {
+            let s = card.segment(i);
+            if s.slot >= SEG_CAPACITY || s.gen == 0 || s.len == 0 {
+                return Err(FORMAT.invalid(format_args!("bad segment record {i}: {s:?}")));
+            }
+        }
+        Ok(card)
+    }
+
+    /// Segment record `i`.
+    pub(crate) fn segment(&self, i: usize) -> CardSegment {
+        let (b, at) = (self.buf.as_ref(), HEAD + RECORD * i);
+        CardSegment {
+            slot: le::u32(b, at),
+            gen: le::u32(b, at + 4),
+            len: le::u64(b, at + 8),
+        }
+    }
 }
 
 /// The decoded bytes of a card.
@@ -53,127 +150,44 @@ pub(crate) struct CardInfo {
     pub(crate) segments: Vec<CardSegment>,
 }
 
-fn invalid(msg: String) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("emulated fabric card: {msg}"),
-    )
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(w)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
-}
-
 impl CardInfo {
     /// Serialises the card's bytes.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(HEAD + RECORD * self.segments.len());
-        b.extend_from_slice(&MAGIC.to_le_bytes());
-        b.extend_from_slice(&VERSION.to_le_bytes());
-        b.extend_from_slice(&self.pid.to_le_bytes());
-        b.extend_from_slice(&self.domain_id.to_le_bytes());
-        b.extend_from_slice(&self.qp_key.to_le_bytes());
-        b.extend_from_slice(&self.domain_fd.to_le_bytes());
-        b.extend_from_slice(&(LAYOUT_SIZE as u64).to_le_bytes());
-        b.extend_from_slice(&(self.segments.len() as u32).to_le_bytes());
-        b.extend_from_slice(&0u32.to_le_bytes());
-        for s in &self.segments {
-            b.extend_from_slice(&s.slot.to_le_bytes());
-            b.extend_from_slice(&s.gen.to_le_bytes());
-            b.extend_from_slice(&s.len.to_le_bytes());
+        let mut card = EmuCard {
+            buf: vec![0u8; HEAD + RECORD * self.segments.len()],
+        };
+        FORMAT.emit(&mut card.buf);
+        card.set_pid(self.pid);
+        card.set_domain_id(self.domain_id);
+        card.set_qp_key(self.qp_key);
+        card.set_domain_fd(self.domain_fd);
+        card.set_layout_size(LAYOUT_SIZE as u64);
+        card.set_records(self.segments.len() as u32);
+        for (i, s) in self.segments.iter().enumerate() {
+            let at = HEAD + RECORD * i;
+            le::set_u32(&mut card.buf, at, s.slot);
+            le::set_u32(&mut card.buf, at + 4, s.gen);
+            le::set_u64(&mut card.buf, at + 8, s.len);
         }
-        b
+        card.buf
     }
 
-    /// Parses and validates card bytes that arrived with `fds` descriptors.
+    /// Parses and validates card bytes that arrived with `fds` descriptors (see
+    /// [`EmuCard::new_checked`]).
     ///
     /// # Errors
     ///
-    /// `InvalidData` naming what is wrong: not a card of this fabric, another layout
-    /// version, a length or descriptor count that does not match, a bad record.
+    /// `InvalidData` naming what is wrong.
     pub(crate) fn decode(b: &[u8], fds: usize) -> io::Result<CardInfo> {
-        if b.len() < HEAD {
-            return Err(invalid(format!(
-                "{} bytes, a card has at least {HEAD}",
-                b.len()
-            )));
-        }
-        let magic = u64_at(b, 0);
-        if magic != MAGIC {
-            return Err(invalid(format!(
-                "bad magic {magic:#018x} (not a card of the emulated fabric)"
-            )));
-        }
-        let version = u32_at(b, 8);
-        if version != VERSION {
-            return Err(invalid(format!(
-                "layout version {version}, this build speaks {VERSION}"
-            )));
-        }
-        let layout = u64_at(b, 32);
-        if layout != LAYOUT_SIZE as u64 {
-            return Err(invalid(format!(
-                "domain layout of {layout} bytes, expected {LAYOUT_SIZE}"
-            )));
-        }
-        let n = u32_at(b, 40) as usize;
-        if n >= crate::fabric::MAX_CARD_FDS {
-            return Err(invalid(format!(
-                "{n} segment records, at most {} fit",
-                crate::fabric::MAX_CARD_FDS - 1
-            )));
-        }
-        if b.len() != HEAD + RECORD * n {
-            return Err(invalid(format!(
-                "{} bytes for {n} segment records, expected {}",
-                b.len(),
-                HEAD + RECORD * n
-            )));
-        }
-        if fds != n + 1 {
-            return Err(invalid(format!(
-                "{fds} descriptors arrived, the card needs {} (domain + {n} segments)",
-                n + 1
-            )));
-        }
-        if u32_at(b, 44) != 0 {
-            return Err(invalid("reserved field is not zero".into()));
-        }
-        let pid = u32_at(b, 12);
-        if pid == 0 || pid > i32::MAX as u32 {
-            return Err(invalid(format!("bad process id {pid}")));
-        }
-        let qp_key = u32_at(b, 24);
-        if qp_key == 0 {
-            return Err(invalid("queue-pair key 0".into()));
-        }
-        let mut segments = Vec::with_capacity(n);
-        for i in 0..n {
-            let at = HEAD + RECORD * i;
-            let s = CardSegment {
-                slot: u32_at(b, at),
-                gen: u32_at(b, at + 4),
-                len: u64_at(b, at + 8),
-            };
-            if s.slot >= SEG_CAPACITY || s.gen == 0 || s.len == 0 {
-                return Err(invalid(format!("bad segment record {i}: {s:?}")));
-            }
-            segments.push(s);
-        }
+        let card = EmuCard::new_checked(b, fds)?;
         Ok(CardInfo {
-            pid,
-            domain_id: u64_at(b, 16),
-            qp_key,
-            domain_fd: u32_at(b, 28),
-            segments,
+            pid: card.pid(),
+            domain_id: card.domain_id(),
+            qp_key: card.qp_key(),
+            domain_fd: card.domain_fd(),
+            segments: (0..card.records() as usize)
+                .map(|i| card.segment(i))
+                .collect(),
         })
     }
 }
@@ -221,6 +235,9 @@ mod tests {
             );
         };
         check(&good[..10], 3, "at least");
+        let mut b = good.clone();
+        b[10] = 1;
+        check(&b, 3, "reserved");
         let mut b = good.clone();
         b[0] ^= 1;
         check(&b, 3, "magic");

@@ -152,7 +152,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod card;
+pub(crate) mod card;
 mod copy;
 mod peer;
 mod qp;

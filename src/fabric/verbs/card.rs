@@ -5,7 +5,8 @@
 //! | offset | size | field |
 //! | --- | --- | --- |
 //! | 0 | 4 | magic `RCHV` |
-//! | 4 | 2 | version (1) |
+//! | 4 | 1 | version (1) |
+//! | 5 | 1 | reserved (0) |
 //! | 6 | 1 | link layer (1 InfiniBand, 2 Ethernet) |
 //! | 7 | 1 | active MTU (`ibv_mtu`, 1..=5) |
 //! | 8 | 2 | LID |
@@ -19,18 +20,83 @@
 
 use std::io;
 
-const MAGIC: &[u8; 4] = b"RCHV";
+use crate::wire::{card_fields, CardFormat};
+
+/// Magic `RCHV`, version 1.
+pub(crate) const FORMAT: CardFormat = CardFormat {
+    name: "verbs card",
+    magic: b"RCHV",
+    version: 1,
+};
 /// The whole card of a queue pair that rdma_cm connects: the connection manager
 /// exchanges addressing itself, so only the fabric's magic and a marker travel.
 pub(crate) const CM_CARD: &[u8; 6] = b"RCHVcm";
-const VERSION: u16 = 1;
 /// Length of an encoded card.
 pub(crate) const CARD_LEN: usize = 36;
+/// Where the GID lies.
+const GID: std::ops::Range<usize> = 20..36;
 
 /// `IBV_LINK_LAYER_INFINIBAND` (an anonymous enum in `verbs.h`).
 pub(crate) const LINK_LAYER_INFINIBAND: u8 = 1;
 /// `IBV_LINK_LAYER_ETHERNET`.
 pub(crate) const LINK_LAYER_ETHERNET: u8 = 2;
+
+/// A verbs card over a byte buffer.
+pub(crate) struct VerbsCard<T: AsRef<[u8]>> {
+    buf: T,
+}
+
+// The layout of the table above (`mtu_code` is an `ibv_mtu`); the GID is 20..36.
+card_fields!(VerbsCard {
+    reserved_a/set_reserved_a: u8 @ 5, reserved_b/set_reserved_b: u8 @ 19,
+    link_layer/set_link_layer: u8 @ 6, mtu_code/set_mtu_code: u8 @ 7, lid/set_lid: u16 @ 8,
+    qpn/set_qpn: u32 @ 10, psn/set_psn: u32 @ 14, rd_atomic/set_rd_atomic: u8 @ 18,
+});
+
+impl<T: AsRef<[u8]>> VerbsCard<T> {
+    /// Checks length, magic, version, reserved bytes, link layer, MTU, QP number,
+    /// PSN, and that the address can reach something.
+    ///
+    /// # Errors
+    ///
+    /// [`io::ErrorKind::InvalidData`] ("bad verbs card: ...") naming the fault.
+    pub(crate) fn new_checked(buf: T) -> io::Result<VerbsCard<T>> {
+        let len = buf.as_ref().len();
+        FORMAT.check(buf.as_ref(), CARD_LEN)?;
+        if len != CARD_LEN {
+            return Err(FORMAT.invalid(format_args!("{len} bytes, expected {CARD_LEN}")));
+        }
+        let card = VerbsCard { buf };
+        if card.reserved_a() != 0 || card.reserved_b() != 0 {
+            return Err(FORMAT.invalid("reserved byte is not zero"));
+        }
+        let (ll, mtu, qpn, psn) = (card.link_layer(), card.mtu_code(), card.qpn(), card.psn());
+        if ll != LINK_LAYER_INFINIBAND && ll != LINK_LAYER_ETHERNET {
+            return Err(FORMAT.invalid(format_args!("unknown link layer {ll}")));
+        }
+        if !(1..=5).contains(&mtu) {
+            return Err(FORMAT.invalid(format_args!("MTU code {mtu} is not 1..=5")));
+        }
+        if qpn == 0 || qpn > 0xff_ffff {
+            return Err(FORMAT.invalid(format_args!("QP number {qpn:#x} out of range")));
+        }
+        if psn > 0xff_ffff {
+            return Err(FORMAT.invalid(format_args!("PSN {psn:#x} wider than 24 bits")));
+        }
+        if ll == LINK_LAYER_ETHERNET && card.gid() == [0; 16] {
+            return Err(FORMAT.invalid("RoCE peer with a zero GID"));
+        }
+        if ll == LINK_LAYER_INFINIBAND && card.lid() == 0 && card.gid() == [0; 16] {
+            return Err(FORMAT.invalid("InfiniBand peer with neither LID nor GID"));
+        }
+        Ok(card)
+    }
+
+    /// The GID, in network byte order.
+    pub(crate) fn gid(&self) -> [u8; 16] {
+        self.buf.as_ref()[GID].try_into().expect("16 bytes")
+    }
+}
 
 /// The decoded contents of a verbs card.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,79 +110,39 @@ pub(crate) struct QpCard {
     pub gid: [u8; 16],
 }
 
-fn invalid(msg: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("bad verbs card: {msg}"))
-}
-
 impl QpCard {
     /// Encodes the card.
     pub(crate) fn to_bytes(self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(CARD_LEN);
-        b.extend_from_slice(MAGIC);
-        b.extend_from_slice(&VERSION.to_le_bytes());
-        b.push(self.link_layer);
-        b.push(self.mtu as u8);
-        b.extend_from_slice(&self.lid.to_le_bytes());
-        b.extend_from_slice(&self.qpn.to_le_bytes());
-        b.extend_from_slice(&self.psn.to_le_bytes());
-        b.push(self.rd_atomic);
-        b.push(0);
-        b.extend_from_slice(&self.gid);
-        debug_assert_eq!(b.len(), CARD_LEN);
-        b
+        let mut card = VerbsCard {
+            buf: vec![0u8; CARD_LEN],
+        };
+        FORMAT.emit(&mut card.buf);
+        card.set_link_layer(self.link_layer);
+        card.set_mtu_code(self.mtu as u8);
+        card.set_lid(self.lid);
+        card.set_qpn(self.qpn);
+        card.set_psn(self.psn);
+        card.set_rd_atomic(self.rd_atomic);
+        card.buf[GID].copy_from_slice(&self.gid);
+        card.buf
     }
 
-    /// Decodes and validates a card.
+    /// Decodes and validates a card (see [`VerbsCard::new_checked`]).
     ///
     /// # Errors
     ///
-    /// [`io::ErrorKind::InvalidData`] naming what is wrong: length, magic, version,
-    /// link layer, MTU, QP number, PSN, or an address that can reach nothing.
+    /// [`io::ErrorKind::InvalidData`] naming what is wrong.
     pub(crate) fn from_bytes(b: &[u8]) -> io::Result<QpCard> {
-        if b.len() != CARD_LEN {
-            return Err(invalid(format!(
-                "{} bytes, expected {CARD_LEN} (is the peer using the verbs fabric?)",
-                b.len()
-            )));
-        }
-        if &b[0..4] != MAGIC {
-            return Err(invalid(
-                "wrong magic (is the peer using the verbs fabric?)".into(),
-            ));
-        }
-        let version = u16::from_le_bytes([b[4], b[5]]);
-        if version != VERSION {
-            return Err(invalid(format!("version {version}, expected {VERSION}")));
-        }
-        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let card = QpCard {
-            link_layer: b[6],
-            mtu: u32::from(b[7]),
-            lid: u16::from_le_bytes([b[8], b[9]]),
-            qpn: u32_at(10),
-            psn: u32_at(14),
-            rd_atomic: b[18],
-            gid: b[20..36].try_into().expect("16 bytes"),
-        };
-        if card.link_layer != LINK_LAYER_INFINIBAND && card.link_layer != LINK_LAYER_ETHERNET {
-            return Err(invalid(format!("unknown link layer {}", card.link_layer)));
-        }
-        if !(1..=5).contains(&card.mtu) {
-            return Err(invalid(format!("MTU code {} is not 1..=5", card.mtu)));
-        }
-        if card.qpn == 0 || card.qpn > 0xff_ffff {
-            return Err(invalid(format!("QP number {:#x} out of range", card.qpn)));
-        }
-        if card.psn > 0xff_ffff {
-            return Err(invalid(format!("PSN {:#x} wider than 24 bits", card.psn)));
-        }
-        if card.link_layer == LINK_LAYER_ETHERNET && card.gid == [0; 16] {
-            return Err(invalid("RoCE peer with a zero GID".into()));
-        }
-        if card.link_layer == LINK_LAYER_INFINIBAND && card.lid == 0 && card.gid == [0; 16] {
-            return Err(invalid("InfiniBand peer with neither LID nor GID".into()));
-        }
-        Ok(card)
+        let card = VerbsCard::new_checked(b)?;
+        Ok(QpCard {
+            link_layer: card.link_layer(),
+            mtu: u32::from(card.mtu_code()),
+            lid: card.lid(),
+            qpn: card.qpn(),
+            psn: card.psn(),
+            rd_atomic: card.rd_atomic(),
+            gid: card.gid(),
+        })
     }
 }
 
@@ -148,14 +174,30 @@ mod tests {
     fn rejects_malformed_cards() {
         let good = sample().to_bytes();
         let cases: Vec<(Vec<u8>, &str)> = vec![
-            (good[..35].to_vec(), "35 bytes"),
+            (good[..35].to_vec(), "at least 36"),
+            (
+                {
+                    let mut b = good.clone();
+                    b.push(0);
+                    b
+                },
+                "37 bytes",
+            ),
             (
                 {
                     let mut b = good.clone();
                     b[0] = b'X';
                     b
                 },
-                "magic",
+                "does not start",
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[5] = 1;
+                    b
+                },
+                "reserved",
             ),
             (
                 {

@@ -149,7 +149,7 @@ impl<F: Fabric> Prepared<F> {
             broken: Mutex::new(None),
             is_broken: AtomicBool::new(false),
             zc_thresholds: zero_copy_thresholds(&self.fabric, &self.cfg),
-            rcache: Arc::new(registration_cache(&self.cfg)),
+            rcache: registration_cache(&self.fabric, &self.cfg),
             cfg: self.cfg,
             fabric: self.fabric,
         });
@@ -199,10 +199,14 @@ fn zero_copy_thresholds<F: Fabric>(fabric: &F, cfg: &Config) -> (usize, usize) {
     )
 }
 
-fn registration_cache<F: Fabric>(cfg: &Config) -> RegCache<F> {
+/// The domain's registration cache (shared with every connection of the domain).
+fn registration_cache<F: Fabric>(fabric: &F, cfg: &Config) -> Arc<RegCache<F>> {
     let (max_entries, max_bytes) = cfg.registration_cache_limits();
-    RegCache::new(CacheLimits {
-        max_entries,
-        max_bytes,
-    })
+    RegCache::for_domain(
+        fabric,
+        CacheLimits {
+            max_entries,
+            max_bytes,
+        },
+    )
 }

@@ -23,7 +23,7 @@
 //! updates it sent sit unread in the other ring.
 //!
 //! Large buffers can travel zero-copy (seed 001 sec. 5): the sender registers them
-//! through the connection's [registration cache](crate::rcache), writes a
+//! through its protection domain's [registration cache](crate::rcache), writes a
 //! [`Rendezvous`] packet naming them into the ring and keeps them untouched; the
 //! receiver, on reaching that packet in FIFO order, pulls the bytes straight into the
 //! caller's buffers with RDMA READ, then writes the announcement's number into the
@@ -131,12 +131,12 @@ impl<F: Fabric> Channel<F> {
         self.tx.alloc_mem(len)
     }
 
-    /// Counters of this connection's registration cache.
+    /// Counters of the registration cache of this connection's protection domain (shared by its connections).
     pub fn cache_stats(&self) -> CacheStats {
         self.tx.cache_stats()
     }
 
-    /// This connection's registration cache: its counters, its limits, how it detects
+    /// The registration cache of this connection's protection domain: its counters, its limits, how it detects
     /// unmapped memory, and [`RegCache::invalidate`] for memory the program is about
     /// to remap behind the cache's back (only needed where the automatic detection is
     /// unavailable).

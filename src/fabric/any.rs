@@ -393,6 +393,10 @@ impl Fabric for AnyFabric {
         forward!(self, AnyFabric, f => f.name())
     }
 
+    fn domain_id(&self) -> usize {
+        forward!(self, AnyFabric, f => f.domain_id())
+    }
+
     fn zero_copy_defaults(&self) -> (usize, usize) {
         forward!(self, AnyFabric, f => f.zero_copy_defaults())
     }

@@ -550,6 +550,11 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     /// A short name for messages and benchmark tables.
     fn name(&self) -> &'static str;
 
+    /// Identifies this protection domain among the live ones: equal for clones that
+    /// share the domain, different for any other domain alive at the same time. The
+    /// registration cache is kept per domain by this key.
+    fn domain_id(&self) -> usize;
+
     /// Measured defaults for the zero-copy thresholds, as (memory from
     /// [`alloc_region`](Self::alloc_region), any other memory): the smallest buffer
     /// for which the peer's RDMA READ beats the ring's copies. `usize::MAX` means

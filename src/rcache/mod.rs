@@ -38,6 +38,7 @@
 //!   cannot be watched and stays uncached.
 
 mod buf;
+mod domain;
 mod watch;
 
 pub use buf::RdmaBuf;
@@ -265,7 +266,7 @@ struct Inner<R> {
 }
 
 /// A registration cache for one protection domain (pass the same fabric to every
-/// call), shared by the two halves of a connection.
+/// call), shared by every connection of that domain ([`RegCache::for_domain`]).
 ///
 /// ```
 /// use rdma_channel::fabric::{emulated::EmuFabric, Access};

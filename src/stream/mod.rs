@@ -259,12 +259,12 @@ impl<F: Fabric> RdmaStream<F> {
         self.chan.alloc_mem(len)
     }
 
-    /// Counters of this connection's registration cache.
+    /// Counters of the registration cache of this connection's protection domain (shared by its connections).
     pub fn cache_stats(&self) -> CacheStats {
         self.chan.cache_stats()
     }
 
-    /// This connection's registration cache: see [`Channel::registration_cache`].
+    /// The registration cache of this connection's protection domain: see [`Channel::registration_cache`].
     pub fn registration_cache(&self) -> &RegCache<F> {
         self.chan.registration_cache()
     }
@@ -469,7 +469,7 @@ impl<F: Fabric> WriteHalf<F> {
         self.tx.alloc_mem(len)
     }
 
-    /// This connection's registration cache: see [`Channel::registration_cache`].
+    /// The registration cache of this connection's protection domain: see [`Channel::registration_cache`].
     pub fn registration_cache(&self) -> &RegCache<F> {
         self.tx.registration_cache()
     }

@@ -585,6 +585,12 @@ impl Fabric for EmuFabric {
         "emulated"
     }
 
+    fn domain_id(&self) -> usize {
+        // The shared state's address: stable while any clone lives, and a live
+        // domain's address is never another's.
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// Memory from `alloc_region` is a shared segment the reader copies from directly,
     /// so a read beats the ring's two copies early; other memory is reached through
     /// `process_vm_readv`, which on the machines measured never beat the ring (see

@@ -531,6 +531,12 @@ impl Fabric for VerbsFabric {
     fn name(&self) -> &'static str {
         "verbs"
     }
+
+    fn domain_id(&self) -> usize {
+        // The shared state (which owns the protection domain): stable while any
+        // clone lives, and a live domain's address is never another's.
+        Arc::as_ptr(&self.inner) as usize
+    }
 }
 
 #[cfg(test)]

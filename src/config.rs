@@ -210,7 +210,8 @@ impl Config {
         self
     }
 
-    /// Sets the largest packet in bytes (pipelining unit of seed 001 sec. 4.4).
+    /// Sets the largest packet in bytes (the pipelining unit of
+    /// the MPICH2 RDMA Channel paper, seed 001, sec. 4.4).
     pub fn chunk_size(mut self, bytes: usize) -> Self {
         self.chunk_size = bytes;
         self

@@ -23,7 +23,8 @@
 //!
 //! * [`stream`]: [`RdmaStream`] with `std::io::Read`/`Write`, split halves, an
 //!   in-process [`RdmaStream::pair`] and [`RdmaListener`] for two processes;
-//! * [`engine`]: put/get of seed 001 sec. 3.2 on any fabric: replicated head and tail,
+//! * [`engine`]: put/get of seed 001 sec. 3.2 (the MPICH2 RDMA Channel
+//!   paper, Liu et al., IPDPS 2004) on any fabric: replicated head and tail,
 //!   piggybacked and delayed tail updates, chunked pipelining;
 //! * [`ring`]: the packet format and placement rules, pure logic with no I/O;
 //! * [`fabric`]: what RDMA hardware offers (registration, keys, one-sided write and

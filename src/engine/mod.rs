@@ -1,4 +1,6 @@
-//! The put/get engine: seed 001's RDMA Channel on any [`Fabric`].
+//! The put/get engine: the RDMA Channel of seed 001 (Liu et al., *Design and
+//! Implementation of MPICH2 over InfiniBand with RDMA Support*, IPDPS 2004) on any
+//! [`Fabric`].
 //!
 //! A [`Channel`] is one connection. Its [`Sender`] writes packets into the ring that
 //! lives in the peer's memory; its [`Receiver`] reads packets from the ring in local

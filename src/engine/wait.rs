@@ -2,8 +2,9 @@
 //!
 //! Busy polling gives the lowest latency when every rank has a core; when there are
 //! more ranks than cores a spinning rank steals the time its peer needs to make the
-//! progress it waits for, so the wait yields and finally sleeps (seed 000 sec. 4.7
-//! discusses the same trade-off for polling sets).
+//! progress it waits for, so the wait yields and finally sleeps (seed 000, Liu, Wu,
+//! Panda, *High Performance RDMA-Based MPI Implementation over InfiniBand*, ICS 2003,
+//! sec. 4.7 discusses the same trade-off for polling sets).
 
 use std::time::Duration;
 

@@ -17,7 +17,8 @@
 //!
 //! 1. writes posted on one queue pair are placed in the peer's memory in posting order;
 //! 2. within one write, the last aligned 8-byte word of the target range becomes
-//!    visible only after every byte before it (seed 000 sec. 4.2 relies on the same
+//!    visible only after every byte before it (seed 000 sec. 4.2, Liu, Wu, Panda,
+//!    ICS 2003, relies on the same
 //!    in-order placement of InfiniBand hardware);
 //! 3. an 8-byte aligned word is never seen torn.
 //!

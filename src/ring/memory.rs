@@ -285,7 +285,8 @@ impl<R: MemoryRegion> ControlWords<R> {
 }
 
 /// A registered copy of the outgoing ring: packets are assembled here, at the offset
-/// they will have in the peer's ring, and written from here (seed 001 sec. 4.2's
+/// they will have in the peer's ring, and written from here (seed 001 sec. 4.2's,
+/// the MPICH2 RDMA Channel paper's,
 /// pre-registered send buffer), for fabrics whose inline limit is small.
 pub struct StagingBuffer<R: MemoryRegion> {
     mem: RegionPtr<R>,

@@ -1,7 +1,9 @@
 //! The ring: packet format and placement rules, as pure logic with no I/O.
 //!
 //! One ring exists per connection and direction. It lives in the receiver's memory
-//! and the sender writes into it with RDMA WRITE (seed 001 sec. 4.2). Positions are
+//! and the sender writes into it with RDMA WRITE (seed 001 sec. 4.2: Liu et al.,
+//! *Design and Implementation of MPICH2 over InfiniBand with RDMA Support*, IPDPS 2004).
+//! Positions are
 //! absolute byte counts (`u64`, never wrapping in practice); the physical offset is
 //! `pos % ring_size`.
 //!

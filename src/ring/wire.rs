@@ -13,7 +13,8 @@
 //! * `header` = tag (4 bits) | kind (4) | payload length (24) | stamp (32), where the
 //!   stamp is the low 32 bits of the packet's absolute cell number. A header from an
 //!   earlier lap at the same place carries another stamp, so it never looks new.
-//! * `ack` is the piggybacked tail of the reverse direction's ring (seed 001 sec. 4.3).
+//! * `ack` is the piggybacked tail of the reverse direction's ring (seed 001 sec. 4.3,
+//!   the MPICH2 RDMA Channel paper of Liu et al., IPDPS 2004).
 //! * `trailer` = [`TRAILER_KEY`] xor the absolute byte position where the packet ends.
 //!   It is the last aligned word of the write, so when it is visible the whole packet is
 //!   (the fabric's ordering guarantee 2).

@@ -1,10 +1,11 @@
 //! A connected byte stream with the feel of `UnixStream`, on top of the engine.
 //!
 //! [`RdmaStream`] offers both faces of the channel: the non-blocking vectored
-//! [`try_put`](RdmaStream::try_put)/[`try_get`](RdmaStream::try_get) of seed 001, and
-//! blocking `std::io::Read`/`Write`. [`RdmaStream::pair`] connects two streams inside
-//! one process; [`RdmaListener`] and [`RdmaStream::connect`] connect two processes,
-//! by [`Address`]:
+//! [`try_put`](RdmaStream::try_put)/[`try_get`](RdmaStream::try_get) of seed 001 (the
+//! MPICH2 RDMA Channel paper, Liu et al., IPDPS 2004), and blocking
+//! `std::io::Read`/`Write`. [`RdmaStream::pair`] connects two streams inside one
+//! process; [`RdmaListener`] and [`RdmaStream::connect`] connect two processes, by
+//! [`Address`]:
 //!
 //! * a Unix socket path: processes of one host, exchanging connection cards (and, on
 //!   the emulated fabric, the shared-memory descriptors they carry) over the socket,

@@ -1,4 +1,5 @@
-//! Zero-copy transfers (seed 001 sec. 5): caller memory lent to the fabric.
+//! Zero-copy transfers (seed 001 sec. 5: the MPICH2 RDMA Channel paper, Liu et al.,
+//! IPDPS 2004): caller memory lent to the fabric.
 //!
 //! A buffer at or above the zero-copy threshold is not copied into the ring: the
 //! sender registers it and announces it ([`Sender::put_nocopy`]), and the receiver

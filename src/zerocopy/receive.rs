@@ -8,7 +8,8 @@ use crate::fabric::{Access, Fabric, Opcode, QueuePair, Sge, WorkRequest};
 
 impl<F: Fabric> Receiver<F> {
     /// As [`get`](Self::get), but never waits for the RDMA READs of a zero-copy
-    /// transfer (seed 001 sec. 5's `get`): when it reaches one it starts the reads into
+    /// transfer (the `get` of seed 001
+    /// sec. 5, the MPICH2 RDMA Channel paper): when it reaches one it starts the reads into
     /// `iov` and returns the bytes completed before them (possibly 0). While reads are
     /// in flight, call it again with an `iov` that starts with the same buffer; it
     /// returns 0 until they have landed, then counts them.

@@ -46,7 +46,8 @@
 //!
 //! The fabric guarantees of [`crate::fabric`] hold as on any RC queue pair: writes are
 //! placed in posting order, and the ring's "last word last" rule relies on in-order
-//! placement within a write, as seed 000 sec. 4.2 does for InfiniBand hardware.
+//! placement within a write, as seed 000 (Liu, Wu, Panda, ICS
+//! 2003) sec. 4.2 does for InfiniBand hardware.
 //!
 //! # Choosing device, port and GID
 //!

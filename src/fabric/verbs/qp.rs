@@ -553,8 +553,8 @@ fn link_layer_name(l: u8) -> &'static str {
 /// before; its users close by protocol before they drop it.)
 pub struct VerbsQp {
     /// The one work request and gather list this queue pair posts, reused for every
-    /// post (seed 000 sec. 4.3): constant fields are set once, each post patches the
-    /// rest. The lock also serialises posts from the two halves of a connection.
+    /// post (seed 000 sec. 4.3, Liu, Wu, Panda, ICS 2003): constant fields are set
+    /// once, each post patches the rest. The lock also serialises posts from the two halves of a connection.
     descriptor: Mutex<Box<Descriptor>>,
     qp: RcQueuePair,
     ctx: Arc<Context>,

@@ -124,8 +124,6 @@ pub enum WireError {
     Truncated,
     /// The kind field is not a known [`PacketKind`].
     UnknownKind(u8),
-    /// The length does not fit the cell count the ring allows.
-    BadLength(u32),
 }
 
 impl fmt::Display for WireError {
@@ -133,7 +131,6 @@ impl fmt::Display for WireError {
         match self {
             WireError::Truncated => write!(f, "packet header truncated"),
             WireError::UnknownKind(k) => write!(f, "unknown packet kind {k}"),
-            WireError::BadLength(l) => write!(f, "packet length {l} exceeds the chunk limit"),
         }
     }
 }

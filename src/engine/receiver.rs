@@ -152,50 +152,57 @@ impl<F: Fabric> Receiver<F> {
                     self.finish_packet();
                 }
                 PacketKind::Rendezvous => {
-                    let mut desc = [0u8; Rendezvous::encoded_len(MAX_RNDV_SEGS)];
-                    if len > desc.len() {
-                        return Err(self.link.fail(
-                            io::ErrorKind::InvalidData,
-                            format!("protocol error: rendezvous of {len} bytes"),
-                        ));
-                    }
-                    // The packet is fully visible (the trailer check above).
-                    let at = self.read_pos + PAYLOAD_OFFSET as u64;
-                    self.link.ring.copy_out(at, &mut desc[..len]);
-                    let r = Rendezvous::new_checked(&desc[..len]).map_err(|e| {
-                        self.link
-                            .fail(io::ErrorKind::InvalidData, format!("protocol error: {e}"))
-                    })?;
-                    if r.id() != self.zc_expected_id {
-                        return Err(self.link.fail(
-                            io::ErrorKind::InvalidData,
-                            format!(
-                                "protocol error: rendezvous {} where {} was due",
-                                r.id(),
-                                self.zc_expected_id
-                            ),
-                        ));
-                    }
-                    let mut z = ZcRecv {
-                        id: r.id(),
-                        total: r.total(),
-                        done: 0,
-                        count: r.count(),
-                        segs: [RndvSeg::default(); MAX_RNDV_SEGS],
-                        seg: 0,
-                        seg_off: 0,
-                    };
-                    for i in 0..z.count {
-                        z.segs[i] = r.seg(i);
-                    }
-                    self.zc_expected_id += 1;
-                    self.zc = Some(z);
+                    self.take_rendezvous(len)?;
                     // The announcement is copied out: its cells can be reused at once.
                     self.finish_packet();
                     return Ok(true);
                 }
             }
         }
+    }
+
+    /// Reads the rendezvous announcement of `len` bytes at the read position (the
+    /// packet is fully visible) and makes it the transfer being read.
+    fn take_rendezvous(&mut self, len: usize) -> io::Result<()> {
+        let mut desc = [0u8; Rendezvous::encoded_len(MAX_RNDV_SEGS)];
+        if len > desc.len() {
+            return Err(self.link.fail(
+                io::ErrorKind::InvalidData,
+                format!("protocol error: rendezvous of {len} bytes"),
+            ));
+        }
+        self.link
+            .ring
+            .copy_out(self.read_pos + PAYLOAD_OFFSET as u64, &mut desc[..len]);
+        let r = Rendezvous::new_checked(&desc[..len]).map_err(|e| {
+            self.link
+                .fail(io::ErrorKind::InvalidData, format!("protocol error: {e}"))
+        })?;
+        if r.id() != self.zc_expected_id {
+            return Err(self.link.fail(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "protocol error: rendezvous {} where {} was due",
+                    r.id(),
+                    self.zc_expected_id
+                ),
+            ));
+        }
+        let mut z = ZcRecv {
+            id: r.id(),
+            total: r.total(),
+            done: 0,
+            count: r.count(),
+            segs: [RndvSeg::default(); MAX_RNDV_SEGS],
+            seg: 0,
+            seg_off: 0,
+        };
+        for i in 0..z.count {
+            z.segs[i] = r.seg(i);
+        }
+        self.zc_expected_id += 1;
+        self.zc = Some(z);
+        Ok(())
     }
 
     /// Completes reads started by `start_reads`: waits for them
@@ -353,26 +360,14 @@ impl<F: Fabric> Receiver<F> {
                     break;
                 }
                 if self.zc.is_some() {
-                    if mode == GetMode::RingOnly {
-                        // The zero-copy transfer is left for get_nowait.
-                        done += at;
-                        self.after_get(done)?;
-                        return Ok(done);
-                    }
-                    if !nowait {
-                        at += self.read_zero_copy(&mut buf[at..])?;
-                        continue;
-                    }
-                    let GetMode::NoWait(lent) = mode else {
-                        unreachable!("nowait is NoWait")
-                    };
-                    let r = self.start_reads_lent(&mut buf[at..], lent)?;
-                    match self.finish_reads(r, false)? {
+                    match self.zero_copy_step(&mut buf[at..], mode)? {
                         Some(n) => {
                             at += n;
                             continue;
                         }
                         None => {
+                            // Stopped at the transfer (get_buffered) or reads left in
+                            // flight (get_nowait): what came before it is the answer.
                             done += at;
                             self.maintain()?;
                             return Ok(done);
@@ -399,6 +394,20 @@ impl<F: Fabric> Receiver<F> {
         }
         self.after_get(done)?;
         Ok(done)
+    }
+
+    /// One step of a `get` at a zero-copy transfer, by `mode`: the bytes that landed
+    /// in `buf`, or `None` when the get stops here (`RingOnly` leaves the transfer to
+    /// `get_nowait`; `NoWait` left its reads in flight).
+    fn zero_copy_step(&mut self, buf: &mut [u8], mode: GetMode) -> io::Result<Option<usize>> {
+        match mode {
+            GetMode::RingOnly => Ok(None),
+            GetMode::Wait => self.read_zero_copy(buf).map(Some),
+            GetMode::NoWait(lent) => {
+                let r = self.start_reads_lent(buf, lent)?;
+                self.finish_reads(r, false)
+            }
+        }
     }
 
     /// Delayed tail update and credit service, run after every `get`.

@@ -220,43 +220,12 @@ impl<F: Fabric> Sender<F> {
             return Err(e);
         }
         let total: usize = iov.iter().map(|s| s.len()).sum();
-        let (mut idx, mut off, mut done) = (0usize, 0usize, 0usize);
         // An announced transfer is settled first: a peer that read it and then closed
         // its reading side has still received it, and the count must say so.
-        if let Some(p) = &self.pending {
-            // The caller must offer the announced buffers again, first.
-            let mut matched = 0;
-            for s in iov.iter().filter(|s| !s.is_empty()).take(p.count) {
-                let seg = &p.segs[matched];
-                if s.as_ptr() as u64 != seg.addr || s.len() as u64 != seg.len {
-                    break;
-                }
-                matched += 1;
-            }
-            if matched < p.count {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "a zero-copy put is in flight: offer the same buffers again until it is counted",
-                ));
-            }
-            let id = p.id;
-            if !self.zc_confirmed(id)? {
-                return Ok(0);
-            }
-            let p = self.pending.take().expect("checked above");
-            for h in p.handles.iter().take(p.count).flatten() {
-                self.link.rcache.release(*h);
-            }
-            done = p.total();
-            // Skip past the announced buffers.
-            let mut seen = 0;
-            while seen < p.count {
-                if !iov[idx].is_empty() {
-                    seen += 1;
-                }
-                idx += 1;
-            }
-        }
+        let Some((mut done, mut idx)) = self.settle_pending(iov)? else {
+            return Ok(0);
+        };
+        let mut off = 0;
         let link = &*self.link;
         if let Err(e) = link.check_peer_reading() {
             return if done > 0 { Ok(done) } else { Err(e) };
@@ -298,19 +267,55 @@ impl<F: Fabric> Sender<F> {
             }
             let n = self.write_packet(&iov[idx..], off, eager_left.min(room))?;
             done += n;
-            // Advance the cursor by n bytes.
-            let mut left = n;
-            while left > 0 {
-                let here = (iov[idx].len() - off).min(left);
-                off += here;
-                left -= here;
-                if off == iov[idx].len() {
-                    idx += 1;
-                    off = 0;
-                }
-            }
+            (idx, off) = advance(iov, idx, off, n);
         }
         Ok(done)
+    }
+
+    /// Settles an announced zero-copy transfer before anything else is sent: `None`
+    /// while the peer has not read it all, else the bytes it counts for and the
+    /// index of the first slice after its buffers (`(0, 0)` when none was pending).
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if `iov` does not start with the announced buffers; the
+    /// connection's error.
+    fn settle_pending(&mut self, iov: &[IoSlice<'_>]) -> io::Result<Option<(usize, usize)>> {
+        let Some(p) = &self.pending else {
+            return Ok(Some((0, 0)));
+        };
+        // The caller must offer the announced buffers again, first.
+        let mut matched = 0;
+        for s in iov.iter().filter(|s| !s.is_empty()).take(p.count) {
+            let seg = &p.segs[matched];
+            if s.as_ptr() as u64 != seg.addr || s.len() as u64 != seg.len {
+                break;
+            }
+            matched += 1;
+        }
+        if matched < p.count {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a zero-copy put is in flight: offer the same buffers again until it is counted",
+            ));
+        }
+        let id = p.id;
+        if !self.zc_confirmed(id)? {
+            return Ok(None);
+        }
+        let p = self.pending.take().expect("checked above");
+        for h in p.handles.iter().take(p.count).flatten() {
+            self.link.rcache.release(*h);
+        }
+        // Skip past the announced buffers.
+        let (mut idx, mut seen) = (0, 0);
+        while seen < p.count {
+            if !iov[idx].is_empty() {
+                seen += 1;
+            }
+            idx += 1;
+        }
+        Ok(Some((p.total(), idx)))
     }
 
     /// Writes one packet of at most `want` payload bytes starting at byte `skip` of
@@ -574,4 +579,20 @@ impl<F: Fabric> Drop for Sender<F> {
         self.abort_pending();
         let _ = self.close();
     }
+}
+
+/// The cursor `(slice, offset)` in `iov` moved `n` bytes forward.
+#[inline]
+fn advance(iov: &[IoSlice<'_>], mut idx: usize, mut off: usize, n: usize) -> (usize, usize) {
+    let mut left = n;
+    while left > 0 {
+        let here = (iov[idx].len() - off).min(left);
+        off += here;
+        left -= here;
+        if off == iov[idx].len() {
+            idx += 1;
+            off = 0;
+        }
+    }
+    (idx, off)
 }

@@ -35,7 +35,7 @@ fn vm_pin_kib() -> u64 {
 
 fn main() -> std::io::Result<()> {
     let hub = AnyFabric::from_env()?;
-    let cfg = Config::default().zero_copy_private_threshold(Some(64 << 10));
+    let cfg = Config::default().with_zero_copy_private_threshold(Some(64 << 10));
     let pin_before = vm_pin_kib();
     let mut senders = Vec::new();
     let mut readers = Vec::new();

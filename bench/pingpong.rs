@@ -67,9 +67,9 @@ fn main() -> io::Result<()> {
         );
         println!(
             "# ring {} B, chunk {} B, tail threshold {} B; one-way latency = half the mean round trip",
-            cfg.ring_size_bytes(),
-            cfg.chunk_size_bytes(),
-            cfg.tail_threshold_bytes()
+            cfg.ring_size(),
+            cfg.chunk_size(),
+            cfg.tail_threshold()
         );
         println!(
             "# buffers: {} (separate send and receive buffers, as osu_latency/osu_bw); default zero-copy thresholds",

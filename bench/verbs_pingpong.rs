@@ -53,11 +53,11 @@ fn config() -> io::Result<Config> {
     let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
     let mut cfg = Config::from_env()?;
     if !set("RCH_RING_SIZE") {
-        cfg = cfg.ring_size(DEFAULT_RING);
+        cfg = cfg.with_ring_size(DEFAULT_RING);
     }
     if !set("RCH_CHUNK_SIZE") {
-        let chunk = DEFAULT_CHUNK.min(cfg.ring_size_bytes() / 2);
-        cfg = cfg.chunk_size(chunk);
+        let chunk = DEFAULT_CHUNK.min(cfg.ring_size() / 2);
+        cfg = cfg.with_chunk_size(chunk);
     }
     cfg.validate()?;
     Ok(cfg)
@@ -203,9 +203,9 @@ fn main() -> io::Result<()> {
         println!(
             "# ring {} B, chunk {} B, tail threshold {} B; one-way latency = half the mean round trip; \
              bandwidth: {WINDOW} messages in flight, MB = 2^20 B",
-            cfg.ring_size_bytes(),
-            cfg.chunk_size_bytes(),
-            cfg.tail_threshold_bytes()
+            cfg.ring_size(),
+            cfg.chunk_size(),
+            cfg.tail_threshold()
         );
         println!(
             "{:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9}",

@@ -72,13 +72,17 @@ impl Tun {
 
     fn config(&self) -> Config {
         let c = Config::default()
-            .ring_size(self.ring)
-            .chunk_size(self.chunk)
-            .tail_threshold(self.threshold)
+            .with_ring_size(self.ring)
+            .with_chunk_size(self.chunk)
+            .with_tail_threshold(self.threshold)
             // Blocking waits (only the blocking tests use them) poll briefly, then sleep.
-            .wait_policy(200, 20, Duration::from_micros(200));
+            .with_wait_policy(rdma_channel::config::WaitPolicy {
+                spin: 200,
+                yields: 20,
+                sleep_max: Duration::from_micros(200),
+            });
         match self.max_inline {
-            Some(i) => c.max_inline(i),
+            Some(i) => c.with_max_inline(i),
             None => c,
         }
     }
@@ -1862,24 +1866,24 @@ fn vectored_blocking_io_round_trip() {
 fn invalid_configurations_are_rejected() {
     bounded("invalid_configurations_are_rejected", || {
         let bad = [
-            Config::default().ring_size(5000),
-            Config::default().ring_size(2048).chunk_size(1024),
-            Config::default().ring_size(2 << 30),
-            Config::default().ring_size(4096).chunk_size(64),
-            Config::default().ring_size(4096).chunk_size(200),
-            Config::default().ring_size(4096).chunk_size(4096),
+            Config::default().with_ring_size(5000),
+            Config::default().with_ring_size(2048).with_chunk_size(1024),
+            Config::default().with_ring_size(2 << 30),
+            Config::default().with_ring_size(4096).with_chunk_size(64),
+            Config::default().with_ring_size(4096).with_chunk_size(200),
+            Config::default().with_ring_size(4096).with_chunk_size(4096),
             Config::default()
-                .ring_size(4096)
-                .chunk_size(1024)
-                .tail_threshold(0),
+                .with_ring_size(4096)
+                .with_chunk_size(1024)
+                .with_tail_threshold(0),
             Config::default()
-                .ring_size(4096)
-                .chunk_size(1024)
-                .tail_threshold(4096 - 63),
+                .with_ring_size(4096)
+                .with_chunk_size(1024)
+                .with_tail_threshold(4096 - 63),
             Config::default()
-                .ring_size(4096)
-                .chunk_size(1024)
-                .max_inline(63),
+                .with_ring_size(4096)
+                .with_chunk_size(1024)
+                .with_max_inline(63),
         ];
         for cfg in bad {
             match RdmaStream::pair_with(cfg.clone()) {
@@ -1889,14 +1893,14 @@ fn invalid_configurations_are_rejected() {
         }
         let good = [
             Config::default()
-                .ring_size(4096)
-                .chunk_size(128)
-                .tail_threshold(1)
-                .max_inline(64),
+                .with_ring_size(4096)
+                .with_chunk_size(128)
+                .with_tail_threshold(1)
+                .with_max_inline(64),
             Config::default()
-                .ring_size(4096)
-                .chunk_size(2048)
-                .tail_threshold(4096 - 64),
+                .with_ring_size(4096)
+                .with_chunk_size(2048)
+                .with_tail_threshold(4096 - 64),
         ];
         for cfg in good {
             let (mut a, mut b) =

@@ -219,7 +219,9 @@ fn nonblocking_put_get_model_across_hosts() {
         return;
     }
     for seed in 0..u64::from(scaled(4)) {
-        let cfg = Config::default().ring_size(64 << 10).chunk_size(8 << 10);
+        let cfg = Config::default()
+            .with_ring_size(64 << 10)
+            .with_chunk_size(8 << 10);
         let (l, target) = listen(cfg.clone());
         let mut peer = spawn_peer("echo_role", &[(ROLE, "echo".into()), (TARGET, target)]);
         let s = accept_from(l, &mut peer);
@@ -288,7 +290,9 @@ fn echo_role() {
     if role().as_deref() != Some("echo") {
         return;
     }
-    let cfg = Config::default().ring_size(64 << 10).chunk_size(8 << 10);
+    let cfg = Config::default()
+        .with_ring_size(64 << 10)
+        .with_chunk_size(8 << 10);
     let s = RdmaStream::connect_with(env(TARGET).as_str(), cfg).expect("connect");
     let (mut r, mut w) = s.split();
     let mut buf = vec![0u8; 64 << 10];
@@ -335,7 +339,7 @@ fn connect_to_an_absent_host_fails_within_the_timeout() {
     let ip: std::net::Ipv4Addr = my_ip().parse().expect("an IPv4 address");
     let o = ip.octets();
     let absent = format!("{}.{}.{}.{}:7471", o[0], o[1], o[2], 250);
-    let cfg = Config::default().connect_timeout(Duration::from_secs(3));
+    let cfg = Config::default().with_connect_timeout(Duration::from_secs(3));
     let t = Instant::now();
     let e = RdmaStream::connect_with(absent.as_str(), cfg)
         .err()
@@ -365,7 +369,11 @@ fn listener_serves_concurrent_connects() {
     if no_rdma("listener_serves_concurrent_connects") {
         return;
     }
-    let (l, target) = listen(Config::default().ring_size(64 << 10).chunk_size(8 << 10));
+    let (l, target) = listen(
+        Config::default()
+            .with_ring_size(64 << 10)
+            .with_chunk_size(8 << 10),
+    );
     let peer = spawn_peer("many_role", &[(ROLE, "many".into()), (TARGET, target)]);
     let l = std::sync::Arc::new(l);
     let mut servers = Vec::new();
@@ -406,7 +414,9 @@ fn many_role() {
         return;
     }
     let target = env(TARGET);
-    let cfg = Config::default().ring_size(64 << 10).chunk_size(8 << 10);
+    let cfg = Config::default()
+        .with_ring_size(64 << 10)
+        .with_chunk_size(8 << 10);
     let clients: Vec<_> = (0..CONNECTIONS as u8)
         .map(|i| {
             let (t, c) = (target.clone(), cfg.clone());

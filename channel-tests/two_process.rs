@@ -93,7 +93,7 @@ fn transfer_bytes() -> u64 {
 /// The defaults, but heap buffers from 256 KiB also go zero-copy (on the emulated
 /// fabric they would not by default), so all three paths carry the gigabyte.
 fn exchange_config() -> Config {
-    Config::default().zero_copy_private_threshold(Some(256 << 10))
+    Config::default().with_zero_copy_private_threshold(Some(256 << 10))
 }
 
 #[test]
@@ -265,13 +265,7 @@ fn from_env_child() {
     };
     fmt(
         "from_env",
-        Config::from_env().map(|c| {
-            format!(
-                "ring={} chunk={}",
-                c.ring_size_bytes(),
-                c.chunk_size_bytes()
-            )
-        }),
+        Config::from_env().map(|c| format!("ring={} chunk={}", c.ring_size(), c.chunk_size())),
     );
     fmt("pair", RdmaStream::pair().map(|_| String::new()));
     let dir = scratch_dir("from-env");
@@ -395,14 +389,14 @@ fn listener_with_mismatched_configurations() {
         let dir = scratch_dir("mismatch");
         let _cleanup = RemoveOnDrop(dir.clone());
         let small = Config::default()
-            .ring_size(4096)
-            .chunk_size(128)
-            .tail_threshold(1)
-            .max_inline(64);
+            .with_ring_size(4096)
+            .with_chunk_size(128)
+            .with_tail_threshold(1)
+            .with_max_inline(64);
         let large = Config::default()
-            .ring_size(1 << 20)
-            .chunk_size(256 << 10)
-            .tail_threshold((1 << 20) - 64);
+            .with_ring_size(1 << 20)
+            .with_chunk_size(256 << 10)
+            .with_tail_threshold((1 << 20) - 64);
         let (s, c) = connect_pair(&dir.join("a"), small.clone(), large.clone());
         blocking_exchange(s, c, 4 << 20);
         let (s, c) = connect_pair(&dir.join("b"), large, small);
@@ -419,7 +413,7 @@ fn listener_accepts_sequential_connections_and_try_calls_work() {
         let dir = scratch_dir("seq");
         let _cleanup = RemoveOnDrop(dir.clone());
         let path = dir.join("sock");
-        let cfg = Config::default().ring_size(8192).chunk_size(1024);
+        let cfg = Config::default().with_ring_size(8192).with_chunk_size(1024);
         let listener = RdmaListener::bind_with(&path, cfg.clone()).unwrap();
         for i in 0..5u8 {
             let p = path.clone();
@@ -470,7 +464,7 @@ fn connect_without_listener_fails_with_the_path() {
         let _l = RdmaListener::bind_with(&path, Config::default())
             .expect("rebinding over a stale socket");
         // An invalid configuration is refused at bind time.
-        let e = RdmaListener::bind_with(dir.join("x"), Config::default().ring_size(1000))
+        let e = RdmaListener::bind_with(dir.join("x"), Config::default().with_ring_size(1000))
             .err()
             .expect("bad config");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);

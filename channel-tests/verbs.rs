@@ -373,7 +373,9 @@ fn stream_byte(i: u64) -> u8 {
 fn engine_end_to_end() {
     let fa = fabric_or_skip!();
     let fb = VerbsFabric::open().unwrap();
-    let cfg = Config::default().ring_size(1 << 20).chunk_size(64 << 10);
+    let cfg = Config::default()
+        .with_ring_size(1 << 20)
+        .with_chunk_size(64 << 10);
     let a = Prepared::new(fa, cfg.clone()).unwrap();
     let b = Prepared::new(fb, cfg).unwrap();
     let (card_a, card_b) = (a.card().unwrap(), b.card().unwrap());
@@ -442,7 +444,9 @@ fn engine_end_to_end() {
 fn stream_handshake_over_unix_socket() {
     let f = fabric_or_skip!();
     let (sa, sb) = UnixStream::pair().unwrap();
-    let cfg = Config::default().ring_size(256 << 10).chunk_size(32 << 10);
+    let cfg = Config::default()
+        .with_ring_size(256 << 10)
+        .with_chunk_size(32 << 10);
     let cfg2 = cfg.clone();
     const TOTAL: usize = 2 << 20;
     let peer = std::thread::spawn(move || {
@@ -579,11 +583,11 @@ fn model_random_sequences_on_verbs() {
         let ring = 4096usize << rng.below(5); // 4 KiB .. 64 KiB
         let chunk = (128 + 64 * rng.below((ring as u64 / 2 - 128) / 64 + 1)) as usize;
         let mut cfg = Config::default()
-            .ring_size(ring)
-            .chunk_size(chunk)
-            .tail_threshold(1 + rng.below(ring as u64 - 64) as usize);
+            .with_ring_size(ring)
+            .with_chunk_size(chunk)
+            .with_tail_threshold(1 + rng.below(ring as u64 - 64) as usize);
         if rng.below(3) == 0 {
-            cfg = cfg.max_inline(64 + rng.below(1000) as usize);
+            cfg = cfg.with_max_inline(64 + rng.below(1000) as usize);
         }
         let a = Prepared::new(f.clone(), cfg.clone()).unwrap();
         let b = Prepared::new(f.clone(), cfg.clone()).unwrap();
@@ -718,7 +722,9 @@ fn verbs_two_process_child() {
 }
 
 fn verbs_exchange_config() -> Config {
-    Config::default().ring_size(1 << 20).chunk_size(64 << 10)
+    Config::default()
+        .with_ring_size(1 << 20)
+        .with_chunk_size(64 << 10)
 }
 
 /// Two processes on one RDMA device exchange `RCH_TEST_VERBS_BYTES` (default 64 MiB;
@@ -795,10 +801,10 @@ fn zero_copy_model_on_verbs() {
         let mut rng = Rng::new(0x2c0c_0000 + case);
         let ring = 4096usize << rng.below(5);
         let cfg = Config::default()
-            .ring_size(ring)
-            .chunk_size((ring / 2).min(64 << 10))
-            .zero_copy_threshold(Some(1 << rng.below(17)))
-            .zero_copy_private_threshold(Some(1 << rng.below(19)));
+            .with_ring_size(ring)
+            .with_chunk_size((ring / 2).min(64 << 10))
+            .with_zero_copy_threshold(Some(1 << rng.below(17)))
+            .with_zero_copy_private_threshold(Some(1 << rng.below(19)));
         let (mut a, mut b) = verbs_channels(&f, cfg.clone());
         let zc = common::zc::ZcCase {
             seed: rng.next_u64(),
@@ -830,8 +836,8 @@ fn unmapped_and_remapped_buffer_on_verbs() {
     const ROUNDS: usize = 20;
     let f = fabric_or_skip!();
     let cfg = Config::default()
-        .ring_size(1 << 20)
-        .zero_copy_private_threshold(Some(4096));
+        .with_ring_size(1 << 20)
+        .with_zero_copy_private_threshold(Some(4096));
     let (a, mut b) = verbs_channels(&f, cfg);
     let mode = a.registration_cache().watch_mode();
     let writer = std::thread::spawn(move || {

@@ -29,11 +29,15 @@ fn chan_pair(cfg: Config) -> (Channel<AnyFabric>, Channel<AnyFabric>) {
 
 fn zc_config(ring: usize, chunk: usize, alloc_t: usize, private_t: usize) -> Config {
     Config::default()
-        .ring_size(ring)
-        .chunk_size(chunk)
-        .zero_copy_threshold(Some(alloc_t))
-        .zero_copy_private_threshold(Some(private_t))
-        .wait_policy(200, 20, Duration::from_micros(200))
+        .with_ring_size(ring)
+        .with_chunk_size(chunk)
+        .with_zero_copy_threshold(Some(alloc_t))
+        .with_zero_copy_private_threshold(Some(private_t))
+        .with_wait_policy(rdma_channel::config::WaitPolicy {
+            spin: 200,
+            yields: 20,
+            sleep_max: Duration::from_micros(200),
+        })
 }
 
 fn case_strategy() -> impl Strategy<Value = (Config, ZcCase)> {
@@ -189,7 +193,12 @@ fn unmapped_and_remapped_buffer_is_never_sent_stale() {
 /// Sending from many distinct buffers keeps the cache within its bounds.
 #[test]
 fn registration_cache_stays_within_its_bounds() {
-    let cfg = zc_config(1 << 20, 64 << 10, 4096, 4096).registration_cache(4, 1 << 20);
+    let cfg = zc_config(1 << 20, 64 << 10, 4096, 4096).with_registration_cache(
+        rdma_channel::rcache::CacheLimits {
+            max_entries: 4,
+            max_bytes: 1 << 20,
+        },
+    );
     let (mut a, mut b) = RdmaStream::pair_with(cfg).unwrap();
     let bufs: Vec<Vec<u8>> = (0..24).map(|i| vec![i as u8; 64 << 10]).collect();
     let reader = std::thread::spawn(move || {

@@ -13,8 +13,8 @@
 //! | `RCH_SLEEP_MAX_US` | longest sleep between polls | 1000 |
 //! | `RCH_ZCOPY_THRESHOLD` | smallest buffer from [`alloc_mem`](crate::Channel::alloc_mem) sent zero-copy (`off` to disable) | fabric's |
 //! | `RCH_ZCOPY_PRIVATE_THRESHOLD` | the same for any other memory | fabric's |
-//! | `RCH_RCACHE_ENTRIES` | most cached registrations per connection | 512 |
-//! | `RCH_RCACHE_BYTES` | most bytes of cached registrations per connection | 1 GiB |
+//! | `RCH_RCACHE_ENTRIES` | most cached registrations per protection domain | 512 |
+//! | `RCH_RCACHE_BYTES` | most bytes of cached registrations per protection domain | 1 GiB |
 //! | `RCH_CONNECT_TIMEOUT_MS` | limit on connecting by address (resolution, request, reply) | 10000 |
 //! | `RCH_FABRIC` | fabric of the [`RdmaStream`](crate::RdmaStream) constructors and [`RdmaListener`](crate::RdmaListener): `emulated` or `verbs` (feature `verbs`; device from `RCH_IB_*`) | `emulated` |
 //!
@@ -36,13 +36,16 @@
 use std::io;
 use std::time::Duration;
 
+use crate::fabric::ZeroCopyThresholds;
+use crate::rcache::CacheLimits;
+
 /// Connection tunables.
 ///
 /// ```
 /// use rdma_channel::Config;
-/// let cfg = Config::default().ring_size(1 << 20).chunk_size(32 << 10);
+/// let cfg = Config::default().with_ring_size(1 << 20).with_chunk_size(32 << 10);
 /// cfg.validate().unwrap();
-/// assert_eq!(cfg.ring_size_bytes(), 1 << 20);
+/// assert_eq!(cfg.ring_size(), 1 << 20);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -50,18 +53,41 @@ pub struct Config {
     chunk_size: usize,
     tail_threshold: Option<usize>,
     max_inline: Option<usize>,
-    spin: u32,
-    yields: u32,
-    sleep_max: Duration,
-    /// The spin or yield count was chosen (RCH_SPIN, RCH_YIELD, `wait_policy`), so
-    /// no automatic adjustment may override it.
+    wait: WaitPolicy,
+    /// The spin or yield count was chosen (RCH_SPIN, RCH_YIELD, `with_wait_policy`),
+    /// so no automatic adjustment may override it.
     wait_set: bool,
-    zcopy_threshold: Option<usize>,
-    zcopy_private_threshold: Option<usize>,
-    rcache_entries: usize,
-    rcache_bytes: usize,
+    zero_copy: ZeroCopyThresholds<Option<usize>>,
+    rcache: CacheLimits,
     connect_timeout: Duration,
 }
+
+/// How a blocking wait polls: `spin` busy polls, then `yields` calls to
+/// `sched_yield`, then sleeps doubling from 1 us up to `sleep_max`.
+///
+/// ```
+/// use std::time::Duration;
+/// use rdma_channel::config::WaitPolicy;
+/// let p = WaitPolicy { spin: 100, yields: 0, sleep_max: Duration::from_micros(500) };
+/// let cfg = rdma_channel::Config::default().with_wait_policy(p);
+/// assert_eq!(cfg.wait_policy(), p);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitPolicy {
+    /// Busy polls before the first yield.
+    pub spin: u32,
+    /// Yields before the first sleep.
+    pub yields: u32,
+    /// Longest sleep between two polls.
+    pub sleep_max: Duration,
+}
+
+/// The default wait policy: see the module docs for how it was chosen.
+pub const DEFAULT_WAIT_POLICY: WaitPolicy = WaitPolicy {
+    spin: 2_000,
+    yields: 50_000,
+    sleep_max: Duration::from_micros(1000),
+};
 
 /// Default receive ring size, chosen with `bench/sweep.sh` (see README): rings that hold
 /// a whole 64-message window let sender and receiver run decoupled.
@@ -78,14 +104,13 @@ impl Default for Config {
             chunk_size: DEFAULT_CHUNK_SIZE,
             tail_threshold: None,
             max_inline: None,
-            spin: 2_000,
-            yields: 50_000,
+            wait: DEFAULT_WAIT_POLICY,
             wait_set: false,
-            sleep_max: Duration::from_micros(1000),
-            zcopy_threshold: None,
-            zcopy_private_threshold: None,
-            rcache_entries: 512,
-            rcache_bytes: 1 << 30,
+            zero_copy: ZeroCopyThresholds {
+                alloc_mem: None,
+                other: None,
+            },
+            rcache: CacheLimits::default(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
     }
@@ -164,15 +189,15 @@ impl Config {
             check(&c, "RCH_MAX_INLINE")?;
         }
         if let Some(v) = var("RCH_SPIN") {
-            c.spin = num("RCH_SPIN", v)?.min(u32::MAX as u64) as u32;
+            c.wait.spin = num("RCH_SPIN", v)?.min(u32::MAX as u64) as u32;
             c.wait_set = true;
         }
         if let Some(v) = var("RCH_YIELD") {
-            c.yields = num("RCH_YIELD", v)?.min(u32::MAX as u64) as u32;
+            c.wait.yields = num("RCH_YIELD", v)?.min(u32::MAX as u64) as u32;
             c.wait_set = true;
         }
         if let Some(v) = var("RCH_SLEEP_MAX_US") {
-            c.sleep_max = Duration::from_micros(num("RCH_SLEEP_MAX_US", v)?);
+            c.wait.sleep_max = Duration::from_micros(num("RCH_SLEEP_MAX_US", v)?);
         }
         let threshold = |name: &str, v: String| {
             if v.trim().eq_ignore_ascii_case("off") {
@@ -182,19 +207,19 @@ impl Config {
             }
         };
         if let Some(v) = var("RCH_ZCOPY_THRESHOLD") {
-            c.zcopy_threshold = Some(threshold("RCH_ZCOPY_THRESHOLD", v)?);
+            c.zero_copy.alloc_mem = Some(threshold("RCH_ZCOPY_THRESHOLD", v)?);
             check(&c, "RCH_ZCOPY_THRESHOLD")?;
         }
         if let Some(v) = var("RCH_ZCOPY_PRIVATE_THRESHOLD") {
-            c.zcopy_private_threshold = Some(threshold("RCH_ZCOPY_PRIVATE_THRESHOLD", v)?);
+            c.zero_copy.other = Some(threshold("RCH_ZCOPY_PRIVATE_THRESHOLD", v)?);
             check(&c, "RCH_ZCOPY_PRIVATE_THRESHOLD")?;
         }
         if let Some(v) = var("RCH_RCACHE_ENTRIES") {
-            c.rcache_entries = num("RCH_RCACHE_ENTRIES", v)?.min(usize::MAX as u64) as usize;
+            c.rcache.max_entries = num("RCH_RCACHE_ENTRIES", v)?.min(usize::MAX as u64) as usize;
             check(&c, "RCH_RCACHE_ENTRIES")?;
         }
         if let Some(v) = var("RCH_RCACHE_BYTES") {
-            c.rcache_bytes = size("RCH_RCACHE_BYTES", v)?;
+            c.rcache.max_bytes = size("RCH_RCACHE_BYTES", v)?;
             check(&c, "RCH_RCACHE_BYTES")?;
         }
         if let Some(v) = var("RCH_CONNECT_TIMEOUT_MS") {
@@ -205,38 +230,35 @@ impl Config {
     }
 
     /// Sets the receive ring size in bytes.
-    pub fn ring_size(mut self, bytes: usize) -> Self {
+    pub fn with_ring_size(mut self, bytes: usize) -> Self {
         self.ring_size = bytes;
         self
     }
 
     /// Sets the largest packet in bytes (the pipelining unit of
     /// the MPICH2 RDMA Channel paper, seed 001, sec. 4.4).
-    pub fn chunk_size(mut self, bytes: usize) -> Self {
+    pub fn with_chunk_size(mut self, bytes: usize) -> Self {
         self.chunk_size = bytes;
         self
     }
 
     /// Sets how many consumed bytes the receiver accumulates before it sends an explicit
     /// tail update (seed 001 sec. 4.3's delayed update).
-    pub fn tail_threshold(mut self, bytes: usize) -> Self {
+    pub fn with_tail_threshold(mut self, bytes: usize) -> Self {
         self.tail_threshold = Some(bytes);
         self
     }
 
     /// Caps inline writes below the fabric's limit (larger packets go through the
     /// registered staging buffer of seed 001 sec. 4.2).
-    pub fn max_inline(mut self, bytes: usize) -> Self {
+    pub fn with_max_inline(mut self, bytes: usize) -> Self {
         self.max_inline = Some(bytes);
         self
     }
 
-    /// Sets the blocking-wait policy: `spin` busy polls, then `yields` yields, then
-    /// sleeps doubling from 1 us up to `sleep_max`.
-    pub fn wait_policy(mut self, spin: u32, yields: u32, sleep_max: Duration) -> Self {
-        self.spin = spin;
-        self.yields = yields;
-        self.sleep_max = sleep_max;
+    /// Sets the blocking-wait policy.
+    pub fn with_wait_policy(mut self, policy: WaitPolicy) -> Self {
+        self.wait = policy;
         self.wait_set = true;
         self
     }
@@ -244,22 +266,22 @@ impl Config {
     /// Sets the smallest buffer sent zero-copy when it lies in memory from
     /// [`alloc_mem`](crate::Channel::alloc_mem) (`usize::MAX` disables); `None` keeps the
     /// fabric's measured default.
-    pub fn zero_copy_threshold(mut self, bytes: Option<usize>) -> Self {
-        self.zcopy_threshold = bytes;
+    pub fn with_zero_copy_threshold(mut self, bytes: Option<usize>) -> Self {
+        self.zero_copy.alloc_mem = bytes;
         self
     }
 
     /// Sets the smallest buffer in any other memory sent zero-copy (`usize::MAX`
     /// disables); `None` keeps the fabric's measured default.
-    pub fn zero_copy_private_threshold(mut self, bytes: Option<usize>) -> Self {
-        self.zcopy_private_threshold = bytes;
+    pub fn with_zero_copy_private_threshold(mut self, bytes: Option<usize>) -> Self {
+        self.zero_copy.other = bytes;
         self
     }
 
-    /// Bounds the registration cache of each connection.
-    pub fn registration_cache(mut self, max_entries: usize, max_bytes: usize) -> Self {
-        self.rcache_entries = max_entries;
-        self.rcache_bytes = max_bytes;
+    /// Bounds the registration cache of the connection's protection domain (the
+    /// first connection of a domain decides them).
+    pub fn with_registration_cache(mut self, limits: CacheLimits) -> Self {
+        self.rcache = limits;
         self
     }
 
@@ -268,57 +290,57 @@ impl Config {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let cfg = rdma_channel::Config::default().connect_timeout(Duration::from_secs(2));
-    /// assert_eq!(cfg.connect_timeout_duration(), Duration::from_secs(2));
+    /// let cfg = rdma_channel::Config::default().with_connect_timeout(Duration::from_secs(2));
+    /// assert_eq!(cfg.connect_timeout(), Duration::from_secs(2));
     /// ```
-    pub fn connect_timeout(mut self, limit: Duration) -> Self {
+    pub fn with_connect_timeout(mut self, limit: Duration) -> Self {
         self.connect_timeout = limit;
         self
     }
 
     /// The connect timeout in force.
-    pub fn connect_timeout_duration(&self) -> Duration {
+    pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }
 
-    /// Zero-copy thresholds set by the user, as (allocated memory, other memory).
-    pub fn zero_copy_thresholds(&self) -> (Option<usize>, Option<usize>) {
-        (self.zcopy_threshold, self.zcopy_private_threshold)
+    /// Zero-copy thresholds set by the user (`None`: the fabric's default).
+    pub fn zero_copy_thresholds(&self) -> ZeroCopyThresholds<Option<usize>> {
+        self.zero_copy
     }
 
-    /// Registration cache bounds as (entries, bytes).
-    pub fn registration_cache_limits(&self) -> (usize, usize) {
-        (self.rcache_entries, self.rcache_bytes)
+    /// Registration cache bounds.
+    pub fn registration_cache(&self) -> CacheLimits {
+        self.rcache
     }
 
     /// Receive ring size in bytes.
-    pub fn ring_size_bytes(&self) -> usize {
+    pub fn ring_size(&self) -> usize {
         self.ring_size
     }
 
     /// Largest packet in bytes.
-    pub fn chunk_size_bytes(&self) -> usize {
+    pub fn chunk_size(&self) -> usize {
         self.chunk_size
     }
 
     /// Explicit tail update threshold in bytes.
-    pub fn tail_threshold_bytes(&self) -> usize {
+    pub fn tail_threshold(&self) -> usize {
         self.tail_threshold.unwrap_or(self.ring_size / 4)
     }
 
     /// Inline cap set by the user, if any.
-    pub fn max_inline_bytes(&self) -> Option<usize> {
+    pub fn max_inline(&self) -> Option<usize> {
         self.max_inline
     }
 
-    /// The wait policy as (spins, yields, longest sleep).
-    pub fn wait(&self) -> (u32, u32, Duration) {
-        (self.spin, self.yields, self.sleep_max)
+    /// The wait policy in force.
+    pub fn wait_policy(&self) -> WaitPolicy {
+        self.wait
     }
 
     /// True when the spin or yield count was chosen (RCH_SPIN, RCH_YIELD or
-    /// [`wait_policy`](Self::wait_policy)) rather than left at its default.
-    pub fn wait_policy_set(&self) -> bool {
+    /// [`with_wait_policy`](Self::with_wait_policy)) rather than left at its default.
+    pub fn wait_policy_is_set(&self) -> bool {
         self.wait_set
     }
 
@@ -330,8 +352,8 @@ impl Config {
     ///
     /// ```
     /// use rdma_channel::Config;
-    /// assert!(Config::default().ring_size(5000).validate().is_err());
-    /// assert!(Config::default().ring_size(4096).chunk_size(4096).validate().is_err());
+    /// assert!(Config::default().with_ring_size(5000).validate().is_err());
+    /// assert!(Config::default().with_ring_size(4096).with_chunk_size(4096).validate().is_err());
     /// ```
     pub fn validate(&self) -> io::Result<()> {
         let r = self.ring_size;
@@ -347,7 +369,7 @@ impl Config {
                 r / 2
             )));
         }
-        let t = self.tail_threshold_bytes();
+        let t = self.tail_threshold();
         if t == 0 || t > r - 64 {
             return Err(bad(format!(
                 "tail threshold {t} must be from 1 to ring size - 64"
@@ -358,7 +380,7 @@ impl Config {
                 return Err(bad(format!("max inline {i} must be at least 64")));
             }
         }
-        for t in [self.zcopy_threshold, self.zcopy_private_threshold]
+        for t in [self.zero_copy.alloc_mem, self.zero_copy.other]
             .into_iter()
             .flatten()
         {
@@ -368,7 +390,7 @@ impl Config {
                 ));
             }
         }
-        if self.rcache_entries == 0 || self.rcache_bytes == 0 {
+        if self.rcache.max_entries == 0 || self.rcache.max_bytes == 0 {
             return Err(bad(
                 "registration cache bounds must be at least 1 entry and 1 byte".into(),
             ));
@@ -392,15 +414,15 @@ mod tests {
     #[test]
     fn threshold_must_leave_room_for_progress() {
         assert!(Config::default()
-            .ring_size(4096)
-            .chunk_size(1024)
-            .tail_threshold(4096)
+            .with_ring_size(4096)
+            .with_chunk_size(1024)
+            .with_tail_threshold(4096)
             .validate()
             .is_err());
         assert!(Config::default()
-            .ring_size(4096)
-            .chunk_size(1024)
-            .tail_threshold(4032)
+            .with_ring_size(4096)
+            .with_chunk_size(1024)
+            .with_tail_threshold(4032)
             .validate()
             .is_ok());
     }

@@ -11,8 +11,10 @@ use super::receiver::Receiver;
 use super::sender::{Sender, MAX_SGE};
 use super::Channel;
 use crate::config::Config;
-use crate::fabric::{Access, Caps, Card, Fabric, MemoryRegion, PendingQp, QueuePair};
-use crate::rcache::{CacheLimits, RegCache};
+use crate::fabric::{
+    Access, Caps, Card, Fabric, MemoryRegion, PendingQp, QueuePair, ZeroCopyThresholds,
+};
+use crate::rcache::RegCache;
 use crate::ring::memory::{ControlWords, RingMemory, StagingBuffer};
 use crate::ring::wire::{Rendezvous, MAX_RNDV_SEGS, OVERHEAD};
 
@@ -65,7 +67,7 @@ impl<F: Fabric> Prepared<F> {
     pub fn with_pending(fabric: F, pending: F::Pending, cfg: Config) -> io::Result<Prepared<F>> {
         cfg.validate()?;
         let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-        let ring = RingMemory::new(fabric.alloc_region(cfg.ring_size_bytes(), rights)?)?;
+        let ring = RingMemory::new(fabric.alloc_region(cfg.ring_size(), rights)?)?;
         let ctrl = ControlWords::new(fabric.alloc_region(CTRL_SIZE, rights)?)?;
         Ok(Prepared {
             fabric,
@@ -119,9 +121,9 @@ impl<F: Fabric> Prepared<F> {
         }
         let inline_limit = caps
             .max_inline
-            .min(self.cfg.max_inline_bytes().unwrap_or(usize::MAX));
+            .min(self.cfg.max_inline().unwrap_or(usize::MAX));
         // A packet is at most half the peer's ring, so two are always in flight.
-        let chunk = (self.cfg.chunk_size_bytes() as u64).min(peer_ring.len / 2);
+        let chunk = (self.cfg.chunk_size() as u64).min(peer_ring.len / 2);
         // Packets longer than the inline limit are assembled in a registered copy of
         // the peer's ring.
         let staging = if (inline_limit as u64) < chunk {
@@ -188,25 +190,18 @@ fn send_queue_for(caps: &Caps) -> SendQueue {
     }
 }
 
-/// The zero-copy thresholds in force, as (allocated memory, other memory): the
-/// configuration's, else the fabric's measured defaults.
-fn zero_copy_thresholds<F: Fabric>(fabric: &F, cfg: &Config) -> (usize, usize) {
-    let (alloc_default, private_default) = fabric.zero_copy_defaults();
-    let (alloc_set, private_set) = cfg.zero_copy_thresholds();
-    (
-        alloc_set.unwrap_or(alloc_default).max(1),
-        private_set.unwrap_or(private_default).max(1),
-    )
+/// The zero-copy thresholds in force: the configuration's, else the fabric's
+/// measured defaults.
+fn zero_copy_thresholds<F: Fabric>(fabric: &F, cfg: &Config) -> ZeroCopyThresholds {
+    let default = fabric.zero_copy_defaults();
+    let set = cfg.zero_copy_thresholds();
+    ZeroCopyThresholds {
+        alloc_mem: set.alloc_mem.unwrap_or(default.alloc_mem).max(1),
+        other: set.other.unwrap_or(default.other).max(1),
+    }
 }
 
 /// The domain's registration cache (shared with every connection of the domain).
 fn registration_cache<F: Fabric>(fabric: &F, cfg: &Config) -> Arc<RegCache<F>> {
-    let (max_entries, max_bytes) = cfg.registration_cache_limits();
-    RegCache::for_domain(
-        fabric,
-        CacheLimits {
-            max_entries,
-            max_bytes,
-        },
-    )
+    RegCache::for_domain(fabric, cfg.registration_cache())
 }

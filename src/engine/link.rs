@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use super::wait::Backoff;
 use crate::config::Config;
 use crate::fabric::{
-    CompletedOp, Completion, CompletionStatus, Fabric, GatherList, QpState, QueuePair, RemoteRegion,
+    CompletedOp, Completion, CompletionStatus, Fabric, GatherList, QpState, QueuePair,
+    RemoteRegion, ZeroCopyThresholds,
 };
 use crate::rcache::RegCache;
 use crate::ring::memory::{ControlWords, CtrlWord, RingMemory, StagingBuffer};
@@ -47,8 +48,8 @@ pub(crate) struct Link<F: Fabric> {
     /// First error seen, after which every call fails.
     pub(super) broken: Mutex<Option<(io::ErrorKind, String)>>,
     pub(super) is_broken: AtomicBool,
-    /// Zero-copy thresholds in force, as (allocated memory, other memory).
-    pub(super) zc_thresholds: (usize, usize),
+    /// Zero-copy thresholds in force.
+    pub(super) zc_thresholds: ZeroCopyThresholds,
     /// Registrations of user buffers for the zero-copy path (dropped before the fabric).
     pub(crate) rcache: Arc<RegCache<F>>,
     pub(super) cfg: Config,

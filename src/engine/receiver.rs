@@ -74,7 +74,7 @@ impl<F: Fabric> Receiver<F> {
     pub(super) fn new(link: Arc<Link<F>>, max_rd_atomic: usize) -> Receiver<F> {
         Receiver {
             ring_size: link.ring.size(),
-            threshold: link.cfg.tail_threshold_bytes() as u64,
+            threshold: link.cfg.tail_threshold() as u64,
             link,
             read_pos: 0,
             cur_off: 0,
@@ -473,8 +473,7 @@ impl<F: Fabric> Receiver<F> {
     ///
     /// As [`get`](Self::get): `UnexpectedEof` at end of stream.
     pub fn wait_readable(&mut self) -> io::Result<()> {
-        let (s, y, m) = self.link.cfg.wait();
-        let mut b = Backoff::new(s, y, m);
+        let mut b = Backoff::with_policy(self.link.cfg.wait_policy());
         loop {
             if self.can_get()? {
                 return Ok(());

@@ -97,7 +97,7 @@ impl<F: Fabric> Sender<F> {
     /// ```
     /// use std::io::{IoSlice, IoSliceMut};
     /// use rdma_channel::{Config, RdmaStream};
-    /// let cfg = Config::default().ring_size(4096).chunk_size(1024);
+    /// let cfg = Config::default().with_ring_size(4096).with_chunk_size(1024);
     /// let (mut a, mut b) = RdmaStream::pair_with(cfg)?;
     /// let data = vec![1u8; 10_000];
     /// // A 4 KiB ring cannot take 10,000 bytes at once: put takes part, retry the rest.
@@ -135,8 +135,7 @@ impl<F: Fabric> Sender<F> {
     ///
     /// As [`put`](Self::put).
     pub fn wait_zero_copy(&mut self) -> io::Result<()> {
-        let (s, y, m) = self.link.cfg.wait();
-        let mut b = Backoff::new(s, y, m);
+        let mut b = Backoff::with_policy(self.link.cfg.wait_policy());
         while let Some(p) = &self.pending {
             if self.zc_confirmed(p.id)? {
                 return Ok(());
@@ -201,9 +200,9 @@ impl<F: Fabric> Sender<F> {
 
     /// True when `buf` should go zero-copy.
     pub(crate) fn zc_eligible(&self, buf: &[u8]) -> bool {
-        let (alloc_t, private_t) = self.link.zc_thresholds;
-        buf.len() >= private_t
-            || (buf.len() >= alloc_t && self.link.rcache.is_owned(buf.as_ptr(), buf.len()))
+        let t = self.link.zc_thresholds;
+        buf.len() >= t.other
+            || (buf.len() >= t.alloc_mem && self.link.rcache.is_owned(buf.as_ptr(), buf.len()))
     }
 
     /// The put loop. With `lent` (from `put_nocopy`), eligible buffers are announced
@@ -551,8 +550,7 @@ impl<F: Fabric> Sender<F> {
     ///
     /// As [`put`](Self::put).
     pub fn wait_writable(&mut self) -> io::Result<()> {
-        let (s, y, m) = self.link.cfg.wait();
-        let mut b = Backoff::new(s, y, m);
+        let mut b = Backoff::with_policy(self.link.cfg.wait_policy());
         loop {
             self.link.check_peer_reading()?;
             self.link.serve_credit()?;

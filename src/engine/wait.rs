@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use crate::config::WaitPolicy;
+
 /// A backoff that escalates from spinning to yielding to sleeping.
 ///
 /// ```
@@ -31,6 +33,11 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// A backoff following `p` (see [`WaitPolicy`]).
+    pub fn with_policy(p: WaitPolicy) -> Backoff {
+        Backoff::new(p.spin, p.yields, p.sleep_max)
+    }
+
     /// `spins` busy polls, then `yields` calls to `sched_yield`, then sleeps doubling
     /// from 1 us to `sleep_max`.
     pub fn new(spins: u32, yields: u32, sleep_max: Duration) -> Backoff {

@@ -26,6 +26,7 @@
 //! [`RdmaStream::connect`]: crate::RdmaStream::connect
 //! [`RdmaListener::bind`]: crate::RdmaListener::bind
 
+use crate::fabric::ZeroCopyThresholds;
 use std::fmt;
 use std::io;
 use std::str::FromStr;
@@ -397,7 +398,7 @@ impl Fabric for AnyFabric {
         forward!(self, AnyFabric, f => f.domain_id())
     }
 
-    fn zero_copy_defaults(&self) -> (usize, usize) {
+    fn zero_copy_defaults(&self) -> ZeroCopyThresholds {
         forward!(self, AnyFabric, f => f.zero_copy_defaults())
     }
 }

@@ -466,6 +466,17 @@ pub trait QueuePair: Send + Sync {
     }
 }
 
+/// Zero-copy thresholds per kind of memory, because the cost of the peer's read is:
+/// `alloc_mem` is memory from [`Fabric::alloc_region`] (on the emulated fabric a
+/// shared segment, read with a plain copy), `other` any other memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ZeroCopyThresholds<T = usize> {
+    /// Smallest buffer from `alloc_mem` memory sent zero-copy.
+    pub alloc_mem: T,
+    /// Smallest buffer in any other memory sent zero-copy.
+    pub other: T,
+}
+
 /// Most descriptors a [`Card`] may carry: what one Unix socket message can (the
 /// kernel's `SCM_MAX_FD`).
 pub const MAX_CARD_FDS: usize = 253;
@@ -556,18 +567,20 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     /// registration cache is kept per domain by this key.
     fn domain_id(&self) -> usize;
 
-    /// Measured defaults for the zero-copy thresholds, as (memory from
-    /// [`alloc_region`](Self::alloc_region), any other memory): the smallest buffer
-    /// for which the peer's RDMA READ beats the ring's copies. `usize::MAX` means
-    /// never. Fabrics override this with their own measurements.
+    /// Measured defaults for the zero-copy thresholds: the smallest buffer for which
+    /// the peer's RDMA READ beats the ring's copies. `usize::MAX` means never.
+    /// Fabrics override this with their own measurements.
     ///
     /// ```
     /// use rdma_channel::fabric::{emulated::EmuFabric, Fabric};
-    /// let (alloc, other) = EmuFabric::new()?.zero_copy_defaults();
-    /// assert!(alloc <= other);
+    /// let t = EmuFabric::new()?.zero_copy_defaults();
+    /// assert!(t.alloc_mem <= t.other);
     /// # Ok::<(), std::io::Error>(())
     /// ```
-    fn zero_copy_defaults(&self) -> (usize, usize) {
-        (64 << 10, 64 << 10)
+    fn zero_copy_defaults(&self) -> ZeroCopyThresholds {
+        ZeroCopyThresholds {
+            alloc_mem: 64 << 10,
+            other: 64 << 10,
+        }
     }
 }

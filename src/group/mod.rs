@@ -233,8 +233,8 @@ impl Group {
         exchange.publish(HELLO_KEY, hello.encode().as_bytes())?;
         let zc_min = cfg
             .zero_copy_thresholds()
-            .1
-            .unwrap_or(fabric.zero_copy_defaults().1)
+            .other
+            .unwrap_or(fabric.zero_copy_defaults().other)
             .max(1);
         let vcs = (0..size)
             .map(|_| Vc {
@@ -1002,13 +1002,13 @@ impl Group {
     /// control words, plus a staging copy of the outgoing ring where the fabric's
     /// inline limit is below the chunk size).
     pub(crate) fn stats(&self) -> Stats {
-        let ring = self.cfg.ring_size_bytes();
+        let ring = self.cfg.ring_size();
         let inline = self
             .fabric
             .caps()
             .max_inline
-            .min(self.cfg.max_inline_bytes().unwrap_or(usize::MAX));
-        let staging = if inline < self.cfg.chunk_size_bytes().min(ring / 2) {
+            .min(self.cfg.max_inline().unwrap_or(usize::MAX));
+        let staging = if inline < self.cfg.chunk_size().min(ring / 2) {
             ring
         } else {
             0
@@ -1030,16 +1030,16 @@ impl Group {
     }
 
     pub(crate) fn wait_policy(&self) -> Backoff {
-        let (spin, yields, sleep_max) = self.cfg.wait();
-        if self.oversubscribed && !self.cfg.wait_policy_set() {
+        let p = self.cfg.wait_policy();
+        if self.oversubscribed && !self.cfg.wait_policy_is_set() {
             // More ranks on this host than CPUs we may run on: a waiting rank that
             // spins or keeps yielding takes the CPU from the rank it waits for
             // (MPICH's sendflood, 3 ranks flooding a 4th on 2 CPUs: 78 s with the
             // default policy, 15 s polling 100 times then sleeping; yields only
             // slowed it). Poll briefly, then sleep.
-            return Backoff::new(spin.min(OVERSUBSCRIBED_SPIN), 0, sleep_max);
+            return Backoff::new(p.spin.min(OVERSUBSCRIBED_SPIN), 0, p.sleep_max);
         }
-        Backoff::new(spin, yields, sleep_max)
+        Backoff::with_policy(p)
     }
 }
 

@@ -223,10 +223,10 @@ impl Connector {
     pub(crate) fn start(addr: &SocketAddr, cfg: &Config, hello: &[u8]) -> io::Result<Connector> {
         let go = || -> io::Result<Connector> {
             cfg.validate()?;
-            let deadline = Instant::now() + cfg.connect_timeout_duration();
+            let deadline = Instant::now() + cfg.connect_timeout();
             let channel = EventChannel::new()?;
             let id = Arc::new(CmId::new(&channel)?);
-            id.resolve_addr(addr, cfg.connect_timeout_duration())?;
+            id.resolve_addr(addr, cfg.connect_timeout())?;
             Ok(Connector {
                 addr: *addr,
                 cfg: cfg.clone(),
@@ -255,7 +255,7 @@ impl Connector {
     }
 
     fn advance(&mut self, wait: Duration) -> io::Result<Option<Connected>> {
-        let limit = self.cfg.connect_timeout_duration();
+        let limit = self.cfg.connect_timeout();
         let now = Instant::now();
         if now >= self.deadline {
             let what = match self.step {

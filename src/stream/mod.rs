@@ -72,7 +72,7 @@ impl RdmaStream<AnyFabric> {
     ///
     /// ```
     /// use rdma_channel::{Config, RdmaStream};
-    /// let (mut a, mut b) = RdmaStream::pair_with(Config::default().ring_size(8192).chunk_size(1024))?;
+    /// let (mut a, mut b) = RdmaStream::pair_with(Config::default().with_ring_size(8192).with_chunk_size(1024))?;
     /// assert_eq!(a.try_put(&[std::io::IoSlice::new(&[7; 100])])?, 100);
     /// let mut buf = [0u8; 100];
     /// assert_eq!(b.try_get(&mut [std::io::IoSliceMut::new(&mut buf)])?, 100);

@@ -596,12 +596,17 @@ impl Fabric for EmuFabric {
     /// `process_vm_readv`, which on the machines measured never beat the ring (see
     /// `cargo bench --bench zerocopy` and the README), so it never goes zero-copy by
     /// default.
-    fn zero_copy_defaults(&self) -> (usize, usize) {
-        (ZERO_COPY_SHARED_DEFAULT, usize::MAX)
+    fn zero_copy_defaults(&self) -> ZeroCopyThresholds {
+        ZeroCopyThresholds {
+            alloc_mem: ZERO_COPY_SHARED_DEFAULT,
+            other: usize::MAX,
+        }
     }
 }
 
 /// Smallest shared-segment buffer sent zero-copy by default (measured crossover).
+use crate::fabric::ZeroCopyThresholds;
+
 const ZERO_COPY_SHARED_DEFAULT: usize = 16 << 10;
 
 /// Memory registered with an [`EmuFabric`]. Dropping it deregisters the memory (see the

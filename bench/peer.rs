@@ -98,7 +98,7 @@ pub fn send_all<F: Fabric>(s: &mut RdmaStream<F>, buf: &[u8]) -> io::Result<()> 
 pub fn recv_all<F: Fabric>(s: &mut RdmaStream<F>, buf: &mut [u8]) -> io::Result<()> {
     let mut at = 0;
     while at < buf.len() {
-        at += s.try_get(&mut [IoSliceMut::new(&mut buf[at..])])?;
+        at += s.get(&mut [IoSliceMut::new(&mut buf[at..])])?;
     }
     Ok(())
 }

@@ -60,10 +60,10 @@ impl Mode {
 /// Sends all of `buf` in `mode`.
 fn send(s: &mut RdmaStream, mode: Mode, buf: &[u8]) -> io::Result<()> {
     if mode == Mode::Ring {
-        // `try_put` always copies through the ring.
+        // `put` always copies through the ring.
         let mut at = 0;
         while at < buf.len() {
-            at += s.try_put(&[IoSlice::new(&buf[at..])])?;
+            at += s.put(&[IoSlice::new(&buf[at..])])?;
         }
         return Ok(());
     }

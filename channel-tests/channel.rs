@@ -420,12 +420,12 @@ impl SingleState {
         let iov = iovecs(&bytes, shape, 0);
         let put_err = |e: io::Error| {
             format!(
-                "try_put({dir:?}, {} pieces, {total} B) failed: {}",
+                "put({dir:?}, {} pieces, {total} B) failed: {}",
                 shape.len(),
                 ioe(&e)
             )
         };
-        let mut n = self.stream(w).try_put(&iov).map_err(put_err)?;
+        let mut n = self.stream(w).put(&iov).map_err(put_err)?;
         let live_now = |st: &SingleState, n: usize| {
             !(total > 0
                 && n == 0
@@ -441,7 +441,7 @@ impl SingleState {
             while n == 0 && start.elapsed() < SETTLE {
                 self.get(dir, &[1])?;
                 polls += 1;
-                n = self.stream(w).try_put(&iov).map_err(put_err)?;
+                n = self.stream(w).put(&iov).map_err(put_err)?;
             }
             self.log.push(format!(
                 "  (put retried while the receiver polled {polls} times)"
@@ -452,13 +452,11 @@ impl SingleState {
             shape.len()
         ));
         if n > total {
-            return Err(format!(
-                "try_put took {n} bytes but only {total} were offered"
-            ));
+            return Err(format!("put took {n} bytes but only {total} were offered"));
         }
         if !live_now(self, n) {
             return Err(format!(
-                "liveness: try_put({dir:?}) of {total} B took nothing although the receiver has read \
+                "liveness: put({dir:?}) of {total} B took nothing although the receiver has read \
                  everything and polled since the sender's last stall (sender position {head})"
             ));
         }
@@ -477,14 +475,14 @@ impl SingleState {
         let want = cap.min(self.model[d].len());
         let get_err = |e: io::Error| {
             format!(
-                "try_get({dir:?}, {} pieces, {cap} B) failed: {}",
+                "get({dir:?}, {} pieces, {cap} B) failed: {}",
                 shape.len(),
                 ioe(&e)
             )
         };
         let mut m = {
             let mut iov = iovecs_mut(&mut buf, shape);
-            self.stream(r).try_get(&mut iov)
+            self.stream(r).get(&mut iov)
         }
         .map_err(get_err)?;
         let mut polls = 1;
@@ -493,7 +491,7 @@ impl SingleState {
             let start = Instant::now();
             while m < want && m <= cap && start.elapsed() < SETTLE {
                 let mut iov = iovecs_mut_from(&mut buf, shape, m);
-                m += self.stream(r).try_get(&mut iov).map_err(get_err)?;
+                m += self.stream(r).get(&mut iov).map_err(get_err)?;
                 polls += 1;
             }
         }
@@ -507,7 +505,7 @@ impl SingleState {
             }
         ));
         if m > cap {
-            return Err(format!("try_get returned {m} bytes into buffers of {cap}"));
+            return Err(format!("get returned {m} bytes into buffers of {cap}"));
         }
         // Single-threaded, every put has placed its bytes in the peer's ring when it
         // returns on the emulated fabric (it writes synchronously), so a get must
@@ -515,7 +513,7 @@ impl SingleState {
         // have delivered it within SETTLE.
         if m != want {
             return Err(format!(
-                "try_get({dir:?}) returned {m} bytes; {} were put and not yet read, buffers hold {cap}",
+                "get({dir:?}) returned {m} bytes; {} were put and not yet read, buffers hold {cap}",
                 self.model[d].len()
             ));
         }
@@ -561,7 +559,7 @@ impl SingleState {
             }
             let cap = rng.range(1, 2 * self.ring);
             let mut buf = vec![0u8; cap];
-            match self.stream(r).try_get(&mut [IoSliceMut::new(&mut buf)]) {
+            match self.stream(r).get(&mut [IoSliceMut::new(&mut buf)]) {
                 // The rest of the data or the end-of-stream notice is still in flight.
                 Ok(0) if lands_later() && waiting.elapsed() < SETTLE => {
                     iters -= 1;
@@ -572,11 +570,11 @@ impl SingleState {
                         // Allowed only transiently; the close notice is written before
                         // shutdown_write returns, so it should not happen at all here.
                         return Err(format!(
-                            "{dir:?}: try_get returned Ok(0) after close instead of UnexpectedEof"
+                            "{dir:?}: get returned Ok(0) after close instead of UnexpectedEof"
                         ));
                     }
                     return Err(format!(
-                        "{dir:?}: try_get returned 0 with {} bytes outstanding",
+                        "{dir:?}: get returned 0 with {} bytes outstanding",
                         self.model[d].len()
                     ));
                 }
@@ -594,16 +592,13 @@ impl SingleState {
                     }
                     break;
                 }
-                Err(e) => return Err(format!("{dir:?}: try_get after close: {}", ioe(&e))),
+                Err(e) => return Err(format!("{dir:?}: get after close: {}", ioe(&e))),
             }
         }
         for _ in 0..3 {
-            match self
-                .stream(r)
-                .try_get(&mut [IoSliceMut::new(&mut [0u8; 16])])
-            {
+            match self.stream(r).get(&mut [IoSliceMut::new(&mut [0u8; 16])]) {
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {}
-                other => return Err(format!("{dir:?}: try_get after end of stream: {other:?}")),
+                other => return Err(format!("{dir:?}: get after end of stream: {other:?}")),
             }
         }
         match self.stream(r).read(&mut [0u8; 16]) {
@@ -639,7 +634,7 @@ impl SingleState {
                     // Exploration mode: let the sender read its own incoming ring (it
                     // may learn piggybacked tails there) and try once more.
                     let (w, _) = dir.ends();
-                    let _ = self.stream(w).try_get(&mut [IoSliceMut::new(&mut [])]);
+                    let _ = self.stream(w).get(&mut [IoSliceMut::new(&mut [])]);
                     let back = if dir == Dir::AB { Dir::BA } else { Dir::AB };
                     self.drain(back, rng)?;
                     let n = self.put(dir, &[100], Data::Random, rng.next_u64())?;
@@ -736,7 +731,7 @@ fn run_single_inner(st: &mut SingleState, ops: &[Op], end: End) -> Result<(), St
                 .shutdown_write()
                 .map_err(|e| format!("shutdown_write: {}", ioe(&e)))?;
             st.drain_to_eof(dir, &mut rng)?;
-            match st.stream(w).try_put(&[IoSlice::new(b"late")]) {
+            match st.stream(w).put(&[IoSlice::new(b"late")]) {
                 Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
                 other => {
                     return Err(format!(
@@ -753,7 +748,7 @@ fn run_single_inner(st: &mut SingleState, ops: &[Op], end: End) -> Result<(), St
             let (w, r) = dir.ends();
             drop(st.s[w].take());
             st.drain_to_eof(dir, &mut rng)?;
-            match st.stream(r).try_put(&[IoSlice::new(b"to nobody")]) {
+            match st.stream(r).put(&[IoSlice::new(b"to nobody")]) {
                 Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
                 other => {
                     return Err(format!(
@@ -1001,7 +996,7 @@ fn spawn_half_writer(
         let r = writer_loop(
             &flow,
             ring,
-            |iov| w.try_put(iov),
+            |iov| w.put(iov),
             estimate_position(chunk),
             &abort,
             deadline,
@@ -1031,7 +1026,7 @@ fn spawn_half_reader(
 ) -> std::thread::JoinHandle<Result<Vec<u8>, String>> {
     let (gets, expected) = (flow.gets.clone(), flow_total(flow));
     std::thread::spawn(move || {
-        let res = reader_loop(&gets, expected, |iov| r.try_get(iov), &abort, deadline);
+        let res = reader_loop(&gets, expected, |iov| r.get(iov), &abort, deadline);
         if res.is_err() {
             abort.store(true, Ordering::Relaxed);
         }
@@ -1093,7 +1088,7 @@ fn run_two_threads_one_way_exact(t: &Tun, flow: &Flow) -> Result<(), String> {
             let r = writer_loop(
                 &flow,
                 ring,
-                |iov| a.borrow_mut().try_put(iov),
+                |iov| a.borrow_mut().put(iov),
                 |_| a.borrow_mut().channel().sender().position(),
                 &abort,
                 deadline,
@@ -1118,7 +1113,7 @@ fn run_two_threads_one_way_exact(t: &Tun, flow: &Flow) -> Result<(), String> {
     let rd = {
         let (gets, abort) = (flow.gets.clone(), abort.clone());
         std::thread::spawn(move || {
-            let r = reader_loop(&gets, expected, |iov| b.try_get(iov), &abort, deadline);
+            let r = reader_loop(&gets, expected, |iov| b.get(iov), &abort, deadline);
             if r.is_err() {
                 abort.store(true, Ordering::Relaxed);
             }
@@ -1220,14 +1215,14 @@ fn bounded(name: &str, f: impl FnOnce() + Send + 'static) {
     with_watchdog(name, limit(120), f)
 }
 
-/// One `try_get` into `buf`; where writes land later, more into the rest of `buf`
+/// One `get` into `buf`; where writes land later, more into the rest of `buf`
 /// until `want` bytes arrived or [`SETTLE`] passed. Returns the bytes received.
 fn get_settled(s: &mut RdmaStream, buf: &mut [u8], want: usize) -> io::Result<usize> {
-    let mut got = s.try_get(&mut [IoSliceMut::new(buf)])?;
+    let mut got = s.get(&mut [IoSliceMut::new(buf)])?;
     if lands_later() {
         let start = Instant::now();
         while got < want && start.elapsed() < SETTLE {
-            got += s.try_get(&mut [IoSliceMut::new(&mut buf[got..])])?;
+            got += s.get(&mut [IoSliceMut::new(&mut buf[got..])])?;
         }
     }
     Ok(got)
@@ -1244,33 +1239,33 @@ fn await_data(s: &mut RdmaStream) {
     }
 }
 
-/// The error of a `try_put` of `data` to a peer that is gone. On the emulated fabric
+/// The error of a `put` of `data` to a peer that is gone. On the emulated fabric
 /// the first call must fail; where writes land later the peer's notice may still be
 /// in flight, so calls may take bytes until it arrives (at most [`SETTLE`]).
 fn put_error(w: &mut RdmaStream, data: &[u8]) -> io::Error {
     let start = Instant::now();
     loop {
-        match w.try_put(&[IoSlice::new(data)]) {
+        match w.put(&[IoSlice::new(data)]) {
             Err(e) => return e,
             Ok(_) if lands_later() && start.elapsed() < SETTLE => std::thread::yield_now(),
-            Ok(n) => panic!("try_put took {n} bytes; the peer is gone, so it must fail"),
+            Ok(n) => panic!("put took {n} bytes; the peer is gone, so it must fail"),
         }
     }
 }
 
-/// Polls `r` (which must have nothing to read) until a `try_put` of `data` on `w`
+/// Polls `r` (which must have nothing to read) until a `put` of `data` on `w`
 /// takes something: the first put must on the emulated fabric, where the receiver's
 /// answer to a credit request is placed at once; where writes land later the request
 /// and the answer may be in flight (at most [`SETTLE`]). Returns the bytes taken.
 fn put_while_peer_polls(w: &mut RdmaStream, r: &mut RdmaStream, data: &[u8]) -> usize {
     let start = Instant::now();
     loop {
-        let n = w.try_put(&[IoSlice::new(data)]).unwrap();
+        let n = w.put(&[IoSlice::new(data)]).unwrap();
         if n > 0 || !lands_later() || start.elapsed() > SETTLE {
             return n;
         }
         let mut buf = [0u8; 64];
-        assert_eq!(r.try_get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+        assert_eq!(r.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
     }
 }
 
@@ -1305,17 +1300,17 @@ fn transfer(
         let mut progressed = false;
         if off < data.len() {
             let n = w
-                .try_put(&iovecs(data, shape, off))
-                .map_err(|e| format!("try_put: {}", ioe(&e)))?;
+                .put(&iovecs(data, shape, off))
+                .map_err(|e| format!("put: {}", ioe(&e)))?;
             if n > data.len() - off {
-                return Err(format!("try_put took {n}, offered {}", data.len() - off));
+                return Err(format!("put took {n}, offered {}", data.len() - off));
             }
             off += n;
             progressed |= n > 0;
         }
         let m = r
-            .try_get(&mut [IoSliceMut::new(&mut buf)])
-            .map_err(|e| format!("try_get: {}", ioe(&e)))?;
+            .get(&mut [IoSliceMut::new(&mut buf)])
+            .map_err(|e| format!("get: {}", ioe(&e)))?;
         got.extend_from_slice(&buf[..m]);
         if got.len() > off {
             return Err(format!("received {} bytes, only {off} were put", got.len()));
@@ -1338,18 +1333,14 @@ fn zero_length_puts_and_gets() {
         for t in edge_configs() {
             let (mut a, mut b) = t.pair();
             // Empty iovec lists and empty pieces take and give nothing.
-            assert_eq!(a.try_put(&[]).unwrap(), 0, "{t:?}");
-            assert_eq!(a.try_put(&[IoSlice::new(&[])]).unwrap(), 0, "{t:?}");
-            assert_eq!(a.try_put(&[IoSlice::new(&[]); 50]).unwrap(), 0, "{t:?}");
-            assert_eq!(b.try_get(&mut []).unwrap(), 0, "{t:?}");
-            assert_eq!(
-                b.try_get(&mut [IoSliceMut::new(&mut [])]).unwrap(),
-                0,
-                "{t:?}"
-            );
+            assert_eq!(a.put(&[]).unwrap(), 0, "{t:?}");
+            assert_eq!(a.put(&[IoSlice::new(&[])]).unwrap(), 0, "{t:?}");
+            assert_eq!(a.put(&[IoSlice::new(&[]); 50]).unwrap(), 0, "{t:?}");
+            assert_eq!(b.get(&mut []).unwrap(), 0, "{t:?}");
+            assert_eq!(b.get(&mut [IoSliceMut::new(&mut [])]).unwrap(), 0, "{t:?}");
             let mut one = [0u8; 1];
             assert_eq!(
-                b.try_get(&mut [IoSliceMut::new(&mut one)]).unwrap(),
+                b.get(&mut [IoSliceMut::new(&mut one)]).unwrap(),
                 0,
                 "nothing was sent: {t:?}"
             );
@@ -1361,7 +1352,7 @@ fn zero_length_puts_and_gets() {
             // Data surrounded by empty pieces.
             let e: [u8; 0] = [];
             let n = a
-                .try_put(&[
+                .put(&[
                     IoSlice::new(&e),
                     IoSlice::new(b"ab"),
                     IoSlice::new(&e),
@@ -1373,16 +1364,16 @@ fn zero_length_puts_and_gets() {
             assert_eq!(n, 3, "{t:?}");
             await_data(&mut b);
             // A get with only empty buffers takes nothing even though data waits.
-            assert_eq!(b.try_get(&mut []).unwrap(), 0);
+            assert_eq!(b.get(&mut []).unwrap(), 0);
             assert_eq!(
-                b.try_get(&mut [IoSliceMut::new(&mut []), IoSliceMut::new(&mut [])])
+                b.get(&mut [IoSliceMut::new(&mut []), IoSliceMut::new(&mut [])])
                     .unwrap(),
                 0
             );
             let (mut x, mut y) = ([0u8; 0], [0u8; 2]);
             let mut z = [0u8; 5];
             let m = b
-                .try_get(&mut [
+                .get(&mut [
                     IoSliceMut::new(&mut x),
                     IoSliceMut::new(&mut y),
                     IoSliceMut::new(&mut []),
@@ -1396,12 +1387,11 @@ fn zero_length_puts_and_gets() {
             for i in 0..200u32 {
                 let payload = i.to_le_bytes();
                 assert_eq!(
-                    a.try_put(&[IoSlice::new(&[]), IoSlice::new(&payload)])
-                        .unwrap(),
+                    a.put(&[IoSlice::new(&[]), IoSlice::new(&payload)]).unwrap(),
                     4
                 );
-                assert_eq!(a.try_put(&[]).unwrap(), 0);
-                assert_eq!(b.try_get(&mut []).unwrap(), 0);
+                assert_eq!(a.put(&[]).unwrap(), 0);
+                assert_eq!(b.get(&mut []).unwrap(), 0);
                 let mut g = [0u8; 4];
                 assert_eq!(get_settled(&mut b, &mut g, 4).unwrap(), 4);
                 assert_eq!(g, payload);
@@ -1424,13 +1414,13 @@ fn many_tiny_pieces_beyond_the_gather_limit() {
                 let mut stall = StallCheck::new(10_000);
                 while got.len() < pieces {
                     // Offer the rest, still one byte per piece.
-                    let n = a.try_put(&iov[off..]).unwrap();
+                    let n = a.put(&iov[off..]).unwrap();
                     off += n;
                     // Get with 1-byte pieces too (100 of them).
                     let mut bufs = [[0u8; 1]; 100];
                     let mut sl: Vec<IoSliceMut> =
                         bufs.iter_mut().map(|b| IoSliceMut::new(b)).collect();
-                    let m = b.try_get(&mut sl).unwrap();
+                    let m = b.get(&mut sl).unwrap();
                     drop(sl);
                     got.extend(bufs[..m].iter().map(|b| b[0]));
                     assert!(!stall.stalled(n + m > 0), "stalled {t:?}");
@@ -1516,7 +1506,7 @@ fn exact_size_put_into_empty_ring_is_taken_whole() {
             ] {
                 let (mut a, mut b) = t.pair();
                 let data = Rng::new(n as u64).bytes(n);
-                let took = a.try_put(&[IoSlice::new(&data)]).unwrap();
+                let took = a.put(&[IoSlice::new(&data)]).unwrap();
                 assert_eq!(
                     took, n,
                     "{t:?}: an empty ring must take {n} bytes in one put"
@@ -1543,10 +1533,10 @@ fn one_byte_gets_walk_through_a_large_message() {
             let mut stall = StallCheck::new(1000);
             while got.len() < n {
                 if off < n {
-                    off += a.try_put(&[IoSlice::new(&data[off..])]).unwrap();
+                    off += a.put(&[IoSlice::new(&data[off..])]).unwrap();
                 }
                 let mut one = [0u8; 1];
-                let m = b.try_get(&mut [IoSliceMut::new(&mut one)]).unwrap();
+                let m = b.get(&mut [IoSliceMut::new(&mut one)]).unwrap();
                 assert!(m <= 1);
                 if m == 1 {
                     got.push(one[0]);
@@ -1568,12 +1558,12 @@ fn shutdown_write_gives_eof_after_the_data() {
         for t in edge_configs() {
             let (mut a, mut b) = t.pair();
             let data = Rng::new(1).bytes(t.ring / 2);
-            assert_eq!(a.try_put(&[IoSlice::new(&data)]).unwrap(), data.len());
+            assert_eq!(a.put(&[IoSlice::new(&data)]).unwrap(), data.len());
             a.shutdown_write().unwrap();
             a.shutdown_write()
                 .expect("a second shutdown_write is harmless");
             // Put after shutdown fails.
-            let e = a.try_put(&[IoSlice::new(b"x")]).unwrap_err();
+            let e = a.put(&[IoSlice::new(b"x")]).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::BrokenPipe, "{t:?}: {e}");
             let e = a.write(b"x").unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::BrokenPipe, "{t:?}: {e}");
@@ -1593,9 +1583,9 @@ fn shutdown_write_gives_eof_after_the_data() {
                 b.read_vectored(&mut [IoSliceMut::new(&mut buf)]).unwrap(),
                 0
             );
-            let e = b.try_get(&mut [IoSliceMut::new(&mut buf)]).unwrap_err();
+            let e = b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{t:?}: {e}");
-            let e = b.try_get(&mut [IoSliceMut::new(&mut buf)]).unwrap_err();
+            let e = b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{t:?}: {e}");
             // read_to_end works too (already at end).
             let mut rest = Vec::new();
@@ -1622,7 +1612,7 @@ fn try_get_reports_eof_only_after_all_data() {
             loop {
                 let mut progressed = false;
                 if off < data.len() {
-                    let n = a.try_put(&[IoSlice::new(&data[off..])]).unwrap();
+                    let n = a.put(&[IoSlice::new(&data[off..])]).unwrap();
                     off += n;
                     progressed = n > 0;
                 } else if !closed {
@@ -1631,7 +1621,7 @@ fn try_get_reports_eof_only_after_all_data() {
                     progressed = true;
                 }
                 let mut buf = [0u8; 333];
-                match b.try_get(&mut [IoSliceMut::new(&mut buf)]) {
+                match b.get(&mut [IoSliceMut::new(&mut buf)]) {
                     Ok(m) => {
                         got.extend_from_slice(&buf[..m]);
                         assert!(
@@ -1660,7 +1650,7 @@ fn write_half_shutdown_gives_eof() {
         wa.write_all(b"last words").unwrap();
         wa.shutdown().unwrap();
         assert_eq!(
-            wa.try_put(&[IoSlice::new(b"x")]).unwrap_err().kind(),
+            wa.put(&[IoSlice::new(b"x")]).unwrap_err().kind(),
             io::ErrorKind::BrokenPipe
         );
         let mut s = String::new();
@@ -1680,7 +1670,7 @@ fn put_after_peer_dropped_is_broken_pipe() {
             drop(b);
             let e = put_error(&mut a, b"after");
             assert_eq!(e.kind(), io::ErrorKind::BrokenPipe, "{t:?}: {e}");
-            let e = a.try_put(&[IoSlice::new(b"again")]).unwrap_err();
+            let e = a.put(&[IoSlice::new(b"again")]).unwrap_err();
             assert!(
                 matches!(e.kind(), io::ErrorKind::BrokenPipe),
                 "{t:?}: second put after peer drop: {e}"
@@ -1705,7 +1695,7 @@ fn put_into_full_ring_after_peer_dropped_is_broken_pipe() {
                 let data = vec![7u8; 4 * t.ring];
                 let mut n = 0;
                 loop {
-                    let k = a.try_put(&[IoSlice::new(&data)]).unwrap();
+                    let k = a.put(&[IoSlice::new(&data)]).unwrap();
                     if k == 0 {
                         break;
                     }
@@ -1748,7 +1738,7 @@ fn read_after_peer_dropped_gets_data_then_eof() {
             let mut data = Rng::new(3).bytes(2 * t.ring);
             let mut off = 0;
             loop {
-                let n = a.try_put(&[IoSlice::new(&data[off..])]).unwrap();
+                let n = a.put(&[IoSlice::new(&data[off..])]).unwrap();
                 if n == 0 {
                     break;
                 }
@@ -1766,9 +1756,7 @@ fn read_after_peer_dropped_gets_data_then_eof() {
             }
             let got = with_watchdog("read_to_end after peer drop", limit(30), move || {
                 b.read_to_end(&mut got).unwrap();
-                let e = b
-                    .try_get(&mut [IoSliceMut::new(&mut [0u8; 8])])
-                    .unwrap_err();
+                let e = b.get(&mut [IoSliceMut::new(&mut [0u8; 8])]).unwrap_err();
                 assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
                 // Writing back to the dropped peer fails (its notice that it stopped
                 // reading follows the end of stream).
@@ -1928,7 +1916,7 @@ fn flag_words_in_payload_cost_no_extra_cells() {
             evil[48..56].copy_from_slice(&header_match(64 + ring).to_le_bytes());
             evil[40..48].copy_from_slice(&trailer_word(64 + ring).to_le_bytes());
             let (mut a, mut b) = t.pair();
-            assert_eq!(a.try_put(&[IoSlice::new(&evil)]).unwrap(), 104);
+            assert_eq!(a.put(&[IoSlice::new(&evil)]).unwrap(), 104);
             assert_eq!(
                 a.channel().sender().position(),
                 128,
@@ -1985,7 +1973,7 @@ fn flag_payloads_at_every_start_cell() {
                     // The ring is drained: a poll must find nothing.
                     let mut buf = vec![0u8; t.ring];
                     assert_eq!(
-                        b.try_get(&mut [IoSliceMut::new(&mut buf)]).unwrap(),
+                        b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(),
                         0,
                         "{t:?}: phantom data after step {step}"
                     );
@@ -2010,14 +1998,14 @@ fn stall_sender_with_known_tail(t: &Tun, fill: u8) -> (RdmaStream, RdmaStream, u
     let (mut a, mut b) = t.pair();
     let pkt = vec![fill; 1000]; // one chunk = one 1024-byte packet
     let mut buf = vec![0u8; 1000];
-    assert_eq!(a.try_put(&[IoSlice::new(&pkt)]).unwrap(), 1000);
+    assert_eq!(a.put(&[IoSlice::new(&pkt)]).unwrap(), 1000);
     assert_eq!(get_settled(&mut b, &mut buf, 1000).unwrap(), 1000);
-    assert_eq!(b.try_put(&[IoSlice::new(b"ack")]).unwrap(), 3);
+    assert_eq!(b.put(&[IoSlice::new(b"ack")]).unwrap(), 3);
     let mut g = [0u8; 3];
     assert_eq!(get_settled(&mut a, &mut g, 3).unwrap(), 3);
     let mut sent = 1000usize;
     loop {
-        let n = a.try_put(&[IoSlice::new(&pkt)]).unwrap();
+        let n = a.put(&[IoSlice::new(&pkt)]).unwrap();
         if n == 0 {
             break;
         }
@@ -2059,13 +2047,13 @@ fn credit_answer_that_frees_nothing_does_not_strand_the_sender() {
             assert_eq!(get_settled(&mut b, &mut one, 1).unwrap(), 1);
             let mut got = 1001usize;
             // 5. B finishes that packet and piggybacks its new tail on a packet A will not read.
-            let m = b.try_get(&mut [IoSliceMut::new(&mut buf[..999])]).unwrap();
+            let m = b.get(&mut [IoSliceMut::new(&mut buf[..999])]).unwrap();
             got += m;
-            assert_eq!(b.try_put(&[IoSlice::new(b"unread")]).unwrap(), 6);
+            assert_eq!(b.put(&[IoSlice::new(b"unread")]).unwrap(), 6);
             // 6. B reads everything A sent.
             let start = Instant::now();
             loop {
-                let m = b.try_get(&mut [IoSliceMut::new(&mut buf)]).unwrap();
+                let m = b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap();
                 if m == 0 {
                     if got < sent && lands_later() && start.elapsed() < SETTLE {
                         continue;
@@ -2078,7 +2066,7 @@ fn credit_answer_that_frees_nothing_does_not_strand_the_sender() {
             // 7. A (which only sends now, like a blocking write) must be able to continue once B
             //    has polled again.
             for _ in 0..10 {
-                assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+                assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
             }
             let n = put_while_peer_polls(&mut a, &mut b, &pkt);
             assert!(
@@ -2103,23 +2091,23 @@ fn credit_answered_by_an_empty_put_does_not_strand_the_sender() {
         let mut buf = vec![0u8; 4096];
         let data = Rng::new(1).bytes(4031);
         // A -> B 1 byte, read; B -> A 1 byte (ack 64), read: A knows tail 64.
-        assert_eq!(a.try_put(&[IoSlice::new(&data[..1])]).unwrap(), 1);
+        assert_eq!(a.put(&[IoSlice::new(&data[..1])]).unwrap(), 1);
         assert_eq!(get_settled(&mut b, &mut buf[..1], 1).unwrap(), 1);
-        assert_eq!(b.try_put(&[IoSlice::new(b"y")]).unwrap(), 1);
+        assert_eq!(b.put(&[IoSlice::new(b"y")]).unwrap(), 1);
         assert_eq!(get_settled(&mut a, &mut buf[..1], 1).unwrap(), 1);
         // A fills the ring: 3928 of 4031 bytes, head 4160, credit requested.
-        let n = a.try_put(&[IoSlice::new(&data)]).unwrap();
+        let n = a.put(&[IoSlice::new(&data)]).unwrap();
         assert_eq!(n, 3928, "fill");
         settle_in_flight();
         // B's empty put runs serve_credit: it answers with tail 64, which A knows.
-        assert_eq!(b.try_put(&[IoSlice::new(&[])]).unwrap(), 0);
+        assert_eq!(b.put(&[IoSlice::new(&[])]).unwrap(), 0);
         // B reads 2232 bytes, piggybacks its tail (2368) on a packet A never reads,
         // then reads the rest (tail 4160; 4160 - 2368 < threshold 2432: no update).
         assert_eq!(get_settled(&mut b, &mut buf[..2232], 2232).unwrap(), 2232);
-        assert_eq!(b.try_put(&[IoSlice::new(b"z")]).unwrap(), 1);
+        assert_eq!(b.put(&[IoSlice::new(b"z")]).unwrap(), 1);
         assert_eq!(get_settled(&mut b, &mut buf[..1696], 1696).unwrap(), 1696);
         for _ in 0..10 {
-            assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+            assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
         }
         let n = put_while_peer_polls(&mut a, &mut b, b"x");
         assert!(n > 0, "sender stranded: B read all 3929 bytes and polled 10 times, A's put still takes nothing");
@@ -2135,11 +2123,8 @@ fn blocking_writer_with_unread_incoming_data_finishes() {
         let mut buf = vec![0u8; 1000];
         let mut one = [0u8; 1];
         assert_eq!(get_settled(&mut b, &mut one, 1).unwrap(), 1);
-        assert_eq!(
-            b.try_get(&mut [IoSliceMut::new(&mut buf[..999])]).unwrap(),
-            999
-        );
-        assert_eq!(b.try_put(&[IoSlice::new(b"unread")]).unwrap(), 6);
+        assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf[..999])]).unwrap(), 999);
+        assert_eq!(b.put(&[IoSlice::new(b"unread")]).unwrap(), 6);
         // B has read 2000 of the `sent` bytes.
         let total_extra = 64 << 10;
         let writer = std::thread::spawn(move || {
@@ -2260,11 +2245,11 @@ fn exchange_side(
                 }
                 // Offer the rest of the message (cut as `shape`, from msg_off).
                 let n = s
-                    .try_put(&iovecs(&msg, &shape, msg_off))
-                    .map_err(|e| format!("{}: try_put: {}", state(sent, recvd, eof), ioe(&e)))?;
+                    .put(&iovecs(&msg, &shape, msg_off))
+                    .map_err(|e| format!("{}: put: {}", state(sent, recvd, eof), ioe(&e)))?;
                 if n > msg.len() - msg_off {
                     return Err(format!(
-                        "{name}: try_put took {n}, offered {}",
+                        "{name}: put took {n}, offered {}",
                         msg.len() - msg_off
                     ));
                 }
@@ -2293,7 +2278,7 @@ fn exchange_side(
                 } else {
                     rng.range(1, rbuf.len())
                 };
-                match s.try_get(&mut [IoSliceMut::new(&mut rbuf[..cap])]) {
+                match s.get(&mut [IoSliceMut::new(&mut rbuf[..cap])]) {
                     Ok(0) => break,
                     Ok(m) => {
                         if recvd + m as u64 > total {
@@ -2316,9 +2301,7 @@ fn exchange_side(
                         eof = true;
                         break;
                     }
-                    Err(e) => {
-                        return Err(format!("{}: try_get: {}", state(sent, recvd, eof), ioe(&e)))
-                    }
+                    Err(e) => return Err(format!("{}: get: {}", state(sent, recvd, eof), ioe(&e))),
                 }
             }
         }

@@ -209,9 +209,9 @@ fn exchange_role() {
 }
 
 /// The channel's contract across hosts, as the channel suite's model checks it in
-/// one process: one thread interleaves non-blocking `try_put`s (random sizes up to
+/// one process: one thread interleaves non-blocking `put`s (random sizes up to
 /// 256 KiB, random iovec shapes, offered again from where the last one stopped)
-/// and `try_get`s (random buffer sizes and shapes) in a random order, against a peer
+/// and `get`s (random buffer sizes and shapes) in a random order, against a peer
 /// that echoes every byte; every byte comes back, in order, exactly once.
 #[test]
 fn nonblocking_put_get_model_across_hosts() {
@@ -244,10 +244,10 @@ fn nonblocking_put_get_model_across_hosts() {
                     stream_fill(seed, put, &mut out);
                     let shape = random_shape(&mut rng, n, 6);
                     let k = s
-                        .try_put(&iovecs(&out, &shape, 0))
-                        .map_err(|e| format!("try_put after {put} bytes: {}", ioe(&e)))?;
+                        .put(&iovecs(&out, &shape, 0))
+                        .map_err(|e| format!("put after {put} bytes: {}", ioe(&e)))?;
                     if k > n {
-                        return Err(format!("try_put took {k} of {n} bytes"));
+                        return Err(format!("put took {k} of {n} bytes"));
                     }
                     put += k as u64;
                     puts += 1;
@@ -255,8 +255,8 @@ fn nonblocking_put_get_model_across_hosts() {
                     let cap = rng.log_uniform(1, inb.len());
                     let shape = random_shape(&mut rng, cap, 6);
                     let k = s
-                        .try_get(&mut iovecs_mut(&mut inb[..cap], &shape))
-                        .map_err(|e| format!("try_get after {got} bytes: {}", ioe(&e)))?;
+                        .get(&mut iovecs_mut(&mut inb[..cap], &shape))
+                        .map_err(|e| format!("get after {got} bytes: {}", ioe(&e)))?;
                     if got + k as u64 > put {
                         return Err(format!("got {} bytes back of {put} put", got + k as u64));
                     }

@@ -7,13 +7,13 @@
 //!
 //! let (mut a, mut b) = RdmaStream::pair()?;
 //! // put: non-blocking, takes a list of buffers, returns how many bytes it took.
-//! let n = a.try_put(&[IoSlice::new(b"hello, "), IoSlice::new(b"world")])?;
+//! let n = a.put(&[IoSlice::new(b"hello, "), IoSlice::new(b"world")])?;
 //! assert_eq!(n, 12);
 //! // get: non-blocking, returns how many bytes it delivered (0 if none yet).
 //! let mut buf = [0u8; 12];
 //! let mut got = 0;
 //! while got < 12 {
-//!     got += b.try_get(&mut [IoSliceMut::new(&mut buf[got..])])?;
+//!     got += b.get(&mut [IoSliceMut::new(&mut buf[got..])])?;
 //! }
 //! assert_eq!(&buf, b"hello, world");
 //! # Ok::<(), std::io::Error>(())

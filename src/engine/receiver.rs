@@ -276,16 +276,16 @@ impl<F: Fabric> Receiver<F> {
     /// use std::io::{ErrorKind, IoSlice, IoSliceMut};
     /// let (mut a, mut b) = rdma_channel::RdmaStream::pair()?;
     /// let mut two = [0u8; 2];
-    /// assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut two)])?, 0); // nothing yet
-    /// a.try_put(&[IoSlice::new(b"abc")])?;
+    /// assert_eq!(b.get(&mut [IoSliceMut::new(&mut two)])?, 0); // nothing yet
+    /// a.put(&[IoSlice::new(b"abc")])?;
     /// a.shutdown_write()?;
     /// // A message can be taken in parts; FIFO order holds across calls.
-    /// assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut two)])?, 2);
+    /// assert_eq!(b.get(&mut [IoSliceMut::new(&mut two)])?, 2);
     /// assert_eq!(&two, b"ab");
-    /// assert_eq!(b.try_get(&mut [IoSliceMut::new(&mut two)])?, 1);
+    /// assert_eq!(b.get(&mut [IoSliceMut::new(&mut two)])?, 1);
     /// assert_eq!(two[0], b'c');
     /// // Then end of stream.
-    /// let e = b.try_get(&mut [IoSliceMut::new(&mut two)]).unwrap_err();
+    /// let e = b.get(&mut [IoSliceMut::new(&mut two)]).unwrap_err();
     /// assert_eq!(e.kind(), ErrorKind::UnexpectedEof);
     /// # Ok::<(), std::io::Error>(())
     /// ```

@@ -101,11 +101,11 @@ impl<F: Fabric> Sender<F> {
     /// let (mut a, mut b) = RdmaStream::pair_with(cfg)?;
     /// let data = vec![1u8; 10_000];
     /// // A 4 KiB ring cannot take 10,000 bytes at once: put takes part, retry the rest.
-    /// let first = a.try_put(&[IoSlice::new(&data)])?;
+    /// let first = a.put(&[IoSlice::new(&data)])?;
     /// assert!(first > 0 && first < data.len());
-    /// assert_eq!(a.try_put(&[IoSlice::new(&data[first..])])?, 0); // still full
+    /// assert_eq!(a.put(&[IoSlice::new(&data[first..])])?, 0); // still full
     /// let mut sink = vec![0u8; 10_000];
-    /// let got = b.try_get(&mut [IoSliceMut::new(&mut sink)])?;
+    /// let got = b.get(&mut [IoSliceMut::new(&mut sink)])?;
     /// assert_eq!(got, first);
     /// # Ok::<(), std::io::Error>(())
     /// ```

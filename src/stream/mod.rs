@@ -1,7 +1,7 @@
 //! A connected byte stream with the feel of `UnixStream`, on top of the engine.
 //!
 //! [`RdmaStream`] offers both faces of the channel: the non-blocking vectored
-//! [`try_put`](RdmaStream::try_put)/[`try_get`](RdmaStream::try_get) of seed 001 (the
+//! [`put`](RdmaStream::put)/[`get`](RdmaStream::get) of seed 001 (the
 //! MPICH2 RDMA Channel paper, Liu et al., IPDPS 2004), and blocking
 //! `std::io::Read`/`Write`. [`RdmaStream::pair`] connects two streams inside one
 //! process; [`RdmaListener`] and [`RdmaStream::connect`] connect two processes, by
@@ -73,9 +73,9 @@ impl RdmaStream<AnyFabric> {
     /// ```
     /// use rdma_channel::{Config, RdmaStream};
     /// let (mut a, mut b) = RdmaStream::pair_with(Config::default().with_ring_size(8192).with_chunk_size(1024))?;
-    /// assert_eq!(a.try_put(&[std::io::IoSlice::new(&[7; 100])])?, 100);
+    /// assert_eq!(a.put(&[std::io::IoSlice::new(&[7; 100])])?, 100);
     /// let mut buf = [0u8; 100];
-    /// assert_eq!(b.try_get(&mut [std::io::IoSliceMut::new(&mut buf)])?, 100);
+    /// assert_eq!(b.get(&mut [std::io::IoSliceMut::new(&mut buf)])?, 100);
     /// # Ok::<(), std::io::Error>(())
     /// ```
     ///
@@ -247,7 +247,7 @@ impl<F: Fabric> RdmaStream<F> {
     /// # Errors
     ///
     /// `BrokenPipe` when the peer stopped reading; `ConnectionReset` when it vanished.
-    pub fn try_put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+    pub fn put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
         self.chan.put(iov)
     }
 
@@ -277,7 +277,7 @@ impl<F: Fabric> RdmaStream<F> {
     ///
     /// `UnexpectedEof` once the peer closed and all its data was read;
     /// `ConnectionReset` when it vanished.
-    pub fn try_get(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+    pub fn get(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         self.chan.get(iov)
     }
 
@@ -427,12 +427,12 @@ pub struct ReadHalf<F: Fabric = AnyFabric> {
 }
 
 impl<F: Fabric> ReadHalf<F> {
-    /// Non-blocking get, as [`RdmaStream::try_get`].
+    /// Non-blocking get, as [`RdmaStream::get`].
     ///
     /// # Errors
     ///
-    /// As [`RdmaStream::try_get`].
-    pub fn try_get(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+    /// As [`RdmaStream::get`].
+    pub fn get(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         self.rx.get(iov)
     }
 }
@@ -452,12 +452,12 @@ pub struct WriteHalf<F: Fabric = AnyFabric> {
 }
 
 impl<F: Fabric> WriteHalf<F> {
-    /// Non-blocking put, as [`RdmaStream::try_put`].
+    /// Non-blocking put, as [`RdmaStream::put`].
     ///
     /// # Errors
     ///
-    /// As [`RdmaStream::try_put`].
-    pub fn try_put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+    /// As [`RdmaStream::put`].
+    pub fn put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
         self.tx.put(iov)
     }
 

@@ -28,7 +28,7 @@ impl<F: Fabric> Sender<F> {
     /// let mut out = vec![1u8; 4 + (256 << 10)];
     /// let mut got = 0;
     /// while got < out.len() {
-    ///     got += b.try_get(&mut [IoSliceMut::new(&mut out[got..])])?;
+    ///     got += b.get(&mut [IoSliceMut::new(&mut out[got..])])?;
     /// }
     /// assert_eq!(unsafe { a.channel().sender().put_nocopy(&iov[1..]) }?, 256 << 10);
     /// assert!(out[4..].iter().all(|&x| x == 0));

@@ -42,7 +42,7 @@ impl CardFormat {
         self.magic.len() + 1
     }
 
-    /// An `InvalidData` error: "bad <name>: <msg>".
+    /// An `InvalidData` error: `"bad {name}: {msg}"`.
     pub fn invalid(&self, msg: impl fmt::Display) -> io::Error {
         io::Error::new(
             io::ErrorKind::InvalidData,

@@ -7,15 +7,22 @@
 //! memory that the peer writes. Both are non-blocking and return how many bytes they
 //! moved (possibly 0), in FIFO order; the caller retries the rest (seed 001 sec. 3.2).
 //!
-//! Besides the two rings, each side has a small *control region* the peer writes:
+//! Besides the two rings, each side has a small *control region* the peer writes
+//! ([`CtrlWord`](crate::ring::memory::CtrlWord) names each word and its offset):
 //!
-//! | offset | written by the peer as | meaning |
+//! | word | written by the peer as | meaning |
 //! | --- | --- | --- |
-//! | 0 | receiver of our ring | its tail (explicit, delayed update) |
-//! | 8 | receiver of our ring | nonzero once it stopped reading |
-//! | 16 | receiver of our ring | number of the last zero-copy announcement it has read in full |
-//! | 64 | sender into our ring | credit request: the tail it knows + 1, when out of room |
-//! | 72 | sender into our ring | end of stream: its final head + 1 |
+//! | `Tail` | receiver of our ring | its tail (explicit, delayed update) |
+//! | `ReceiverClosed` | receiver of our ring | nonzero once it stopped reading |
+//! | `ZeroCopyDone` | receiver of our ring | number of the last zero-copy announcement it has read in full |
+//! | `CreditRequest` | sender into our ring | credit request: the tail it knows + 1, when out of room |
+//! | `EndOfStream` | sender into our ring | end of stream: its final head + 1 |
+//!
+//! The rooms: `link.rs` (what both halves share), `connect.rs` ([`Prepared`]),
+//! `sender.rs`, `receiver.rs`, `card.rs` (the connection card), `wait.rs`
+//! ([`Backoff`]). The engine has no `unsafe`: raw memory is behind the types of
+//! [`ring::memory`](crate::ring::memory), and the zero-copy entry points whose
+//! contracts are `unsafe` live in `src/zerocopy/`.
 //!
 //! Tail updates (seed 001 sec. 4.3) travel piggybacked in every packet of the reverse
 //! direction, and explicitly (one 8-byte write) when the consumed-but-unannounced
@@ -26,10 +33,10 @@
 //!
 //! Large buffers can travel zero-copy (seed 001 sec. 5): the sender registers them
 //! through its protection domain's [registration cache](crate::rcache), writes a
-//! [`Rendezvous`] packet naming them into the ring and keeps them untouched; the
+//! [`Rendezvous`](crate::ring::wire::Rendezvous) packet naming them into the ring and keeps them untouched; the
 //! receiver, on reaching that packet in FIFO order, pulls the bytes straight into the
 //! caller's buffers with RDMA READ, then writes the announcement's number into the
-//! sender's control word 16. See [`Sender::put_nocopy`] for the contract.
+//! sender's `ZeroCopyDone` word. See [`Sender::put_nocopy`] for the contract.
 
 pub mod card;
 mod connect;

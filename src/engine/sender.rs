@@ -118,7 +118,7 @@ impl<F: Fabric> Sender<F> {
         self.put_inner(iov, None)
     }
 
-    /// The registration cache of this connection's protection domain (see [`Channel::registration_cache`]).
+    /// The registration cache of this connection's protection domain (see [`Channel::registration_cache`](crate::Channel::registration_cache)).
     pub fn registration_cache(&self) -> &RegCache<F> {
         &self.link.rcache
     }
@@ -149,7 +149,7 @@ impl<F: Fabric> Sender<F> {
     /// Allocates `len` bytes of zeroed, registered memory for zero-copy sends (like
     /// `MPI_Alloc_mem` / `ucp_mem_map`). On the emulated fabric it is a shared segment
     /// the peer reads with a plain copy, so it goes zero-copy from a lower threshold
-    /// ([`Config::zero_copy_threshold`]) than other memory. The buffer belongs to
+    /// ([`Config::with_zero_copy_threshold`](crate::Config::with_zero_copy_threshold)) than other memory. The buffer belongs to
     /// this connection's protection domain: on every connection of that domain it
     /// counts as allocated memory; on others it can be sent too, as ordinary memory.
     ///

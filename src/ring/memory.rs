@@ -235,11 +235,11 @@ impl<R: MemoryRegion> ControlWords<R> {
 
     #[inline]
     fn word(&self, w: CtrlWord) -> &AtomicU64 {
+        let at = w.offset() as usize;
         // SAFETY: every offset is 8-aligned and below CTRL_SIZE, the region's length
         // (checked in `new`); the region lives as long as `self`; the peer's fabric
         // writes these words whole (fabric guarantee 3) and we only access them
         // atomically.
-        let at = w.offset() as usize;
         unsafe { &*self.mem.base.as_ptr().add(at).cast::<AtomicU64>() }
     }
 

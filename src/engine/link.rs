@@ -252,6 +252,7 @@ impl<F: Fabric> Link<F> {
             if let Err(e) = self.drain_completions() {
                 failure.get_or_insert(e);
             }
+            // Acquire: as above.
             if self.sq.completed.load(Ordering::Acquire) > seq {
                 break;
             }
@@ -306,6 +307,7 @@ impl<F: Fabric> Link<F> {
             && self.rx_tail.load(Ordering::Acquire) >= req
         {
             self.publish_tail()?;
+            // Relaxed: as the load above.
             self.credit_served.store(req, Ordering::Relaxed);
         }
         Ok(())

@@ -128,6 +128,7 @@ impl<F: Fabric> Receiver<F> {
             if word != first {
                 continue;
             }
+            // Relaxed: the trailer's Acquire above already ordered the whole packet.
             let ack = self.load_word(self.read_pos + 8, Ordering::Relaxed);
             hbytes[8..].copy_from_slice(&ack.to_le_bytes());
             let header = Header::new_unchecked(&hbytes[..]);
@@ -217,6 +218,8 @@ impl<F: Fabric> Receiver<F> {
         let link = self.link.clone();
         if !wait {
             let drained = link.drain_completions();
+            // Acquire: pairs with drain_completions' AcqRel, so the bytes the reads
+            // placed are visible once they are counted.
             if link.sq.completed.load(Ordering::Acquire) <= r.last {
                 drained?;
                 self.reads = Some(r);
@@ -239,6 +242,7 @@ impl<F: Fabric> Receiver<F> {
 
     fn take_ack(&self, ack: u64) -> io::Result<()> {
         let link = &*self.link;
+        // Relaxed: only this half stores tx_tail_piggy, so it reads its own value.
         if ack > link.tx_tail_piggy.load(Ordering::Relaxed) {
             if ack % CELL as u64 != 0 {
                 return Err(link.fail(
@@ -413,6 +417,8 @@ impl<F: Fabric> Receiver<F> {
     /// Delayed tail update and credit service, run after every `get`.
     fn maintain(&mut self) -> io::Result<()> {
         let link = &*self.link;
+        // Relaxed: hints for when to publish; a stale value only repeats or delays an
+        // update, and publish_tail itself reads rx_tail with Acquire.
         let told = link
             .rx_explicit
             .load(Ordering::Relaxed)

@@ -17,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 . scripts/deps.sh
+. bench/lib.sh
 
 sizes=8,64,512,4096,16384,65536,262144,1048576,4194304
 rounds=3
@@ -43,7 +44,6 @@ cflags=(-O2 -Wno-stringop-overflow)
 "$cache/install-sock/bin/mpicc" "${cflags[@]}" -o "$work/osu_sock" bench/c/osu_mpi.c
 mpicc.mpich "${cflags[@]}" -o "$work/osu_deb" bench/c/osu_mpi.c
 mpicc.openmpi "${cflags[@]}" -o "$work/osu_ompi" bench/c/osu_mpi.c
-cc -O2 -pthread -o "$work/probe" bench/c/handoff_probe.c
 cargo bench --bench capi_osu --no-run >/dev/null 2>&1
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -64,53 +64,14 @@ run() {
         ompi) mpirun.openmpi -np 2 --bind-to none "$work/osu_ompi" --sizes "$sizes" ;;
     esac | awk '/^ *[0-9]+ +[0-9.]+ +[0-9.]+$/ { print $1, $2, $3 }'
 }
-# CPU used by other processes while none of ours runs, in % of one CPU, over half a
-# second (/proc/stat): a busy neighbour makes a round's figures meaningless.
-other_load() {
-    local a b
-    a=$(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat)
-    sleep 0.5
-    b=$(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat)
-    awk -v a="$a" -v b="$b" -v n="$(nproc)" 'BEGIN { split(a, x, " "); split(b, y, " ");
-        t = y[2] - x[2]; if (t <= 0) { print 0; exit } printf "%.0f\n", (y[1] - x[1]) / t * n * 100 }'
-}
-
-kept=0
-attempts=0
-while [ "$kept" -lt "$rounds" ]; do
-    attempts=$((attempts + 1))
-    if [ "$attempts" -gt $((rounds * 4)) ]; then
-        echo "mpich-compare: gave up after $attempts rounds: the machine stayed slow" >&2
-        break
-    fi
-    l0=$(other_load)
-    p0=$("$work/probe")
-    order=("${systems[@]}")
-    # rotate the order every round
-    for ((i = 0; i < kept; i++)); do order=("${order[@]:1}" "${order[0]}"); done
-    ok=1
+run_round() {
+    local s
     for s in "${order[@]}"; do
-        run "$s" > "$work/$s.round$kept" || { echo "mpich-compare: $s failed" >&2; ok=0; }
+        run "$s" > "$work/$s.round$kept" || { echo "mpich-compare: $s failed" >&2; round_ok=0; }
     done
-    p1=$("$work/probe")
-    l1=$(other_load)
-    if [ "$l0" -gt 10 ] || [ "$l1" -gt 10 ]; then
-        echo "mpich-compare: round rejected (other processes used $l0% / $l1% of a CPU)" >&2
-        continue
-    fi
-    if awk -v a="$p0" -v b="$p1" -v m="$probe_max" 'BEGIN { exit !(a > m || b > m) }'; then
-        echo "mpich-compare: round rejected (hand-off probe $p0 / $p1 ns > $probe_max)" >&2
-        continue
-    fi
-    [ "$ok" = 1 ] || continue
-    echo "mpich-compare: round $((kept + 1)) kept (probe $p0 / $p1 ns, load $l0% / $l1%)" >&2
-    kept=$((kept + 1))
-done
-
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-col() { # system, size, field (2 latency, 3 bandwidth)
-    cat "$work/$1".round* 2>/dev/null | awk -v s="$2" -v f="$3" '$1 == s { print $f }' | median
 }
+keep_rounds mpich-compare
+
 
 # One markdown table: field 2 (latency, us) or 3 (bandwidth, GB/s), with ch3:rch's
 # difference from the channel's own figure and its ratio to Debian's MPICH.

@@ -1,0 +1,61 @@
+# Shared by the side-by-side benchmark drivers (bench/ab.sh, bench/mpich-compare.sh):
+# interleaved rounds that are thrown away when the machine was slow or busy.
+# Source it, define run_round (run every system once, in the order "${order[@]}",
+# writing "$work/<system>.round$kept"), set work, rounds, probe_max and systems,
+# then call keep_rounds <name>. Nothing here asserts: these are benchmarks.
+
+# CPU used by other processes while none of ours runs, in % of one CPU, over half a
+# second (/proc/stat): a busy neighbour makes a round's figures meaningless.
+other_load() {
+    local a b
+    a=$(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat)
+    sleep 0.5
+    b=$(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat)
+    awk -v a="$a" -v b="$b" -v n="$(nproc)" 'BEGIN { split(a, x, " "); split(b, y, " ");
+        t = y[2] - x[2]; if (t <= 0) { print 0; exit } printf "%.0f\n", (y[1] - x[1]) / t * n * 100 }'
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# The median over kept rounds of field $3 (2 latency, 3 bandwidth) for size $2 of
+# system $1, from lines "size latency bandwidth".
+col() {
+    cat "$work/$1".round* 2>/dev/null | awk -v s="$2" -v f="$3" '$1 == s { print $f }' | median
+}
+
+# Runs rounds until $rounds are kept: the cache-line hand-off probe
+# (bench/c/handoff_probe.c) runs before and after each round, and a round where it
+# read above $probe_max ns (the shared host sometimes slows from ~35 to ~200 ns for
+# seconds) or where other processes used more than 10% of a CPU is run again. The
+# order of systems rotates every round. Sets kept.
+keep_rounds() {
+    local name=$1 attempts=0 l0 l1 p0 p1 i
+    cc -O2 -pthread -o "$work/probe" bench/c/handoff_probe.c
+    kept=0
+    while [ "$kept" -lt "$rounds" ]; do
+        attempts=$((attempts + 1))
+        if [ "$attempts" -gt $((rounds * 4)) ]; then
+            echo "$name: gave up after $attempts rounds: the machine stayed slow" >&2
+            break
+        fi
+        l0=$(other_load)
+        p0=$("$work/probe")
+        order=("${systems[@]}")
+        for ((i = 0; i < kept; i++)); do order=("${order[@]:1}" "${order[0]}"); done
+        round_ok=1
+        run_round
+        p1=$("$work/probe")
+        l1=$(other_load)
+        if [ "$l0" -gt 10 ] || [ "$l1" -gt 10 ]; then
+            echo "$name: round rejected (other processes used $l0% / $l1% of a CPU)" >&2
+            continue
+        fi
+        if awk -v a="$p0" -v b="$p1" -v m="$probe_max" 'BEGIN { exit !(a > m || b > m) }'; then
+            echo "$name: round rejected (hand-off probe $p0 / $p1 ns > $probe_max)" >&2
+            continue
+        fi
+        [ "$round_ok" = 1 ] || continue
+        echo "$name: round $((kept + 1)) kept (probe $p0 / $p1 ns, load $l0% / $l1%)" >&2
+        kept=$((kept + 1))
+    done
+}

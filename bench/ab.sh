@@ -16,17 +16,7 @@ cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { sed -n '2,12p' "$0"; exit 2; }
 a_bin=$(realpath "$1") b_bin=$(realpath "$2")
 shift 2
-sizes=8,64,512,4096,16384,65536,262144,1048576,4194304
-rounds=3
-probe_max=80
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --sizes) sizes=$2; shift 2 ;;
-        --rounds) rounds=$2; shift 2 ;;
-        --probe-max) probe_max=$2; shift 2 ;;
-        *) echo "ab: unknown argument '$1'" >&2; exit 2 ;;
-    esac
-done
+parse_round_options ab "$@"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 systems=(a b)

@@ -4,6 +4,24 @@
 # writing "$work/<system>.round$kept"), set work, rounds, probe_max and systems,
 # then call keep_rounds <name>. Nothing here asserts: these are benchmarks.
 
+# Options every driver takes; sets sizes, rounds and probe_max (defaults: the
+# standard sizes 8 B - 4 MiB, 3 rounds, 80 ns). Usage: parse_round_options NAME "$@".
+parse_round_options() {
+    local name=$1
+    shift
+    sizes=8,64,512,4096,16384,65536,262144,1048576,4194304
+    rounds=3
+    probe_max=80
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --sizes) sizes=$2; shift 2 ;;
+            --rounds) rounds=$2; shift 2 ;;
+            --probe-max) probe_max=$2; shift 2 ;;
+            *) echo "$name: unknown argument '$1' (see the script's header)" >&2; exit 2 ;;
+        esac
+    done
+}
+
 # CPU used by other processes while none of ours runs, in % of one CPU, over half a
 # second (/proc/stat): a busy neighbour makes a round's figures meaningless.
 other_load() {

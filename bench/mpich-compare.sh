@@ -19,18 +19,7 @@ repo=$(pwd)
 . scripts/deps.sh
 . bench/lib.sh
 
-sizes=8,64,512,4096,16384,65536,262144,1048576,4194304
-rounds=3
-probe_max=80
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --sizes) sizes=$2; shift 2 ;;
-        --rounds) rounds=$2; shift 2 ;;
-        --probe-max) probe_max=$2; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-        *) echo "mpich-compare: unknown argument '$1'" >&2; exit 2 ;;
-    esac
-done
+parse_round_options mpich-compare "$@"
 
 need_apt_packages mpich libmpich-dev openmpi-bin libopenmpi-dev
 cache=${RCH_MPICH_CACHE:-$HOME/.cache/rdma-channel/mpich}

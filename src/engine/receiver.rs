@@ -10,12 +10,12 @@ use super::link::{Link, HEALTH_EVERY};
 use super::wait::Backoff;
 use crate::fabric::Fabric;
 use crate::rcache::RegHandle;
-use crate::ring::memory::CtrlWord;
+use crate::ring::memory::{CtrlWord, RingMemory};
 use crate::ring::wire::{
     cells_for, trailer_word, Header, PacketKind, Rendezvous, RndvSeg, CELL, HEADER_LEN,
     MAX_RNDV_SEGS,
 };
-use crate::ring::{boundary_offsets, PAYLOAD_OFFSET};
+use crate::ring::PAYLOAD_OFFSET;
 use crate::zerocopy::Lent;
 
 /// Largest single RDMA READ of the zero-copy path: big enough to amortise a request,
@@ -27,6 +27,9 @@ const MAX_READS_IN_FLIGHT: usize = 16;
 /// The receiving direction of a connection.
 pub struct Receiver<F: Fabric> {
     pub(crate) link: Arc<Link<F>>,
+    /// The incoming ring (a clone of the link's: its address and mask sit here, in
+    /// the half that polls it).
+    ring: RingMemory<F::Region>,
     ring_size: u64,
     threshold: u64,
     /// Start of the packet being read (or of the next one).
@@ -73,6 +76,7 @@ pub(crate) struct ZcRecv {
 impl<F: Fabric> Receiver<F> {
     pub(super) fn new(link: Arc<Link<F>>, max_rd_atomic: usize) -> Receiver<F> {
         Receiver {
+            ring: link.ring.clone(),
             ring_size: link.ring.size(),
             threshold: link.cfg.tail_threshold() as u64,
             link,
@@ -91,7 +95,7 @@ impl<F: Fabric> Receiver<F> {
 
     #[inline]
     fn load_word(&self, pos: u64, order: Ordering) -> u64 {
-        self.link.ring.load_word(pos, order)
+        self.ring.load_word(pos, order)
     }
 
     /// Looks for a complete packet at `read_pos`; true when one is ready to read.
@@ -172,8 +176,7 @@ impl<F: Fabric> Receiver<F> {
                 format!("protocol error: rendezvous of {len} bytes"),
             ));
         }
-        self.link
-            .ring
+        self.ring
             .copy_out(self.read_pos + PAYLOAD_OFFSET as u64, &mut desc[..len]);
         let r = Rendezvous::new_checked(&desc[..len]).map_err(|e| {
             self.link
@@ -263,9 +266,7 @@ impl<F: Fabric> Receiver<F> {
         let start = (self.read_pos & (self.ring_size - 1)) as usize;
         // The sender does not touch these cells until it sees the tail stored below,
         // whose Release orders the clearing stores.
-        for off in boundary_offsets(start, self.cur_cells) {
-            self.link.ring.clear_word(off as u64);
-        }
+        self.ring.clear_boundaries(start, self.cur_cells);
         self.read_pos += (self.cur_cells * CELL) as u64;
         self.in_packet = false;
         // Release: our copies out of the packet happen before anyone who reads this tail
@@ -381,8 +382,7 @@ impl<F: Fabric> Receiver<F> {
                 let n = self.cur_left.min(buf.len() - at);
                 // The whole packet is visible (next_packet saw its trailer) and will not
                 // be rewritten until we publish a tail beyond it.
-                self.link
-                    .ring
+                self.ring
                     .copy_out(self.cur_off as u64, &mut buf[at..at + n]);
                 at += n;
                 self.cur_off += n;

@@ -414,3 +414,267 @@ impl<R: MemoryRegion> StagingBuffer<R> {
         unsafe { qp.post(&wr) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Plain-memory tests of the three types (they run under Miri: no syscalls).
+
+    use super::*;
+    use crate::fabric::{Access, Caps, Completion, QpState};
+    use std::alloc::{alloc_zeroed, dealloc, Layout};
+    use std::sync::Mutex;
+
+    /// A "registered" region in ordinary heap memory, 64-byte aligned.
+    struct HeapRegion {
+        ptr: NonNull<u8>,
+        layout: Layout,
+        /// Bytes from `ptr` at which the region starts (to test misalignment).
+        skew: usize,
+        len: usize,
+    }
+
+    // SAFETY: the allocation is owned by the value and only reached through it (and
+    // through the types under test, which the tests keep within its lifetime).
+    unsafe impl Send for HeapRegion {}
+    // SAFETY: as above.
+    unsafe impl Sync for HeapRegion {}
+
+    impl HeapRegion {
+        fn new(len: usize, skew: usize) -> HeapRegion {
+            let layout = Layout::from_size_align(len + skew, 64).unwrap();
+            // SAFETY: the layout has a non-zero size.
+            let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
+            HeapRegion {
+                ptr,
+                layout,
+                skew,
+                len,
+            }
+        }
+    }
+
+    impl Drop for HeapRegion {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `new` with this layout, freed once.
+            unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+        }
+    }
+
+    impl MemoryRegion for HeapRegion {
+        fn addr(&self) -> *mut u8 {
+            // SAFETY: skew < the allocation's size.
+            unsafe { self.ptr.as_ptr().add(self.skew) }
+        }
+        fn len(&self) -> usize {
+            self.len
+        }
+        fn lkey(&self) -> u32 {
+            7
+        }
+        fn rkey(&self) -> u32 {
+            8
+        }
+        fn access(&self) -> Access {
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE
+        }
+    }
+
+    /// Writes `v` at byte `off` of a region, as the peer's fabric would.
+    fn poke(addr: *mut u8, off: usize, v: u64) {
+        // SAFETY: callers pass offsets of aligned words inside a live region.
+        unsafe { (*addr.add(off).cast::<AtomicU64>()).store(v, Ordering::Release) };
+    }
+
+    #[test]
+    fn ring_words_wrap_and_clear() {
+        let region = HeapRegion::new(4096, 0);
+        let addr = region.addr();
+        let ring = RingMemory::new(region).unwrap();
+        assert_eq!(ring.size(), 4096);
+        poke(addr, 64, 0xabcd);
+        // Positions wrap and round down to a word.
+        assert_eq!(ring.load_word(64, Ordering::Acquire), 0xabcd);
+        assert_eq!(ring.load_word(4096 * 3 + 64 + 5, Ordering::Acquire), 0xabcd);
+        ring.clear_word(4096 + 64);
+        assert_eq!(ring.load_word(64, Ordering::Acquire), 0);
+        // A clone reads the same memory, and keeps it alive alone.
+        let clone = ring.clone();
+        drop(ring);
+        poke(addr, 8, 5);
+        assert_eq!(clone.load_word(8, Ordering::Acquire), 5);
+    }
+
+    #[test]
+    fn clear_boundaries_zeroes_the_first_and_last_word_of_each_cell_only() {
+        let region = HeapRegion::new(4096, 0);
+        let addr = region.addr();
+        let ring = RingMemory::new(region).unwrap();
+        for off in (0..4096).step_by(8) {
+            poke(addr, off, 1);
+        }
+        ring.clear_boundaries(128, 2);
+        for off in (0..4096).step_by(8) {
+            let boundary = (128..256).contains(&off) && (off % 64 == 0 || off % 64 == 56);
+            assert_eq!(
+                ring.load_word(off as u64, Ordering::Relaxed),
+                u64::from(!boundary)
+            );
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "run past the end")]
+    fn clear_boundaries_past_the_end_panics() {
+        RingMemory::new(HeapRegion::new(4096, 0))
+            .unwrap()
+            .clear_boundaries(4096 - 64, 2);
+    }
+
+    #[test]
+    fn copy_out_reads_the_bytes_at_a_position() {
+        let region = HeapRegion::new(4096, 0);
+        let addr = region.addr();
+        let ring = RingMemory::new(region).unwrap();
+        poke(addr, 4096 - 8, u64::from_le_bytes(*b"ABCDEFGH"));
+        let mut out = [0u8; 8];
+        ring.copy_out(2 * 4096 - 8, &mut out);
+        assert_eq!(&out, b"ABCDEFGH");
+    }
+
+    #[test]
+    #[should_panic(expected = "runs past the end")]
+    fn copy_out_past_the_end_panics() {
+        let ring = RingMemory::new(HeapRegion::new(4096, 0)).unwrap();
+        ring.copy_out(4096 - 8, &mut [0u8; 9]);
+    }
+
+    #[test]
+    fn regions_of_the_wrong_shape_are_refused() {
+        assert!(RingMemory::new(HeapRegion::new(4000, 0)).is_err());
+        assert!(RingMemory::new(HeapRegion::new(4096, 8)).is_err());
+        assert!(RingMemory::new(HeapRegion::new(32, 0)).is_err());
+        assert!(ControlWords::new(HeapRegion::new(CTRL_SIZE * 2, 0)).is_err());
+        assert!(ControlWords::new(HeapRegion::new(CTRL_SIZE, 8)).is_err());
+        assert!(StagingBuffer::new(HeapRegion::new(100, 3)).is_ok());
+    }
+
+    #[test]
+    fn each_control_word_reads_its_own_offset() {
+        let region = HeapRegion::new(CTRL_SIZE, 0);
+        let addr = region.addr();
+        let ctrl = ControlWords::new(region).unwrap();
+        assert_eq!(
+            (ctrl.tail(), ctrl.receiver_closed(), ctrl.zero_copy_done()),
+            (0, false, 0)
+        );
+        for (i, w) in [
+            CtrlWord::Tail,
+            CtrlWord::ReceiverClosed,
+            CtrlWord::ZeroCopyDone,
+            CtrlWord::CreditRequest,
+            CtrlWord::EndOfStream,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            poke(addr, w.offset() as usize, 10 + i as u64);
+        }
+        assert_eq!(ctrl.tail(), 10);
+        assert!(ctrl.receiver_closed());
+        assert_eq!(ctrl.zero_copy_done(), 12);
+        assert_eq!(ctrl.credit_request(), 13);
+        assert_eq!(ctrl.end_of_stream(), 14);
+    }
+
+    /// What a write named: its first gather entry (address, length, lkey), the
+    /// target (address, rkey) and whether it was inline.
+    type Posted = (usize, u32, u32, u64, u32, bool);
+
+    /// A queue pair that records the writes it was given.
+    #[derive(Default)]
+    struct RecordingQp {
+        posted: Mutex<Vec<Posted>>,
+    }
+
+    impl QueuePair for RecordingQp {
+        unsafe fn post(&self, wr: &WorkRequest<'_>) -> Result<(), FabricError> {
+            let Opcode::Write {
+                local,
+                remote_addr,
+                rkey,
+                inline,
+            } = wr.opcode
+            else {
+                return Err(FabricError::InvalidRequest("not a write"));
+            };
+            let s = local[0];
+            self.posted.lock().unwrap().push((
+                s.addr as usize,
+                s.len,
+                s.lkey,
+                remote_addr,
+                rkey,
+                inline,
+            ));
+            Ok(())
+        }
+        fn poll(&self, _out: &mut [Completion]) -> usize {
+            0
+        }
+        fn state(&self) -> QpState {
+            QpState::ReadyToSend
+        }
+        fn caps(&self) -> Caps {
+            Caps {
+                max_inline: 0,
+                max_sge: 4,
+                max_send_wr: usize::MAX,
+                max_rd_atomic: 1,
+            }
+        }
+    }
+
+    #[test]
+    fn staging_copies_the_pieces_to_the_packets_offset_and_writes_them_from_there() {
+        let region = HeapRegion::new(4096, 0);
+        let base = region.addr();
+        let addr = base as usize;
+        let staging = StagingBuffer::new(region).unwrap();
+        let qp = RecordingQp::default();
+        let (head, body) = (*b"header..", [9u8; 100]);
+        let mut list = GatherList::<4>::new();
+        list.push(&head);
+        list.push(&body);
+        let peer = RemoteRegion {
+            addr: 0x10_0000,
+            len: 4096,
+            rkey: 3,
+        };
+        staging
+            .post_write(&qp, 1, false, 256, &list, &peer)
+            .unwrap();
+        let posted = qp.posted.lock().unwrap();
+        assert_eq!(posted[..], [(addr + 256, 108, 7, 0x10_0100, 3, false)]);
+        let mut copied = [0u8; 108];
+        // SAFETY: the staging region is alive (owned by `staging`) and 256 + 108
+        // bytes long at least; nothing writes it meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(base.add(256), copied.as_mut_ptr(), 108) };
+        assert_eq!(&copied[..8], b"header..");
+        assert!(copied[8..].iter().all(|&b| b == 9));
+    }
+
+    #[test]
+    #[should_panic(expected = "runs past the buffer")]
+    fn staging_past_the_end_panics() {
+        let staging = StagingBuffer::new(HeapRegion::new(128, 0)).unwrap();
+        let body = [0u8; 100];
+        let mut list = GatherList::<1>::new();
+        list.push(&body);
+        let peer = RemoteRegion {
+            addr: 0,
+            len: 128,
+            rkey: 0,
+        };
+        let _ = staging.post_write(&RecordingQp::default(), 0, false, 64, &list, &peer);
+    }
+}

@@ -675,6 +675,8 @@ impl CmId {
 
     /// True once [`set_established`](Self::set_established) was called.
     pub fn is_established(&self) -> bool {
+        // Acquire: pairs with set_established's Release (what the event handler did
+        // before it set the flag is visible to whoever sees it set).
         self.established.load(Ordering::Acquire)
     }
 

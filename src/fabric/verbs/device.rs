@@ -309,10 +309,13 @@ impl Context {
                     let cq = unsafe { (*p).element.cq } as usize;
                     failures.cqs.push(cq);
                 }
-                // DEVICE_FATAL
+                // DEVICE_FATAL. Release: pairs with qp_failed's Acquire, so the
+                // failures recorded before it are seen with it.
                 8 => self.device_fatal.store(true, Ordering::Release),
                 // PORT_ERR
                 10 => {
+                    // AcqRel: a counter read by port_errors (Acquire) on other
+                    // threads, which then also see this thread's earlier records.
                     self.port_errors.fetch_add(1, Ordering::AcqRel);
                 }
                 _ => {}
@@ -324,12 +327,14 @@ impl Context {
 
     /// Number of port-error events seen so far.
     pub(crate) fn port_errors(&self) -> u64 {
+        // Acquire: pairs with the AcqRel increment in the event loop.
         self.port_errors.load(Ordering::Acquire)
     }
 
     /// True when an asynchronous event said the QP `qpn` (with completion queue `cq`)
     /// failed, or the device died.
     pub(crate) fn qp_failed(&self, qpn: u32, cq: usize) -> bool {
+        // Acquire: pairs with the Release store in the event loop.
         if self.device_fatal.load(Ordering::Acquire) {
             return true;
         }

@@ -616,6 +616,7 @@ impl std::fmt::Debug for VerbsQp {
         f.debug_struct("VerbsQp")
             .field("qp", &self.qp)
             .field("caps", &self.caps)
+            // Relaxed: a snapshot for printing only.
             .field("error", &self.error.load(Ordering::Relaxed))
             .finish()
     }
@@ -669,6 +670,8 @@ impl VerbsQp {
         if g.is_none() {
             *g = Some(why);
         }
+        // Release: whoever sees the flag (Acquire loads below) may read the reason
+        // stored above.
         self.error.store(true, Ordering::Release);
     }
 
@@ -722,6 +725,7 @@ impl VerbsQp {
 
     /// Posts a keepalive when the send queue has been silent long enough.
     fn keepalive_tick(&self) {
+        // Acquire: pairs with set_error's Release.
         if self.keepalive_ns == 0 || self.error.load(Ordering::Acquire) {
             return;
         }
@@ -743,6 +747,7 @@ impl VerbsQp {
         {
             q.since = now;
             if let Err(e) = self.post_own(KEEPALIVE_WR_ID) {
+                // Relaxed: as the swap above.
                 self.keepalive_in_flight.store(false, Ordering::Relaxed);
                 self.set_error(format!("posting a keepalive: {e}"));
             }
@@ -894,10 +899,12 @@ impl QueuePair for VerbsQp {
                 // Our own requests are not the engine's business.
                 match w.wr_id {
                     KEEPALIVE_WR_ID => {
+                        // Relaxed: as in keepalive_tick.
                         self.keepalive_in_flight.store(false, Ordering::Relaxed);
                         continue;
                     }
                     LINGER_WR_ID => {
+                        // Release: pairs with the lingering drop's Acquire loop.
                         self.linger_done.store(true, Ordering::Release);
                         continue;
                     }
@@ -919,6 +926,8 @@ impl QueuePair for VerbsQp {
     }
 
     fn state(&self) -> QpState {
+        // Acquire on `error`: pairs with set_error's Release. Relaxed on last_check:
+        // it only rate-limits device checks; a lost race skips or repeats one.
         if !self.error.load(Ordering::Acquire) {
             let now = self.ctx.now_ns();
             let last = self.last_check.load(Ordering::Relaxed);
@@ -931,6 +940,7 @@ impl QueuePair for VerbsQp {
                 self.check_device();
             }
         }
+        // Acquire: as above (check_device may just have set it).
         if self.error.load(Ordering::Acquire) {
             QpState::Error
         } else {
@@ -962,6 +972,7 @@ impl Drop for VerbsQp {
         // moves the queue pair to the error state, which flushes what is not yet sent
         // (the end of stream, typically). Not when the peer has already disconnected.
         self.check_cm_events();
+        // Acquire on both flags: pairs with their Release stores (poll, set_error).
         if !self.error.load(Ordering::Acquire) && self.post_own(LINGER_WR_ID).is_ok() {
             let start = std::time::Instant::now();
             let mut scratch = [Completion {

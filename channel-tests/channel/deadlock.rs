@@ -335,14 +335,7 @@ pub(crate) fn run_blocking_exchange(t: &Tun, total: u64) {
                 let mut scratch = Vec::new();
                 let mut got = 0u64;
                 loop {
-                    let cap = rng.log_uniform(1, buf.len());
-                    let n = if rng.chance(1, 4) {
-                        let shape = random_shape(&mut rng, cap, 6);
-                        r.read_vectored(&mut iovecs_mut(&mut buf[..cap], &shape))
-                    } else {
-                        r.read(&mut buf[..cap])
-                    }
-                    .map_err(|e| ioe(&e))?;
+                    let (n, _) = read_random(&mut r, &mut buf, &mut rng).map_err(|e| ioe(&e))?;
                     if n == 0 {
                         return Ok(got);
                     }

@@ -222,6 +222,30 @@ pub(crate) fn estimate_position(chunk: usize) -> impl FnMut(u64) -> u64 + Send +
     }
 }
 
+/// Ends a writer the way its flow says (shut down or dropped) once `sent` is known,
+/// and raises `abort` for the reader on any error.
+fn end_writer<W>(
+    sent: Result<Vec<u8>, String>,
+    end: WriterEnd,
+    mut w: W,
+    shutdown: impl FnOnce(&mut W) -> io::Result<()>,
+    abort: &AtomicBool,
+) -> Result<Vec<u8>, String> {
+    let r = sent.and_then(|sent| match end {
+        WriterEnd::Shutdown => shutdown(&mut w)
+            .map(|_| sent)
+            .map_err(|e| format!("shutdown: {}", ioe(&e))),
+        WriterEnd::Drop => {
+            drop(w);
+            Ok(sent)
+        }
+    });
+    if r.is_err() {
+        abort.store(true, Ordering::Relaxed);
+    }
+    r
+}
+
 pub(crate) fn spawn_half_writer(
     mut w: rdma_channel::WriteHalf,
     flow: Flow,
@@ -238,21 +262,8 @@ pub(crate) fn spawn_half_writer(
             estimate_position(chunk),
             &abort,
             deadline,
-        )
-        .and_then(|sent| match flow.end {
-            WriterEnd::Shutdown => w
-                .shutdown()
-                .map(|_| sent)
-                .map_err(|e| format!("shutdown: {}", ioe(&e))),
-            WriterEnd::Drop => {
-                drop(w);
-                Ok(sent)
-            }
-        });
-        if r.is_err() {
-            abort.store(true, Ordering::Relaxed);
-        }
-        r
+        );
+        end_writer(r, flow.end, w, |w| w.shutdown(), &abort)
     })
 }
 
@@ -331,21 +342,7 @@ pub(crate) fn run_two_threads_one_way_exact(t: &Tun, flow: &Flow) -> Result<(), 
                 &abort,
                 deadline,
             );
-            let mut a = a.into_inner();
-            let r = r.and_then(|sent| match flow.end {
-                WriterEnd::Shutdown => a
-                    .shutdown_write()
-                    .map(|_| sent)
-                    .map_err(|e| format!("shutdown_write: {}", ioe(&e))),
-                WriterEnd::Drop => {
-                    drop(a);
-                    Ok(sent)
-                }
-            });
-            if r.is_err() {
-                abort.store(true, Ordering::Relaxed);
-            }
-            r
+            end_writer(r, flow.end, a.into_inner(), |a| a.shutdown_write(), &abort)
         })
     };
     let rd = {

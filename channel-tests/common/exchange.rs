@@ -1,7 +1,7 @@
 //! The checksummed exchange both ways over one stream, shared by the two-process and
 //! the cross-host tests.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::Instant;
 
 use super::*;
@@ -84,15 +84,8 @@ pub fn exchange(
     let mut scratch = Vec::with_capacity(1 << 20);
     let mut got = 0u64;
     let read_result: Result<(), String> = loop {
-        let cap = rng.log_uniform(1, buf.len());
-        let n = if rng.chance(1, 4) {
-            let shape = random_shape(&mut rng, cap, 6);
-            r.read_vectored(&mut iovecs_mut(&mut buf[..cap], &shape))
-        } else {
-            r.read(&mut buf[..cap])
-        };
-        let n = match n {
-            Ok(n) => n,
+        let (n, cap) = match read_random(&mut r, &mut buf, &mut rng) {
+            Ok(read) => read,
             Err(e) => break Err(format!("{name} reader: after {got} bytes: {}", ioe(&e))),
         };
         if n == 0 {

@@ -480,6 +480,24 @@ pub fn write_all_vectored<W: io::Write>(w: &mut W, data: &[u8], shape: &[usize])
     Ok(())
 }
 
+/// One read of a random size (log-uniform up to `buf.len()`) into `buf`, vectored
+/// into up to 6 random pieces one time in four, as a varied application would read.
+/// Returns the bytes read and the bytes asked for.
+pub fn read_random(
+    r: &mut impl std::io::Read,
+    buf: &mut [u8],
+    rng: &mut Rng,
+) -> std::io::Result<(usize, usize)> {
+    let cap = rng.log_uniform(1, buf.len());
+    let n = if rng.chance(1, 4) {
+        let shape = random_shape(rng, cap, 6);
+        r.read_vectored(&mut iovecs_mut(&mut buf[..cap], &shape))
+    } else {
+        r.read(&mut buf[..cap])
+    }?;
+    Ok((n, cap))
+}
+
 /// Cuts `total` bytes into 1..=max_pieces random pieces (some possibly empty).
 pub fn random_shape(rng: &mut Rng, total: usize, max_pieces: usize) -> Vec<usize> {
     let pieces = rng.range(1, max_pieces.max(1));

@@ -42,6 +42,7 @@ pub mod fabric;
 pub mod ffi;
 pub(crate) mod group;
 pub mod handshake;
+pub mod limits;
 pub use handshake::oob;
 pub mod pmi;
 pub mod rcache;

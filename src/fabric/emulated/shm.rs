@@ -9,6 +9,7 @@
 //! mapping a received descriptor, [`Mapping::map_shared_fd`] checks that the file is
 //! sealed, so a broken or hostile peer cannot crash us that way.
 
+use crate::limits::{self, Charge};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -179,7 +180,14 @@ pub(crate) fn fd_identity(fd: RawFd) -> io::Result<(u64, u64, usize)> {
 pub(crate) struct Shm {
     map: Mapping,
     fd: OwnedFd,
+    /// The process budget this memory is charged to (dropped after the mapping).
+    _charge: Charge,
 }
+
+/// Largest segment whose pages are faulted in at creation: rings and buffers up to
+/// this size start warm; larger ones fault as they are touched, so creating one never
+/// commits more than this in one go.
+const POPULATE_MAX: usize = 64 << 20;
 
 impl Shm {
     /// Creates a zero-filled memfd called `name` of `len` bytes (rounded up to pages),
@@ -187,11 +195,14 @@ impl Shm {
     ///
     /// # Errors
     ///
-    /// `len == 0`, a name with a NUL byte, or the kernel refused (memory limits).
+    /// `len == 0`, a name with a NUL byte; `OutOfMemory` beyond the process's memory
+    /// limit ([`crate::limits`]), checked before anything is created; or the kernel
+    /// refused.
     pub(crate) fn create(name: &str, len: usize, populate: bool) -> io::Result<Shm> {
         let len = round_to_pages(len)
             .filter(|&l| l > 0)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "invalid segment length"))?;
+        let charge = limits::charge(len, "shared memory segment")?;
         let cname = CString::new(name)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))?;
         // SAFETY: cname is a valid NUL-terminated string; the flags are valid.
@@ -214,8 +225,12 @@ impl Shm {
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        let map = Mapping::map(fd.as_raw_fd(), len, populate)?;
-        Ok(Shm { map, fd })
+        let map = Mapping::map(fd.as_raw_fd(), len, populate && len <= POPULATE_MAX)?;
+        Ok(Shm {
+            map,
+            fd,
+            _charge: charge,
+        })
     }
 
     /// The mapping.

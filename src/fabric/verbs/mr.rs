@@ -4,6 +4,7 @@
 use super::device::ProtectionDomain;
 use super::error::{last_verb_error, verb_error};
 use crate::fabric::{Access, MemoryRegion};
+use crate::limits::{self, Charge};
 use rdma_sys as sys;
 use std::io;
 use std::ptr::NonNull;
@@ -38,6 +39,8 @@ fn verbs_flags(access: Access) -> i32 {
 struct Pages {
     addr: NonNull<u8>,
     len: usize,
+    /// The process budget this memory is charged to.
+    _charge: Charge,
 }
 
 impl Pages {
@@ -49,6 +52,7 @@ impl Pages {
             .checked_add(page - 1)
             .ok_or_else(|| verb_error("mmap", libc::ENOMEM))?
             & !(page - 1);
+        let charge = limits::charge(len, "registered memory")?;
         // SAFETY: a fresh anonymous mapping; no existing memory is affected.
         let p = unsafe {
             libc::mmap(
@@ -66,6 +70,7 @@ impl Pages {
         Ok(Pages {
             addr: NonNull::new(p.cast()).expect("mmap returned a null mapping"),
             len,
+            _charge: charge,
         })
     }
 }

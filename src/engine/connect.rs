@@ -147,6 +147,7 @@ impl<F: Fabric> Prepared<F> {
             credit_served: AtomicU64::new(0),
             tx_tail_piggy: AtomicU64::new(0),
             publish: Mutex::new(()),
+            post_order: Mutex::new(()),
             sq: send_queue_for(&caps),
             broken: Mutex::new(None),
             is_broken: AtomicBool::new(false),

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use super::wait::Backoff;
 use crate::config::Config;
 use crate::fabric::{
-    CompletedOp, Completion, CompletionStatus, Fabric, GatherList, QpState, QueuePair,
+    CompletedOp, Completion, CompletionStatus, Fabric, FabricError, GatherList, QpState, QueuePair,
     RemoteRegion, ZeroCopyThresholds,
 };
 use crate::rcache::RegCache;
@@ -43,6 +43,8 @@ pub(crate) struct Link<F: Fabric> {
     pub(super) tx_tail_piggy: AtomicU64,
     /// Serialises explicit control writes so that they reach the peer in value order.
     pub(super) publish: Mutex<()>,
+    /// Serialises numbering and posting on a finite send queue (see `post_numbered`).
+    pub(super) post_order: Mutex<()>,
     /// Send queue accounting, for fabrics whose queue needs signalled completions.
     pub(crate) sq: SendQueue,
     /// First error seen, after which every call fails.
@@ -144,16 +146,20 @@ impl<F: Fabric> Link<F> {
                 // what the request did (the bytes a read placed).
                 self.sq.completed.fetch_max(wc.wr_id + 1, Ordering::AcqRel);
                 if wc.status != CompletionStatus::Success {
-                    let kind = match wc.status {
-                        CompletionStatus::TransportError | CompletionStatus::Flushed => {
-                            io::ErrorKind::ConnectionReset
-                        }
-                        _ => io::ErrorKind::Other,
+                    // The peer's memory refusing us (RemoteAccessError) is what a
+                    // peer that exited or died looks like from here: its regions
+                    // are gone with it. Local errors are ours.
+                    let (kind, what) = match wc.status {
+                        CompletionStatus::TransportError
+                        | CompletionStatus::Flushed
+                        | CompletionStatus::RemoteAccessError => (
+                            io::ErrorKind::ConnectionReset,
+                            "connection broken: the peer is gone or the queue pair failed",
+                        ),
+                        _ => (io::ErrorKind::Other, "local RDMA error"),
                     };
                     if failure.is_none() {
-                        failure = Some(
-                            self.fail(kind, format!("RDMA operation failed: {:?}", wc.status)),
-                        );
+                        failure = Some(self.fail(kind, format!("{what} ({:?})", wc.status)));
                     }
                     continue;
                 }
@@ -166,29 +172,39 @@ impl<F: Fabric> Link<F> {
         }
     }
 
-    /// Takes the next request number for a write, waiting while a finite send queue
-    /// is full; returns it and whether the write must be signalled (every
-    /// `interval`-th, so that completions retire the unsignalled ones before it).
-    #[inline]
-    fn reserve_write(&self) -> io::Result<(u64, bool)> {
+    /// Numbers and posts one request through `post(wr_id, signaled)`, keeping a
+    /// finite send queue within its depth. Returns the request's number.
+    ///
+    /// On a finite queue both halves post (the sender its packets, the receiver its
+    /// control words and RDMA READs), and completions arrive in posting order: so the
+    /// slot check, the numbering and the post happen under one lock, or a request
+    /// numbered later but posted first would retire (or count as completed) the one
+    /// numbered before it while that one is still in the NIC's hands. Reads are always
+    /// signalled; writes every `interval`-th, so completions keep retiring the others.
+    pub(crate) fn post_numbered(
+        &self,
+        read: bool,
+        post: impl FnOnce(u64, bool) -> Result<(), FabricError>,
+    ) -> io::Result<u64> {
         if self.sq.depth == u64::MAX {
-            return Ok((0, false));
+            // An unbounded queue (the emulated fabric) retires requests as they are
+            // posted: only reads are numbered, and only the receiving half posts
+            // them. AcqRel: numbers are handed out once each.
+            let wr_id = if read {
+                self.sq.posted.fetch_add(1, Ordering::AcqRel)
+            } else {
+                0
+            };
+            post(wr_id, read).map_err(io::Error::from)?;
+            return Ok(wr_id);
         }
+        let _in_order = self.post_order.lock().unwrap_or_else(|p| p.into_inner());
         self.wait_for_send_slot()?;
-        // AcqRel: request numbers are handed out once each, in order with the
-        // completions that count against them.
+        // AcqRel: pairs with the completion counters' updates (see SendQueue).
         let wr_id = self.sq.posted.fetch_add(1, Ordering::AcqRel);
-        Ok((wr_id, wr_id % self.sq.interval == self.sq.interval - 1))
-    }
-
-    /// Takes the next request number for a (signalled) RDMA READ, waiting while a
-    /// finite send queue is full (see [`SendQueue`]).
-    pub(crate) fn reserve_read(&self) -> io::Result<u64> {
-        if self.sq.depth != u64::MAX {
-            self.wait_for_send_slot()?;
-        }
-        // AcqRel: as in reserve_write.
-        Ok(self.sq.posted.fetch_add(1, Ordering::AcqRel))
+        let signaled = read || wr_id % self.sq.interval == self.sq.interval - 1;
+        post(wr_id, signaled).map_err(io::Error::from)?;
+        Ok(wr_id)
     }
 
     /// Writes `list` inline to `remote_addr` in the peer's memory.
@@ -199,10 +215,11 @@ impl<F: Fabric> Link<F> {
         remote_addr: u64,
         rkey: u32,
     ) -> io::Result<()> {
-        let (wr_id, signaled) = self.reserve_write()?;
-        self.qp
-            .post_inline_write(wr_id, list, remote_addr, rkey, signaled)
-            .map_err(io::Error::from)
+        self.post_numbered(false, |wr_id, signaled| {
+            self.qp
+                .post_inline_write(wr_id, list, remote_addr, rkey, signaled)
+        })
+        .map(drop)
     }
 
     /// Writes `list` to offset `at` of the peer's ring through the staging buffer.
@@ -215,10 +232,10 @@ impl<F: Fabric> Link<F> {
             .staging
             .as_ref()
             .expect("a staging buffer exists when inline writes are limited");
-        let (wr_id, signaled) = self.reserve_write()?;
-        staging
-            .post_write(&self.qp, wr_id, signaled, at, list, &self.peer_ring)
-            .map_err(io::Error::from)
+        self.post_numbered(false, |wr_id, signaled| {
+            staging.post_write(&self.qp, wr_id, signaled, at, list, &self.peer_ring)
+        })
+        .map(drop)
     }
 
     /// Waits until the finite send queue has a free slot (requests posted and not yet

@@ -147,17 +147,17 @@ unsafe fn post_read<F: Fabric>(
     remote_addr: u64,
     rkey: u32,
 ) -> io::Result<u64> {
-    let seq = link.reserve_read()?;
-    let wr = WorkRequest {
-        wr_id: seq,
-        opcode: Opcode::Read {
-            local,
-            remote_addr,
-            rkey,
-        },
-        signaled: true,
-    };
-    // SAFETY: forwarded from this function's contract.
-    unsafe { link.qp.post(&wr) }.map_err(io::Error::from)?;
-    Ok(seq)
+    link.post_numbered(true, |wr_id, signaled| {
+        let wr = WorkRequest {
+            wr_id,
+            opcode: Opcode::Read {
+                local,
+                remote_addr,
+                rkey,
+            },
+            signaled,
+        };
+        // SAFETY: forwarded from this function's contract.
+        unsafe { link.qp.post(&wr) }
+    })
 }

@@ -100,12 +100,8 @@ fn ip_address_without_rdma_is_a_clear_error() {
         return;
     }
     let started = Instant::now();
-    let bind = RdmaListener::bind("127.0.0.1:0")
-        .err()
-        .expect("no RDMA: bind must fail");
-    let connect = RdmaStream::connect("127.0.0.1:7471")
-        .err()
-        .expect("no RDMA: connect must fail");
+    let bind = RdmaListener::bind("127.0.0.1:0").expect_err("no RDMA: bind must fail");
+    let connect = RdmaStream::connect("127.0.0.1:7471").expect_err("no RDMA: connect must fail");
     for e in [&bind, &connect] {
         if cfg!(feature = "verbs") {
             assert!(
@@ -319,9 +315,7 @@ fn connect_where_nothing_listens_is_refused_fast() {
     let (l, target) = listen(Config::default());
     drop(l);
     let t = Instant::now();
-    let e = RdmaStream::connect(target.as_str())
-        .err()
-        .expect("nothing listens: connect must fail");
+    let e = RdmaStream::connect(target.as_str()).expect_err("nothing listens: connect must fail");
     let took = t.elapsed();
     assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{}", ioe(&e));
     assert!(e.to_string().contains(&target), "names the address: {e}");
@@ -342,8 +336,7 @@ fn connect_to_an_absent_host_fails_within_the_timeout() {
     let cfg = Config::default().with_connect_timeout(Duration::from_secs(3));
     let t = Instant::now();
     let e = RdmaStream::connect_with(absent.as_str(), cfg)
-        .err()
-        .expect("no host there: connect must fail");
+        .expect_err("no host there: connect must fail");
     let took = t.elapsed();
     assert!(
         matches!(

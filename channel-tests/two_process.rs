@@ -448,8 +448,7 @@ fn connect_without_listener_fails_with_the_path() {
         let _cleanup = RemoveOnDrop(dir.clone());
         let path = dir.join("nobody-here");
         let e = RdmaStream::connect_with(&path, Config::default())
-            .err()
-            .expect("connect to nothing must fail");
+            .expect_err("connect to nothing must fail");
         assert!(
             e.to_string().contains("nobody-here"),
             "message should name the path: {e}"
@@ -457,16 +456,13 @@ fn connect_without_listener_fails_with_the_path() {
         // A stale socket file (listener gone) is replaced by a new bind.
         let l = RdmaListener::bind_with(&path, Config::default()).unwrap();
         drop(l);
-        let e = RdmaStream::connect_with(&path, Config::default())
-            .err()
-            .expect("listener is gone");
+        let e = RdmaStream::connect_with(&path, Config::default()).expect_err("listener is gone");
         let _ = e;
         let _l = RdmaListener::bind_with(&path, Config::default())
             .expect("rebinding over a stale socket");
         // An invalid configuration is refused at bind time.
         let e = RdmaListener::bind_with(dir.join("x"), Config::default().with_ring_size(1000))
-            .err()
-            .expect("bad config");
+            .expect_err("bad config");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     });
 }

@@ -15,7 +15,8 @@
 //! | `RCH_ZCOPY_PRIVATE_THRESHOLD` | the same for any other memory | fabric's |
 //! | `RCH_RCACHE_ENTRIES` | most cached registrations per protection domain | 512 |
 //! | `RCH_RCACHE_BYTES` | most bytes of cached registrations per protection domain | 1 GiB |
-//! | `RCH_CONNECT_TIMEOUT_MS` | limit on connecting by address (resolution, request, reply) | 10000 |
+//! | `RCH_MEMORY_LIMIT` | most memory the library commits in this process ([`crate::limits`]) | half of RAM, cgroup or `ulimit -v` |
+//! | `RCH_CONNECT_TIMEOUT_MS` | limit on connecting: by address (resolution, request, reply), and a Unix-socket handshake on either side | 10000 |
 //! | `RCH_FABRIC` | fabric of the [`RdmaStream`](crate::RdmaStream) constructors and [`RdmaListener`](crate::RdmaListener): `emulated` or `verbs` (feature `verbs`; device from `RCH_IB_*`) | `emulated` |
 //!
 //! `RCH_FABRIC` is read by [`AnyFabric::from_env`](crate::fabric::AnyFabric::from_env),
@@ -285,8 +286,9 @@ impl Config {
         self
     }
 
-    /// Limit on setting up a connection by address: address and route resolution,
-    /// the request and its reply (`RCH_CONNECT_TIMEOUT_MS`, default 10 s).
+    /// Limit on setting up a connection: by address, address and route resolution,
+    /// the request and its reply; over a Unix socket, the whole handshake, on both
+    /// sides (`RCH_CONNECT_TIMEOUT_MS`, default 10 s).
     ///
     /// ```
     /// use std::time::Duration;

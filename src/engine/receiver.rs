@@ -5,9 +5,10 @@
 use std::io::{self, IoSliceMut};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::link::{Link, HEALTH_EVERY};
-use super::wait::Backoff;
+use super::wait::{past, Backoff};
 use crate::fabric::Fabric;
 use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory};
@@ -479,6 +480,15 @@ impl<F: Fabric> Receiver<F> {
     ///
     /// As [`get`](Self::get): `UnexpectedEof` at end of stream.
     pub fn wait_readable(&mut self) -> io::Result<()> {
+        self.wait_readable_until(None)
+    }
+
+    /// As [`wait_readable`](Self::wait_readable), giving up at `deadline`.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get); `TimedOut` when the deadline passes with nothing to read.
+    pub fn wait_readable_until(&mut self, deadline: Option<Instant>) -> io::Result<()> {
         let mut b = Backoff::with_policy(self.link.cfg.wait_policy());
         loop {
             if self.can_get()? {
@@ -486,6 +496,7 @@ impl<F: Fabric> Receiver<F> {
             }
             self.maintain()?;
             self.idle()?;
+            past(deadline, "read")?;
             b.snooze();
         }
     }

@@ -5,9 +5,10 @@
 use std::io::{self, IoSlice};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::link::{Link, HEALTH_EVERY};
-use super::wait::Backoff;
+use super::wait::{past, Backoff};
 use crate::fabric::{Fabric, GatherList};
 use crate::rcache::{CacheStats, RdmaBuf, RegCache, RegHandle};
 use crate::ring::max_payload_now;
@@ -550,6 +551,15 @@ impl<F: Fabric> Sender<F> {
     ///
     /// As [`put`](Self::put).
     pub fn wait_writable(&mut self) -> io::Result<()> {
+        self.wait_writable_until(None)
+    }
+
+    /// As [`wait_writable`](Self::wait_writable), giving up at `deadline`.
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Self::put); `TimedOut` when the deadline passes with no room.
+    pub fn wait_writable_until(&mut self, deadline: Option<Instant>) -> io::Result<()> {
         let mut b = Backoff::with_policy(self.link.cfg.wait_policy());
         loop {
             self.link.check_peer_reading()?;
@@ -557,6 +567,7 @@ impl<F: Fabric> Sender<F> {
             if self.can_put()? {
                 return Ok(());
             }
+            past(deadline, "write")?;
             b.snooze();
         }
     }

@@ -79,3 +79,14 @@ impl Backoff {
         self.sleep = Duration::from_micros(1);
     }
 }
+
+/// `TimedOut` ("`what` timed out") once `deadline` has passed; `Ok` without one.
+pub(crate) fn past(deadline: Option<std::time::Instant>, what: &str) -> std::io::Result<()> {
+    match deadline {
+        Some(d) if std::time::Instant::now() >= d => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{what} timed out"),
+        )),
+        _ => Ok(()),
+    }
+}

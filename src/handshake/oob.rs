@@ -25,6 +25,7 @@ use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::ptr;
+use std::time::Instant;
 
 /// Largest frame payload accepted, in bytes (1 MiB).
 pub const MAX_FRAME: usize = 1 << 20;
@@ -71,7 +72,7 @@ pub fn send_frame(sock: &UnixStream, bytes: &[u8]) -> io::Result<()> {
 /// `InvalidData` for a frame longer than [`MAX_FRAME`] or one that carries descriptors;
 /// other socket errors.
 pub fn recv_frame(sock: &UnixStream) -> io::Result<Vec<u8>> {
-    let (bytes, fds) = recv_msg(sock)?;
+    let (bytes, fds) = recv_msg(sock, None)?;
     if !fds.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -115,7 +116,18 @@ pub fn send_card(sock: &UnixStream, card: &Card) -> io::Result<()> {
 /// As [`recv_frame`] (descriptors are expected here, of course), plus `InvalidData` when
 /// the sender attached more descriptors than fit.
 pub fn recv_card(sock: &UnixStream) -> io::Result<Card> {
-    let (bytes, fds) = recv_msg(sock)?;
+    let (bytes, fds) = recv_msg(sock, None)?;
+    Ok(Card { bytes, fds })
+}
+
+/// As [`recv_card`], but the whole frame must have arrived by `deadline`, however
+/// the peer trickles it (the socket's own read timeout bounds one read only).
+///
+/// # Errors
+///
+/// As [`recv_card`]; `TimedOut` when the deadline passes first.
+pub fn recv_card_by(sock: &UnixStream, deadline: Instant) -> io::Result<Card> {
+    let (bytes, fds) = recv_msg(sock, Some(deadline))?;
     Ok(Card { bytes, fds })
 }
 
@@ -205,10 +217,10 @@ fn send_msg(sock: &UnixStream, payload: &[u8], fds: &[RawFd]) -> io::Result<()> 
 }
 
 /// Receives one frame and the descriptors that came with it.
-fn recv_msg(sock: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+fn recv_msg(sock: &UnixStream, deadline: Option<Instant>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut fds = Vec::new();
     let mut header = [0u8; 4];
-    recv_exact(sock, &mut header, &mut fds, false)?;
+    recv_exact(sock, &mut header, &mut fds, false, deadline)?;
     let len = u32::from_le_bytes(header) as usize;
     if len > MAX_FRAME {
         return Err(io::Error::new(
@@ -217,7 +229,7 @@ fn recv_msg(sock: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
         ));
     }
     let mut payload = vec![0u8; len];
-    recv_exact(sock, &mut payload, &mut fds, true)?;
+    recv_exact(sock, &mut payload, &mut fds, true, deadline)?;
     Ok((payload, fds))
 }
 
@@ -227,9 +239,17 @@ fn recv_exact(
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
     mid_frame: bool,
+    deadline: Option<Instant>,
 ) -> io::Result<()> {
     let mut got = 0usize;
     while got < buf.len() {
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(timed_out(got, buf.len()));
+            }
+            sock.set_read_timeout(Some(left))?;
+        }
         let mut cmsg = [0u64; CMSG_WORDS];
         let mut iov = libc::iovec {
             iov_base: buf[got..].as_mut_ptr().cast(),
@@ -247,6 +267,9 @@ fn recv_exact(
             let e = io::Error::last_os_error();
             match e.kind() {
                 io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut if deadline.is_some() => {
+                    return Err(timed_out(got, buf.len()))
+                }
                 io::ErrorKind::ConnectionReset => {
                     return Err(io::Error::new(
                         e.kind(),
@@ -270,6 +293,14 @@ fn recv_exact(
         got += n as usize;
     }
     Ok(())
+}
+
+/// The deadline of a frame passed with `got` of `want` bytes of one part received.
+fn timed_out(got: usize, want: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("the peer did not finish its handshake frame in time ({got} of {want} bytes)"),
+    )
 }
 
 /// Moves the `SCM_RIGHTS` descriptors of a received message into `out`.

@@ -25,7 +25,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::oob;
 use crate::engine::{Channel, Prepared};
@@ -168,11 +168,19 @@ fn bad(what: &str) -> io::Error {
     )
 }
 
-/// Receives a frame, waiting up to [`FRAME_TIMEOUT`]: its tag and the rest, as a
-/// card whose descriptors came with it.
+/// Receives a frame, waiting up to [`FRAME_TIMEOUT`] for all of it: its tag and the
+/// rest, as a card whose descriptors came with it.
 pub(crate) fn recv(s: &UnixStream) -> io::Result<([u8; 4], Card)> {
-    s.set_read_timeout(Some(FRAME_TIMEOUT))?;
-    let c = oob::recv_card(s)?;
+    recv_by(s, Instant::now() + FRAME_TIMEOUT)
+}
+
+/// As [`recv`], with the whole frame due by `deadline`.
+///
+/// # Errors
+///
+/// `TimedOut` past the deadline; `InvalidData` for a malformed frame; socket errors.
+pub(crate) fn recv_by(s: &UnixStream, deadline: Instant) -> io::Result<([u8; 4], Card)> {
+    let c = oob::recv_card_by(s, deadline)?;
     if c.bytes.len() < 4 {
         return Err(bad("shorter than its tag"));
     }
@@ -219,9 +227,10 @@ pub(crate) fn initiate<F: Fabric>(
     s: &UnixStream,
     hello: &[u8],
     prepared: Prepared<F>,
+    deadline: Instant,
 ) -> io::Result<Channel<F>> {
     send_hello(s, hello, prepared.card()?)?;
-    let (tag, card) = recv(s)?;
+    let (tag, card) = recv_by(s, deadline)?;
     if &tag != TAG_ACCEPT {
         return Err(refused(&tag, &card));
     }
@@ -248,8 +257,9 @@ pub(crate) fn accept<F: Fabric>(
     s: &UnixStream,
     prepared: Prepared<F>,
     check: impl FnOnce(&[u8]) -> Result<(), String>,
+    deadline: Instant,
 ) -> io::Result<(Channel<F>, Vec<u8>)> {
-    let (tag, body) = recv(s)?;
+    let (tag, body) = recv_by(s, deadline)?;
     if &tag != TAG_HELLO {
         let _ = send(s, TAG_CLOSED, b"expected HELLO", None);
         return Err(refused(&tag, &body));
@@ -268,7 +278,7 @@ pub(crate) fn accept<F: Fabric>(
         }
     };
     send(s, TAG_ACCEPT, &[], Some(ours))?;
-    let (tag, body) = recv(s)?;
+    let (tag, body) = recv_by(s, deadline)?;
     if &tag != TAG_READY {
         return Err(refused(&tag, &body));
     }
@@ -284,9 +294,10 @@ pub(crate) fn accept<F: Fabric>(
 pub(crate) fn symmetric<F: Fabric>(
     s: &UnixStream,
     prepared: Prepared<F>,
+    deadline: Instant,
 ) -> io::Result<Channel<F>> {
     send_hello(s, &[], prepared.card()?)?;
-    let (tag, body) = recv(s)?;
+    let (tag, body) = recv_by(s, deadline)?;
     if &tag != TAG_HELLO {
         return Err(refused(&tag, &body));
     }
@@ -299,7 +310,7 @@ pub(crate) fn symmetric<F: Fabric>(
         }
     };
     send(s, TAG_READY, &[], None)?;
-    let (tag, body) = recv(s)?;
+    let (tag, body) = recv_by(s, deadline)?;
     if &tag != TAG_READY {
         return Err(refused(&tag, &body));
     }

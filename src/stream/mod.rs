@@ -24,6 +24,7 @@ pub use addr::{Address, ToAddress};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::engine::{Channel, Prepared, RdmaBuf, Receiver, Sender};
@@ -52,6 +53,32 @@ pub struct RdmaStream<F: Fabric = AnyFabric> {
     peer: Option<Address>,
     /// Our own address, for streams made through rdma_cm.
     local: Option<Address>,
+    /// Limits on one blocking `read` / `write` (`None`: wait as long as it takes).
+    read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
+}
+
+impl<F: Fabric> std::fmt::Debug for RdmaStream<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaStream")
+            .field("local", &self.local)
+            .field("peer", &self.peer)
+            .field("config", self.chan.config())
+            .field("read_timeout", &self.read_timeout)
+            .field("write_timeout", &self.write_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks a timeout the way `std::net::TcpStream::set_read_timeout` does.
+fn valid_timeout(t: Option<Duration>) -> io::Result<Option<Duration>> {
+    if t == Some(Duration::ZERO) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a zero timeout is not allowed (use None to wait without a limit)",
+        ));
+    }
+    Ok(t)
 }
 
 impl RdmaStream<AnyFabric> {
@@ -154,8 +181,10 @@ impl RdmaStream<AnyFabric> {
                 ),
             )
         })?;
+        // The whole handshake, like connecting by address, within the connect timeout.
+        let deadline = Instant::now() + cfg.connect_timeout();
         let prepared = Prepared::new(AnyFabric::from_env()?, cfg)?;
-        unix::initiate(&sock, &[], prepared).map(RdmaStream::from_channel)
+        unix::initiate(&sock, &[], prepared, deadline).map(RdmaStream::from_channel)
     }
 
     #[cfg(feature = "verbs")]
@@ -211,7 +240,53 @@ impl<F: Fabric> RdmaStream<F> {
             chan,
             peer: None,
             local: None,
+            read_timeout: None,
+            write_timeout: None,
         }
+    }
+
+    /// Limits how long one blocking `read` waits for data; `None` (the default)
+    /// waits as long as it takes. A read that times out fails with `TimedOut` and
+    /// takes nothing; the stream stays usable.
+    ///
+    /// ```
+    /// use std::io::{ErrorKind, Read};
+    /// use std::time::Duration;
+    /// let (mut a, _b) = rdma_channel::RdmaStream::pair()?;
+    /// a.set_read_timeout(Some(Duration::from_millis(20)))?;
+    /// assert_eq!(a.read(&mut [0u8; 8]).unwrap_err().kind(), ErrorKind::TimedOut);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for a zero duration, as `std::net::TcpStream`.
+    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.read_timeout = valid_timeout(timeout)?;
+        Ok(())
+    }
+
+    /// Limits how long one blocking `write` waits for room; `None` (the default)
+    /// waits as long as it takes. With a limit, writes copy through the ring (no
+    /// zero-copy rendezvous, whose buffers would still be lent when time runs out),
+    /// and one that times out with nothing written fails with `TimedOut`.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for a zero duration.
+    pub fn set_write_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.write_timeout = valid_timeout(timeout)?;
+        Ok(())
+    }
+
+    /// The read timeout in force.
+    pub fn read_timeout(&self) -> Option<Duration> {
+        self.read_timeout
+    }
+
+    /// The write timeout in force.
+    pub fn write_timeout(&self) -> Option<Duration> {
+        self.write_timeout
     }
 
     /// Our end's IP address and port, for a stream made through rdma_cm (connected
@@ -236,8 +311,9 @@ impl<F: Fabric> RdmaStream<F> {
     /// The socket failing, a malformed or mismatched card, or a fabric failure; the
     /// peer's error message is reported when it failed first.
     pub fn handshake(fabric: F, sock: &UnixStream, cfg: Config) -> io::Result<RdmaStream<F>> {
+        let deadline = Instant::now() + cfg.connect_timeout();
         let prepared = Prepared::new(fabric, cfg)?;
-        unix::symmetric(sock, prepared).map(RdmaStream::from_channel)
+        unix::symmetric(sock, prepared, deadline).map(RdmaStream::from_channel)
     }
 
     /// Non-blocking put (seed 001 sec. 3.2): writes what fits of `iov`, in order, and
@@ -299,7 +375,16 @@ impl<F: Fabric> RdmaStream<F> {
     /// ```
     pub fn split(self) -> (ReadHalf<F>, WriteHalf<F>) {
         let (rx, tx) = self.chan.split();
-        (ReadHalf { rx }, WriteHalf { tx })
+        (
+            ReadHalf {
+                rx,
+                timeout: self.read_timeout,
+            },
+            WriteHalf {
+                tx,
+                timeout: self.write_timeout,
+            },
+        )
     }
 
     /// Rejoins two halves of the same stream.
@@ -314,9 +399,14 @@ impl<F: Fabric> RdmaStream<F> {
         r: ReadHalf<F>,
         w: WriteHalf<F>,
     ) -> Result<RdmaStream<F>, (ReadHalf<F>, WriteHalf<F>)> {
+        let (rt, wt) = (r.timeout, w.timeout);
         Channel::unsplit(r.rx, w.tx)
-            .map(RdmaStream::from_channel)
-            .map_err(|(rx, tx)| (ReadHalf { rx }, WriteHalf { tx }))
+            .map(|c| {
+                let mut s = RdmaStream::from_channel(c);
+                (s.read_timeout, s.write_timeout) = (rt, wt);
+                s
+            })
+            .map_err(|(rx, tx)| (ReadHalf { rx, timeout: rt }, WriteHalf { tx, timeout: wt }))
     }
 
     /// Ends the writing direction: the peer reads end of stream after the data sent.
@@ -342,10 +432,12 @@ impl<F: Fabric> RdmaStream<F> {
 fn blocking_read<F: Fabric>(
     rx: &mut Receiver<F>,
     bufs: &mut [IoSliceMut<'_>],
+    timeout: Option<Duration>,
 ) -> io::Result<usize> {
     if bufs.iter().all(|b| b.is_empty()) {
         return Ok(0);
     }
+    let deadline = timeout.map(|t| Instant::now() + t);
     loop {
         match rx.get(bufs) {
             Ok(0) => {}
@@ -353,7 +445,7 @@ fn blocking_read<F: Fabric>(
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
             Err(e) => return Err(e),
         }
-        match rx.wait_readable() {
+        match rx.wait_readable_until(deadline) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
             Err(e) => return Err(e),
@@ -364,9 +456,24 @@ fn blocking_read<F: Fabric>(
 /// Blocking write. Buffers at or above the zero-copy threshold go zero-copy, which
 /// is safe here because `bufs` stays borrowed until the peer confirmed its read (or
 /// the transfer was revoked on an error): the write is then a rendezvous.
-fn blocking_write<F: Fabric>(tx: &mut Sender<F>, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+fn blocking_write<F: Fabric>(
+    tx: &mut Sender<F>,
+    bufs: &[IoSlice<'_>],
+    timeout: Option<Duration>,
+) -> io::Result<usize> {
     if bufs.iter().all(|b| b.is_empty()) {
         return Ok(0);
+    }
+    if let Some(t) = timeout {
+        // Copies only: nothing is lent to the fabric when the time runs out.
+        let deadline = Some(Instant::now() + t);
+        loop {
+            let n = tx.put(bufs)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            tx.wait_writable_until(deadline)?;
+        }
     }
     let mut done = 0;
     loop {
@@ -399,19 +506,23 @@ fn blocking_write<F: Fabric>(tx: &mut Sender<F>, bufs: &[IoSlice<'_>]) -> io::Re
 
 impl<F: Fabric> Read for RdmaStream<F> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        blocking_read(self.chan.receiver(), &mut [IoSliceMut::new(buf)])
+        let t = self.read_timeout;
+        blocking_read(self.chan.receiver(), &mut [IoSliceMut::new(buf)], t)
     }
     fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        blocking_read(self.chan.receiver(), bufs)
+        let t = self.read_timeout;
+        blocking_read(self.chan.receiver(), bufs, t)
     }
 }
 
 impl<F: Fabric> Write for RdmaStream<F> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        blocking_write(self.chan.sender(), &[IoSlice::new(buf)])
+        let t = self.write_timeout;
+        blocking_write(self.chan.sender(), &[IoSlice::new(buf)], t)
     }
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        blocking_write(self.chan.sender(), bufs)
+        let t = self.write_timeout;
+        blocking_write(self.chan.sender(), bufs, t)
     }
     /// Nothing is buffered: when `write` returns, its bytes have been posted to the
     /// fabric, which places them in the peer's ring in order (at once on the emulated
@@ -424,9 +535,54 @@ impl<F: Fabric> Write for RdmaStream<F> {
 /// The reading half of a split [`RdmaStream`].
 pub struct ReadHalf<F: Fabric = AnyFabric> {
     rx: Receiver<F>,
+    timeout: Option<Duration>,
+}
+
+impl<F: Fabric> std::fmt::Debug for ReadHalf<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadHalf")
+            .field("read_timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<F: Fabric> ReadHalf<F> {
+    /// Waits until a `get` (or `read`) would return data or end of stream, up to the
+    /// read timeout if one is set: the reading half's counterpart of writing's
+    /// blocking calls, for callers that use [`get`](Self::get).
+    ///
+    /// ```
+    /// use std::io::{IoSlice, IoSliceMut};
+    /// let (a, b) = rdma_channel::RdmaStream::pair()?;
+    /// let (mut rx, _) = b.split();
+    /// let (_, mut tx) = a.split();
+    /// std::thread::spawn(move || tx.put(&[IoSlice::new(b"x")]));
+    /// rx.wait_readable()?;
+    /// let mut one = [0u8; 1];
+    /// assert_eq!(rx.get(&mut [IoSliceMut::new(&mut one)])?, 1);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `UnexpectedEof` at end of stream; `TimedOut` past the read timeout; the
+    /// connection's error.
+    pub fn wait_readable(&mut self) -> io::Result<()> {
+        let deadline = self.timeout.map(|t| Instant::now() + t);
+        self.rx.wait_readable_until(deadline)
+    }
+
+    /// Limits one blocking `read` (or [`wait_readable`](Self::wait_readable)), as
+    /// [`RdmaStream::set_read_timeout`].
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for a zero duration.
+    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.timeout = valid_timeout(timeout)?;
+        Ok(())
+    }
+
     /// Non-blocking get, as [`RdmaStream::get`].
     ///
     /// # Errors
@@ -439,19 +595,49 @@ impl<F: Fabric> ReadHalf<F> {
 
 impl<F: Fabric> Read for ReadHalf<F> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        blocking_read(&mut self.rx, &mut [IoSliceMut::new(buf)])
+        blocking_read(&mut self.rx, &mut [IoSliceMut::new(buf)], self.timeout)
     }
     fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        blocking_read(&mut self.rx, bufs)
+        blocking_read(&mut self.rx, bufs, self.timeout)
     }
 }
 
 /// The writing half of a split [`RdmaStream`].
 pub struct WriteHalf<F: Fabric = AnyFabric> {
     tx: Sender<F>,
+    timeout: Option<Duration>,
+}
+
+impl<F: Fabric> std::fmt::Debug for WriteHalf<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteHalf")
+            .field("write_timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<F: Fabric> WriteHalf<F> {
+    /// Waits until a `put` would take bytes, up to the write timeout if one is set.
+    ///
+    /// # Errors
+    ///
+    /// `BrokenPipe` once the peer stopped reading; `TimedOut` past the write
+    /// timeout; the connection's error.
+    pub fn wait_writable(&mut self) -> io::Result<()> {
+        let deadline = self.timeout.map(|t| Instant::now() + t);
+        self.tx.wait_writable_until(deadline)
+    }
+
+    /// Limits one blocking `write`, as [`RdmaStream::set_write_timeout`].
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for a zero duration.
+    pub fn set_write_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.timeout = valid_timeout(timeout)?;
+        Ok(())
+    }
+
     /// Non-blocking put, as [`RdmaStream::put`].
     ///
     /// # Errors
@@ -492,10 +678,10 @@ impl<F: Fabric> WriteHalf<F> {
 
 impl<F: Fabric> Write for WriteHalf<F> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        blocking_write(&mut self.tx, &[IoSlice::new(buf)])
+        blocking_write(&mut self.tx, &[IoSlice::new(buf)], self.timeout)
     }
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        blocking_write(&mut self.tx, bufs)
+        blocking_write(&mut self.tx, bufs, self.timeout)
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
@@ -542,6 +728,23 @@ impl<F: Fabric> Write for WriteHalf<F> {
 /// ```
 pub struct RdmaListener {
     inner: Listening,
+}
+
+impl std::fmt::Debug for RdmaListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("RdmaListener");
+        match &self.inner {
+            Listening::Unix {
+                path, fabric, cfg, ..
+            } => d
+                .field("path", path)
+                .field("fabric", &fabric.name())
+                .field("config", cfg),
+            #[cfg(feature = "verbs")]
+            Listening::Inet(l) => d.field("address", &l.local_addr().ok()),
+        }
+        .finish_non_exhaustive()
+    }
 }
 
 enum Listening {
@@ -598,6 +801,14 @@ impl RdmaListener {
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             use std::os::unix::fs::FileTypeExt;
             if meta.file_type().is_socket() {
+                // Replace a stale socket only: one that still accepts belongs to a
+                // live listener, which would otherwise silently lose its path.
+                if UnixStream::connect(path).is_ok() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        format!("a listener is alive at {}", path.display()),
+                    ));
+                }
                 std::fs::remove_file(path)?;
             }
         }
@@ -667,14 +878,14 @@ impl RdmaListener {
         }
     }
 
-    /// Waits for a peer and connects to it.
+    /// Waits for a peer and connects to it. A peer whose handshake fails or does not
+    /// finish within the connect timeout ([`Config::with_connect_timeout`]) is
+    /// dropped (told why where possible) and accepting goes on, so one silent client
+    /// delays the next by at most that timeout.
     ///
     /// # Errors
     ///
-    /// On a path, the handshake failing (see [`RdmaStream::handshake`]), for instance
-    /// with a peer on another fabric. On an IP address only a failure of the
-    /// listener itself: a request that cannot be served is refused (its peer learns
-    /// why) and accepting goes on.
+    /// Only a failure of the listener itself (or of allocating a connection's rings).
     pub fn accept(&self) -> io::Result<RdmaStream> {
         match &self.inner {
             Listening::Unix {
@@ -682,8 +893,11 @@ impl RdmaListener {
                 cfg,
                 fabric,
                 ..
-            } => {
+            } => loop {
                 let (sock, _) = listener.accept()?;
+                // One client's handshake may take at most the connect timeout, so a
+                // silent or slow client delays the next one by that much and no more.
+                let deadline = Instant::now() + cfg.connect_timeout();
                 let prepared = Prepared::new(fabric.for_connection()?, cfg.clone())?;
                 // A stream's HELLO carries no hello (a process group's carries ranks).
                 let streams_only = |hello: &[u8]| {
@@ -693,9 +907,13 @@ impl RdmaListener {
                         Err("this listener takes streams, not process-group connections".into())
                     }
                 };
-                unix::accept(&sock, prepared, streams_only)
-                    .map(|(c, _)| RdmaStream::from_channel(c))
-            }
+                // A client whose handshake fails (silent, malformed, another fabric, a
+                // refused hello) is dropped, told why where it can be, and accepting
+                // goes on, as on an IP address.
+                if let Ok((c, _)) = unix::accept(&sock, prepared, streams_only, deadline) {
+                    return Ok(RdmaStream::from_channel(c));
+                }
+            },
             #[cfg(feature = "verbs")]
             Listening::Inet(l) => {
                 // A stream's connection request carries no hello.

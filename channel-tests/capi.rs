@@ -9,7 +9,9 @@
 //! The fabric is whatever `RCH_FABRIC` says (the emulated one by default;
 //! `scripts/softroce-test` runs this binary in a Soft-RoCE VM with `RCH_FABRIC=verbs`).
 //! With `RCH_TEST_ASAN=1` the C code is built with AddressSanitizer (leak checking
-//! on) and the same tests run under it.
+//! on) and UndefinedBehaviorSanitizer (every finding fatal: signed overflow, bad
+//! shifts, misaligned or null accesses, out-of-range enum and bool values...) and
+//! the same tests run under both.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -84,7 +86,13 @@ fn program(name: &str, sources: &[&str], with_lib: bool) -> PathBuf {
         .arg(format!("-I{FFI_DIR}"))
         .arg(format!("-I{C_DIR}"));
     if asan() {
-        cmd.args(["-fsanitize=address", "-fno-omit-frame-pointer"]);
+        // UBSan beside ASan: without -fno-sanitize-recover a finding only prints and
+        // the test would pass regardless.
+        cmd.args([
+            "-fsanitize=address,undefined",
+            "-fno-sanitize-recover=undefined",
+            "-fno-omit-frame-pointer",
+        ]);
     }
     for s in sources {
         cmd.arg(Path::new(C_DIR).join(s));
@@ -135,6 +143,10 @@ fn run(mut cmd: Command, env: &[(&str, &str)]) -> Output {
         cmd.env(
             "ASAN_OPTIONS",
             "detect_leaks=1:abort_on_error=0:exitcode=86",
+        );
+        cmd.env(
+            "UBSAN_OPTIONS",
+            "print_stacktrace=1:halt_on_error=1:exitcode=87",
         );
     }
     for (k, v) in env {

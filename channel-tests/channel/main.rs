@@ -10,7 +10,8 @@
 //! * edge cases (`edge_cases.rs`): empty puts/gets, tiny iovec pieces, boundary sizes,
 //!   EOF and peer loss; flag-valued payloads (`flag_payloads.rs`);
 //! * credit requests and delayed tail updates (`credit.rs`);
-//! * "both rings full" deadlock tests, non-blocking and blocking (`deadlock.rs`).
+//! * "both rings full" deadlock tests, non-blocking and blocking (`deadlock.rs`);
+//! * both halves posting into a finite send queue (`send_queue.rs`, emulated fabric).
 //!
 //! Helpers shared by the last four are in `support.rs`, helpers shared with other
 //! test binaries in `../common/`.
@@ -35,6 +36,7 @@ mod edge_cases;
 mod flag_payloads;
 mod model;
 mod properties;
+mod send_queue;
 mod single_threaded;
 mod support;
 mod threads;

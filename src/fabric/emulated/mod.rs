@@ -499,6 +499,8 @@ impl Drop for Segment {
 #[derive(Clone, Debug)]
 pub struct EmuFabric {
     inner: Arc<DomainInner>,
+    /// Send queue depth of the queue pairs made here (`usize::MAX`: unbounded).
+    send_queue_depth: usize,
 }
 
 impl EmuFabric {
@@ -516,13 +518,42 @@ impl EmuFabric {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     ///
+    /// The send queue is unbounded (requests retire as they are posted) unless
+    /// `RCH_EMU_SEND_QUEUE` names a depth: see [`with_send_queue_depth`](Self::with_send_queue_depth).
+    ///
     /// # Errors
     ///
     /// The kernel refused to create or map the memory file.
     pub fn new() -> io::Result<EmuFabric> {
+        let depth = std::env::var("RCH_EMU_SEND_QUEUE")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&d| d >= 2)
+            .unwrap_or(usize::MAX);
         Ok(EmuFabric {
             inner: DomainInner::create()?,
+            send_queue_depth: depth,
         })
+    }
+
+    /// Makes the queue pairs created from now on model a finite send queue of
+    /// `depth` requests, as an RC queue pair on a NIC has: a request holds its slot
+    /// until its completion, or a later signalled one's, has been polled, and a post
+    /// to a full queue fails with [`FabricError::QueueFull`](super::FabricError::QueueFull)
+    /// as `ibv_post_send` does. Work still executes inside `post`; only the
+    /// accounting is the NIC's. This is how the engine's send-queue discipline (both
+    /// halves post) is tested without RDMA hardware. Depths below 2 count as 2.
+    ///
+    /// ```
+    /// use rdma_channel::fabric::emulated::EmuFabric;
+    /// use rdma_channel::fabric::Fabric;
+    /// let f = EmuFabric::new()?.with_send_queue_depth(8);
+    /// assert_eq!(f.caps().max_send_wr, 8);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn with_send_queue_depth(mut self, depth: usize) -> EmuFabric {
+        self.send_queue_depth = depth.max(2);
+        self
     }
 }
 
@@ -572,12 +603,16 @@ impl Fabric for EmuFabric {
     }
 
     fn caps(&self) -> Caps {
-        CAPS
+        Caps {
+            max_send_wr: self.send_queue_depth,
+            ..CAPS
+        }
     }
 
     fn create_qp(&self) -> io::Result<EmuPending> {
         Ok(EmuPending {
             slot: QpSlot::new(&self.inner)?,
+            send_queue_depth: self.send_queue_depth,
         })
     }
 
@@ -744,6 +779,7 @@ impl Drop for QpSlot {
 #[derive(Debug)]
 pub struct EmuPending {
     slot: QpSlot,
+    send_queue_depth: usize,
 }
 
 impl PendingQp for EmuPending {
@@ -774,7 +810,7 @@ impl PendingQp for EmuPending {
 
     fn connect(self, peer: Card) -> io::Result<EmuQp> {
         let peer = peer::Peer::connect(peer)?;
-        Ok(EmuQp::new(self.slot, peer))
+        Ok(EmuQp::new(self.slot, peer, self.send_queue_depth))
     }
 }
 

@@ -49,10 +49,24 @@ pub struct EmuQp {
     slot: QpSlot,
     peer: Peer,
     state: AtomicU32,
-    cq: Mutex<VecDeque<Completion>>,
+    /// Completions, each with the posting index of its request (see `SendSlots`).
+    cq: Mutex<VecDeque<(Completion, u64)>>,
     /// Length of `cq`, written under its lock, read without it by `poll`.
     cq_len: AtomicUsize,
     last_error: Mutex<Option<String>>,
+    /// A finite send queue's accounting; `None` when requests retire as posted.
+    send_slots: Option<Mutex<SendSlots>>,
+}
+
+/// The slots of a finite send queue, counted as a NIC does: every posted request
+/// holds one until a completion of it or of a later request has been polled
+/// (completions come in posting order, so polling one retires all before it).
+struct SendSlots {
+    depth: u64,
+    /// Requests posted so far (the next request's posting index).
+    posted: u64,
+    /// One past the highest posting index whose completion was polled.
+    freed: u64,
 }
 
 impl fmt::Debug for EmuQp {
@@ -67,7 +81,7 @@ impl fmt::Debug for EmuQp {
 }
 
 impl EmuQp {
-    pub(super) fn new(slot: QpSlot, peer: Peer) -> EmuQp {
+    pub(super) fn new(slot: QpSlot, peer: Peer, send_queue_depth: usize) -> EmuQp {
         EmuQp {
             slot,
             peer,
@@ -75,6 +89,13 @@ impl EmuQp {
             cq: Mutex::new(VecDeque::with_capacity(64)),
             cq_len: AtomicUsize::new(0),
             last_error: Mutex::new(None),
+            send_slots: (send_queue_depth != usize::MAX).then(|| {
+                Mutex::new(SendSlots {
+                    depth: send_queue_depth as u64,
+                    posted: 0,
+                    freed: 0,
+                })
+            }),
         }
     }
 
@@ -127,9 +148,9 @@ impl EmuQp {
         self.peer.is_local()
     }
 
-    fn complete(&self, c: Completion) {
+    fn complete(&self, c: Completion, index: u64) {
         let mut cq = lock(&self.cq);
-        cq.push_back(c);
+        cq.push_back((c, index));
         // Release (under the lock, so the count is exact): `poll` seeing a non-zero
         // count then takes the lock and finds the entry.
         self.cq_len.store(cq.len(), Ordering::Release);
@@ -244,8 +265,13 @@ impl EmuQp {
     }
 }
 
-impl QueuePair for EmuQp {
-    unsafe fn post(&self, wr: &WorkRequest<'_>) -> Result<(), FabricError> {
+impl EmuQp {
+    /// Executes `wr`, whose completion (if any) carries posting index `index`.
+    ///
+    /// # Safety
+    ///
+    /// As [`QueuePair::post`].
+    unsafe fn execute(&self, wr: &WorkRequest<'_>, index: u64) -> Result<(), FabricError> {
         // Fast path for the ring's traffic: an unsignalled inline write into a mapped peer
         // segment, with every check of the general path. Anything else, including any
         // failed check, goes the general way, which reports it.
@@ -300,7 +326,7 @@ impl QueuePair for EmuQp {
         // Acquire: pairs with the Release in `fail`, so an error set by another thread
         // is seen together with its reason.
         if self.state.load(Ordering::Acquire) != RTS {
-            self.complete(done(CompletionStatus::Flushed, 0));
+            self.complete(done(CompletionStatus::Flushed, 0), index);
             return Ok(());
         }
         let result = match wr.opcode {
@@ -325,7 +351,7 @@ impl QueuePair for EmuQp {
         match result {
             Ok(()) => {
                 if wr.signaled {
-                    self.complete(done(CompletionStatus::Success, n));
+                    self.complete(done(CompletionStatus::Success, n), index);
                 }
             }
             Err(fault) => {
@@ -334,10 +360,31 @@ impl QueuePair for EmuQp {
                     CompletedOp::Read => "RDMA READ",
                 };
                 self.fail(format!("{what} wr_id {}: {}", wr.wr_id, fault.reason));
-                self.complete(done(fault.status, 0));
+                self.complete(done(fault.status, 0), index);
             }
         }
         Ok(())
+    }
+}
+
+impl QueuePair for EmuQp {
+    unsafe fn post(&self, wr: &WorkRequest<'_>) -> Result<(), FabricError> {
+        let Some(slots) = &self.send_slots else {
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { self.execute(wr, 0) };
+        };
+        // Held through the execution, so completions enter the queue in posting order.
+        let mut slots = lock(slots);
+        if slots.posted - slots.freed >= slots.depth {
+            return Err(FabricError::QueueFull);
+        }
+        let index = slots.posted;
+        // SAFETY: forwarded from this function's contract.
+        let result = unsafe { self.execute(wr, index) };
+        if result.is_ok() {
+            slots.posted += 1;
+        }
+        result
     }
 
     fn poll(&self, out: &mut [Completion]) -> usize {
@@ -348,11 +395,20 @@ impl QueuePair for EmuQp {
         }
         let mut cq = lock(&self.cq);
         let k = out.len().min(cq.len());
-        for (slot, c) in out.iter_mut().zip(cq.drain(..k)) {
+        let mut freed = 0;
+        for (slot, (c, index)) in out.iter_mut().zip(cq.drain(..k)) {
             *slot = c;
+            freed = index + 1;
         }
         // Release, under the lock, as in `complete`.
         self.cq_len.store(cq.len(), Ordering::Release);
+        drop(cq);
+        // After the queue's lock, never inside it: `post` takes the slots, then the
+        // queue.
+        if let Some(slots) = &self.send_slots {
+            let mut slots = lock(slots);
+            slots.freed = slots.freed.max(freed);
+        }
         k
     }
 
@@ -375,6 +431,12 @@ impl QueuePair for EmuQp {
     }
 
     fn caps(&self) -> Caps {
-        CAPS
+        Caps {
+            max_send_wr: self
+                .send_slots
+                .as_ref()
+                .map_or(usize::MAX, |s| lock(s).depth as usize),
+            ..CAPS
+        }
     }
 }

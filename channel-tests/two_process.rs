@@ -21,12 +21,12 @@
 mod common;
 
 use std::io::{self, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::exchange::exchange;
-use common::peer::{across_hosts, spawn_peer, spawn_self};
+use common::peer::{listen_for_child, scratch_dir, spawn_peer, spawn_self, RemoveOnDrop};
 use common::*;
 use rdma_channel::{Config, RdmaListener, RdmaStream};
 
@@ -46,41 +46,6 @@ fn role() -> Option<String> {
 }
 
 /// A unique scratch directory under the system temp dir.
-fn scratch_dir(tag: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let dir = std::env::temp_dir().join(format!("rch-{tag}-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-struct RemoveOnDrop(PathBuf);
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Where the parent listens for its child: a Unix socket path in `dir` when the child
-/// runs on this host, an IP address and port (rdma_cm, verbs) when it runs on the
-/// peer host of a test cluster. Returns the listener and what the child connects to.
-fn listen_for_child(dir: &Path, cfg: Config) -> (RdmaListener, String) {
-    if across_hosts() {
-        let listener = RdmaListener::bind_with("0.0.0.0:0", cfg).expect("bind an IP address");
-        let port = match listener.local_addr().expect("local_addr") {
-            rdma_channel::Address::Inet(a) => a.port(),
-            other => panic!("not an IP listener: {other}"),
-        };
-        (listener, format!("{}:{port}", my_ip()))
-    } else {
-        let path = dir.join("sock");
-        let listener = RdmaListener::bind_with(&path, cfg).expect("bind");
-        (listener, path.display().to_string())
-    }
-}
-
 fn transfer_bytes() -> u64 {
     match std::env::var(BYTES) {
         Ok(v) if !v.is_empty() => rdma_channel::config::parse_size(&v)

@@ -12,6 +12,9 @@
 //!   the local shell client kills the remote process (rexec does; ssh does for a
 //!   command without a terminal when the connection drops).
 use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use rdma_channel::{Config, RdmaListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -175,8 +178,52 @@ impl PeerRun {
         )
     }
 
+    /// Kills the process with SIGKILL (on a peer host: its remote-shell client, whose
+    /// end kills the remote process) and returns once the kill is sent.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+    }
+
     /// True once the process has ended.
     pub fn exited(&mut self) -> bool {
         self.child.try_wait().ok().flatten().is_some()
+    }
+}
+
+/// A fresh folder in the temporary directory, unique to this process and moment.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let dir = std::env::temp_dir().join(format!("rch-{tag}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Removes its folder when dropped.
+pub struct RemoveOnDrop(pub PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Where the parent listens for its child: a Unix socket path in `dir` when the child
+/// runs on this host, an IP address and port (rdma_cm, verbs) when it runs on the
+/// peer host of a test cluster. Returns the listener and what the child connects to.
+pub fn listen_for_child(dir: &Path, cfg: Config) -> (RdmaListener, String) {
+    if across_hosts() {
+        let listener = RdmaListener::bind_with("0.0.0.0:0", cfg).expect("bind an IP address");
+        let port = match listener.local_addr().expect("local_addr") {
+            rdma_channel::Address::Inet(a) => a.port(),
+            other => panic!("not an IP listener: {other}"),
+        };
+        (listener, format!("{}:{port}", super::my_ip()))
+    } else {
+        let path = dir.join("sock");
+        let listener = RdmaListener::bind_with(&path, cfg).expect("bind");
+        (listener, path.display().to_string())
     }
 }

@@ -418,6 +418,13 @@ impl<F: Fabric> Receiver<F> {
     /// Delayed tail update and credit service, run after every `get`.
     fn maintain(&mut self) -> io::Result<()> {
         let link = &*self.link;
+        // Once the peer's sending side has closed, nobody reuses ring space or waits
+        // for credit: an update would only be a write to an end that may be gone (on
+        // verbs a destroyed queue pair, whose failure would end the connection while
+        // its last bytes are still unread here).
+        if link.ctrl.end_of_stream() != 0 {
+            return Ok(());
+        }
         // Relaxed: hints for when to publish; a stale value only repeats or delays an
         // update, and publish_tail itself reads rx_tail with Acquire.
         let told = link

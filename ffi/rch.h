@@ -87,10 +87,24 @@
  * fabric error, protocol error) stays failed; other connections are unaffected.
  * The library never aborts the process on bad input or a lost peer.
  *
+ * Error contract (the same on both fabrics; the Rust API's io::ErrorKind in
+ * brackets, see the rdma_channel::stream documentation):
+ *   peer closed in order .......... RCH_ERR_PEER_CLOSED  (UnexpectedEof / BrokenPipe)
+ *   peer died, queue pair or link
+ *   failed, peer's memory refused . RCH_ERR_PEER_GONE    (ConnectionReset; never
+ *                                                          another code for a death)
+ *   peer unreachable or refused, or
+ *   a connection timed out ........ RCH_ERR_PEER_GONE    (ConnectionRefused, TimedOut)
+ *   peer broke the protocol ....... RCH_ERR_PROTOCOL     (InvalidData)
+ *   out of memory or over the
+ *   process limit (RCH_MEMORY_LIMIT) RCH_ERR_NO_MEMORY   (OutOfMemory)
+ *   rch_wait without progress ..... RCH_ERR_TIMEOUT      (not a failure)
+ *
  * Environment: RCH_FABRIC (emulated | verbs), the RCH_* settings of the channel
  * (ring size, chunk size, wait policy, zero-copy thresholds: see the README),
- * RCH_CM_ADDR and RCH_HOST_ID (see "Lazy connections"), RCH_CONNECT_TIMEOUT_MS (an
- * rdma_cm connection's setup), RCH_IB_TIMEOUT and RCH_IB_KEEPALIVE_MS (how soon a
+ * RCH_CM_ADDR and RCH_HOST_ID (see "Lazy connections"), RCH_CONNECT_TIMEOUT_MS (a
+ * connection's setup and handshake), RCH_MEMORY_LIMIT (most memory the library
+ * commits in the process; default half of RAM, the cgroup's or ulimit -v's limit), RCH_IB_TIMEOUT and RCH_IB_KEEPALIVE_MS (how soon a
  * dead peer on another host is noticed: about keepalive + 7 ACK timeouts, 1.5 s by
  * default), and in rch_init_process_group the PMI-1 variables PMI_FD, PMI_RANK,
  * PMI_SIZE.

@@ -16,6 +16,30 @@
 //!   the address; the cards travel in the connection manager's messages.
 //!
 //! [`RdmaStream::handshake`] takes any fabric value, of any [`Fabric`] type.
+//!
+//! # Errors: one contract
+//!
+//! Every failure is one of these kinds, the same on both fabrics and for the
+//! [`Channel`] underneath; the C interface (`ffi/rch.h`) maps them to the statuses in
+//! the last column. A connection that failed stays failed (every later call returns
+//! the same error); other connections are unaffected.
+//!
+//! | what happened | `io::ErrorKind` | `rch_status` |
+//! | --- | --- | --- |
+//! | the peer closed its sending side and every byte it sent was read | `read`: `Ok(0)`; `get`: `UnexpectedEof` | `RCH_ERR_PEER_CLOSED` |
+//! | the peer closed its reading side (or the whole stream) and we write | `BrokenPipe` | `RCH_ERR_PEER_CLOSED` |
+//! | the peer died, its queue pair failed, the link is down, or its memory refused an access (a dead peer's regions are gone) | `ConnectionReset` | `RCH_ERR_PEER_GONE` |
+//! | a read or write timeout ([`RdmaStream::set_read_timeout`]), a connect or handshake that did not finish in time ([`Config::with_connect_timeout`]) | `TimedOut` | `RCH_ERR_TIMEOUT` (`rch_wait`) / `RCH_ERR_PEER_GONE` |
+//! | nobody listens at the address, or the listener refused us | `ConnectionRefused` (`NotFound` for a path that does not exist) | `RCH_ERR_PEER_GONE` |
+//! | the peer broke the protocol: a malformed card or handshake frame, ring contents no correct peer writes, a bad zero-copy announcement | `InvalidData` | `RCH_ERR_PROTOCOL` |
+//! | out of resources: the process's memory limit ([`crate::limits`]) or the kernel refused memory | `OutOfMemory` | `RCH_ERR_NO_MEMORY` |
+//! | a bad argument or configuration (ring size not a power of two, zero timeout...) | `InvalidInput` | `RCH_ERR_INVALID` / `RCH_ERR_CONFIG` |
+//! | a live listener already holds the path | `AddrInUse` | - |
+//! | a fabric of another kind on the other end, or no RDMA device / verbs support | `InvalidInput` / `NotFound` / `Unsupported` | `RCH_ERR_FABRIC` |
+//!
+//! A peer's death is never `Other`: `channel-tests/peer_death.rs` kills peers at
+//! every stage and matches the kinds, `channel-tests/error_contract.rs` produces the
+//! rest through this API.
 
 pub mod addr;
 

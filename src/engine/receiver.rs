@@ -340,6 +340,15 @@ impl<F: Fabric> Receiver<F> {
         let nowait = mode != GetMode::Wait;
         let mut done = 0;
         let mut resumed = 0;
+        // A failed connection fails every call. Not while reads are in flight: those
+        // must be waited for first (finish_reads below), as they target the caller's
+        // memory. Without this a get after a failed zero-copy READ would resume the
+        // transfer from a half-advanced state.
+        if self.reads.is_none() {
+            if let Some(e) = self.link.error() {
+                return Err(e);
+            }
+        }
         if let Some(r) = self.reads.take() {
             // Reads in flight: the caller must offer their buffer first.
             let first = iov.iter().find(|b| !b.is_empty());

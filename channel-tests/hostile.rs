@@ -1,0 +1,410 @@
+//! A hostile peer, on the emulated fabric: the other end of the connection is not
+//! rdma-channel but this test, which hands the victim a well-formed card and then
+//! writes whatever it likes into the victim's ring with RDMA WRITE: garbage, packets
+//! that lie about their length, kind or acknowledgement, zero-copy announcements
+//! with bad keys, lengths or addresses, replays of old packets; or it never grants
+//! credit. The victim must report a protocol error (`InvalidData`) where the bytes
+//! themselves are wrong, `ConnectionReset` where the fabric refused an access the
+//! peer asked for (its memory refused us, as a dead peer's does), never deliver a
+//! byte that was not a well-formed packet, never read or write outside registered
+//! memory, stay failed once failed, and leave every other connection working.
+
+mod common;
+
+use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read, Write};
+use std::time::Duration;
+
+use rdma_channel::engine::card::{ConnCard, CTRL_SIZE};
+use rdma_channel::fabric::emulated::{EmuFabric, EmuQp, EmuRegion};
+use rdma_channel::fabric::{
+    Access, Card, Fabric, MemoryRegion, Opcode, PendingQp, QueuePair, RemoteRegion, Sge,
+    WorkRequest,
+};
+use rdma_channel::ring::wire::{
+    cells_for, header_match, header_word, trailer_word, PacketKind, Rendezvous, RndvSeg, CELL,
+};
+use rdma_channel::{Channel, Config, Prepared, RdmaStream};
+
+const RING: usize = 4096;
+
+/// The victim's connection and the hostile end's means to write into it.
+struct Hostile {
+    victim: Channel<EmuFabric>,
+    qp: EmuQp,
+    /// The victim's incoming ring, as its card announced it.
+    ring: RemoteRegion,
+    /// Memory of the hostile end: the ring and control words it announced, and a
+    /// buffer it may announce for zero-copy.
+    _own: Vec<EmuRegion>,
+    exposed: EmuRegion,
+    fabric: EmuFabric,
+}
+
+impl Hostile {
+    fn new() -> Hostile {
+        let cfg = Config::default().with_ring_size(RING).with_chunk_size(1024);
+        let victim = Prepared::new(EmuFabric::new().unwrap(), cfg).unwrap();
+        let fabric = EmuFabric::new().unwrap();
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let own = vec![
+            fabric.alloc_region(RING, rw).unwrap(),
+            fabric.alloc_region(CTRL_SIZE, rw).unwrap(),
+        ];
+        let exposed = fabric
+            .alloc_region(4096, Access::LOCAL_WRITE | Access::REMOTE_READ)
+            .unwrap();
+        let pending = fabric.create_qp().unwrap();
+        let fabric_card = pending.card().unwrap();
+        let ours = Card {
+            bytes: ConnCard::encode(own[0].remote(), own[1].remote(), &fabric_card.bytes).unwrap(),
+            fds: fabric_card.fds,
+        };
+        let theirs = victim.card().unwrap();
+        let (ring, fabric_part) = {
+            let c = ConnCard::new_checked(&theirs.bytes[..]).unwrap();
+            (c.ring(), c.fabric_card().to_vec())
+        };
+        let qp = pending
+            .connect(Card {
+                bytes: fabric_part,
+                fds: theirs.fds,
+            })
+            .unwrap();
+        let victim = victim.connect(ours).unwrap();
+        Hostile {
+            victim,
+            qp,
+            ring,
+            _own: own,
+            exposed,
+            fabric,
+        }
+    }
+
+    /// RDMA WRITE of `bytes` to ring offset `at` of the victim.
+    fn write(&self, at: u64, bytes: &[u8]) {
+        self.write_to(self.ring.addr + at, self.ring.rkey, bytes);
+    }
+
+    fn write_to(&self, addr: u64, rkey: u32, bytes: &[u8]) {
+        let sge = [Sge {
+            addr: bytes.as_ptr() as *mut u8,
+            len: bytes.len() as u32,
+            lkey: 0,
+        }];
+        let wr = WorkRequest {
+            wr_id: 0,
+            opcode: Opcode::Write {
+                local: &sge,
+                remote_addr: addr,
+                rkey,
+                inline: true,
+            },
+            signaled: false,
+        };
+        // SAFETY: an inline write copies `bytes` during the call, and `bytes` is a
+        // live slice for all of it.
+        unsafe { self.qp.post(&wr) }.unwrap();
+    }
+
+    /// Writes packet `kind` with `payload` at absolute position `pos` (ring offset
+    /// `pos % RING`), its header word as given, trailer last.
+    fn packet_with_word(&self, pos: u64, word: u64, payload: &[u8], ack: u64) {
+        let cells = cells_for(payload.len());
+        let mut p = vec![0u8; cells * CELL];
+        p[0..8].copy_from_slice(&word.to_le_bytes());
+        p[8..16].copy_from_slice(&ack.to_le_bytes());
+        p[16..16 + payload.len()].copy_from_slice(payload);
+        let end = pos + (cells * CELL) as u64;
+        let n = p.len();
+        p[n - 8..].copy_from_slice(&trailer_word(end).to_le_bytes());
+        self.write(pos % RING as u64, &p);
+    }
+
+    fn packet(&self, pos: u64, kind: PacketKind, payload: &[u8], ack: u64) {
+        let word = header_word(pos, kind, payload.len() as u32);
+        self.packet_with_word(pos, word, payload, ack);
+    }
+
+    /// A zero-copy announcement at `pos`.
+    fn rendezvous(&self, pos: u64, id: u64, segs: &[RndvSeg]) {
+        let mut desc = vec![0u8; Rendezvous::encoded_len(segs.len())];
+        Rendezvous::encode(&mut desc, id, segs);
+        self.packet(pos, PacketKind::Rendezvous, &desc, 0);
+    }
+
+    fn get(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.victim.get(&mut [IoSliceMut::new(buf)])
+    }
+
+    /// Asserts that the victim's connection failed with `kind`, and stays failed.
+    fn expect_failed(&mut self, kind: ErrorKind, what: &str) {
+        let mut buf = [0u8; 64];
+        let e = self.get(&mut buf).expect_err(what);
+        assert_eq!(e.kind(), kind, "{what}: {e}");
+        let again = self
+            .get(&mut buf)
+            .expect_err("a failed connection stays failed");
+        assert_eq!(again.kind(), kind, "{what}, again: {again}");
+        assert_eq!(
+            self.victim.put(&[IoSlice::new(b"x")]).map_err(|e| e.kind()),
+            Err(kind),
+            "{what}: put on the failed connection"
+        );
+    }
+}
+
+/// Other connections work whatever happened to the victim.
+fn others_unaffected() {
+    let (mut a, mut b) = RdmaStream::pair().unwrap();
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+    let d = data.clone();
+    let t = std::thread::spawn(move || a.write_all(&d).map(|()| a));
+    let mut got = vec![0u8; data.len()];
+    b.read_exact(&mut got).unwrap();
+    t.join().unwrap().unwrap();
+    assert!(got == data, "another connection lost or changed bytes");
+}
+
+fn skip_on_verbs() -> bool {
+    // The hostile end is built from the emulated fabric's parts.
+    common::fabric_kind() != rdma_channel::fabric::FabricKind::Emulated
+}
+
+#[test]
+fn garbage_is_never_delivered_and_a_packet_of_unknown_kind_is_a_protocol_error() {
+    if skip_on_verbs() {
+        return;
+    }
+    let mut h = Hostile::new();
+    // Random words everywhere: none carries this lap's stamp, so nothing arrives.
+    let mut rng = common::Rng::new(7);
+    let garbage = rng.bytes(RING);
+    h.write(0, &garbage);
+    let mut buf = vec![0u8; RING];
+    for _ in 0..10 {
+        assert_eq!(h.get(&mut buf).unwrap(), 0, "garbage delivered as data");
+    }
+    // A well-formed packet over the garbage is delivered, exactly.
+    h.packet(0, PacketKind::Data, b"hello", 0);
+    assert_eq!(h.get(&mut buf).unwrap(), 5);
+    assert_eq!(&buf[..5], b"hello");
+    // Then a header with this lap's stamp and a kind no sender writes.
+    let word = header_match(64) | (7 << 56) | (3 << 32);
+    h.packet_with_word(64, word, b"abc", 0);
+    h.expect_failed(ErrorKind::InvalidData, "unknown packet kind");
+    others_unaffected();
+}
+
+#[test]
+fn a_packet_longer_than_the_ring_is_a_protocol_error() {
+    if skip_on_verbs() {
+        return;
+    }
+    let mut h = Hostile::new();
+    // Only the header: the victim must refuse it before looking for its trailer.
+    let word = header_word(0, PacketKind::Data, 0xff_ffff);
+    h.write(0, &word.to_le_bytes());
+    h.expect_failed(ErrorKind::InvalidData, "length beyond the ring");
+    others_unaffected();
+}
+
+#[test]
+fn acknowledgements_that_are_misaligned_or_beyond_what_was_sent_are_protocol_errors() {
+    if skip_on_verbs() {
+        return;
+    }
+    let mut h = Hostile::new();
+    h.packet(0, PacketKind::Data, b"a", 3);
+    h.expect_failed(ErrorKind::InvalidData, "misaligned ack");
+
+    // An aligned ack far beyond anything the victim sent: refused when the victim's
+    // sender relies on it, so no unread byte of the peer is ever overwritten.
+    let mut h = Hostile::new();
+    h.packet(0, PacketKind::Data, b"b", 1 << 20);
+    let mut one = [0u8; 1];
+    assert_eq!(h.get(&mut one).unwrap(), 1);
+    let mut failed = None;
+    for _ in 0..1000 {
+        match h.victim.put(&[IoSlice::new(&[0u8; 512])]) {
+            Ok(_) => {}
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let e = failed.expect("the victim's sender must not trust the bogus ack");
+    assert_eq!(e.kind(), ErrorKind::InvalidData, "{e}");
+    others_unaffected();
+}
+
+#[test]
+fn zero_copy_announcements_out_of_order_or_inconsistent_are_protocol_errors() {
+    if skip_on_verbs() {
+        return;
+    }
+    let seg = RndvSeg {
+        addr: 0x1000,
+        len: 100,
+        rkey: 1,
+    };
+    // The first announcement must be number 1.
+    let mut h = Hostile::new();
+    h.rendezvous(0, 5, &[seg]);
+    h.expect_failed(ErrorKind::InvalidData, "rendezvous out of order");
+    // A total that is not the sum of the segments.
+    let mut h = Hostile::new();
+    let mut desc = vec![0u8; Rendezvous::encoded_len(1)];
+    Rendezvous::encode(&mut desc, 1, &[seg]);
+    desc[8..16].copy_from_slice(&1_000_000u64.to_le_bytes());
+    h.packet(0, PacketKind::Rendezvous, &desc, 0);
+    h.expect_failed(ErrorKind::InvalidData, "inconsistent total");
+    // No segments at all.
+    let mut h = Hostile::new();
+    desc[8..24].fill(0);
+    h.packet(0, PacketKind::Rendezvous, &desc[..24], 0);
+    h.expect_failed(ErrorKind::InvalidData, "empty rendezvous");
+    others_unaffected();
+}
+
+#[test]
+fn zero_copy_reads_the_fabric_refuses_touch_nothing_and_reset_the_connection() {
+    if skip_on_verbs() {
+        return;
+    }
+    let exposed_len = 4096u64;
+    let cases: [(&str, fn(&Hostile) -> RndvSeg); 3] = [
+        ("a key that was never handed out", |h| RndvSeg {
+            addr: h.exposed.addr() as u64,
+            len: 100,
+            rkey: h.exposed.rkey() ^ 0x5a5a_0000,
+        }),
+        ("a real key, past the end of its region", |h| RndvSeg {
+            addr: h.exposed.addr() as u64 + 4000,
+            len: 1000,
+            rkey: h.exposed.rkey(),
+        }),
+        ("a real key, an address before its region", |h| RndvSeg {
+            addr: h.exposed.addr() as u64 - 4096,
+            len: 4096,
+            rkey: h.exposed.rkey(),
+        }),
+    ];
+    for (what, seg) in cases {
+        let mut h = Hostile::new();
+        let seg = seg(&h);
+        h.rendezvous(0, 1, &[seg]);
+        // The destination, with canaries around where the read would land.
+        let mut buf = vec![0xEEu8; 8192];
+        let e = h.get(&mut buf[..]).expect_err(what);
+        assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{what}: {e}");
+        assert!(
+            buf.iter().all(|&b| b == 0xEE),
+            "{what}: the refused read wrote into the destination"
+        );
+        h.expect_failed(ErrorKind::ConnectionReset, what);
+        // The hostile end's own memory was not written either.
+        assert!(h.exposed.len() == exposed_len as usize && h.fabric.caps().max_sge > 0);
+    }
+    others_unaffected();
+}
+
+#[test]
+fn writes_outside_the_announced_ring_are_refused_by_the_fabric() {
+    if skip_on_verbs() {
+        return;
+    }
+    let mut h = Hostile::new();
+    let sge_data = [0xABu8; 64];
+    let sge = [Sge {
+        addr: sge_data.as_ptr() as *mut u8,
+        len: 64,
+        lkey: 0,
+    }];
+    let wr = WorkRequest {
+        wr_id: 1,
+        opcode: Opcode::Write {
+            local: &sge,
+            remote_addr: h.ring.addr + h.ring.len,
+            rkey: h.ring.rkey,
+            inline: true,
+        },
+        signaled: true,
+    };
+    // SAFETY: inline data is copied during the call; `sge_data` outlives it.
+    unsafe { h.qp.post(&wr) }.unwrap();
+    assert_eq!(
+        h.qp.state(),
+        rdma_channel::fabric::QpState::Error,
+        "a write past the ring must fail on the writer's side"
+    );
+    // The victim saw nothing and is not harmed.
+    let mut buf = [0u8; 64];
+    assert_eq!(h.get(&mut buf).unwrap(), 0);
+    others_unaffected();
+}
+
+#[test]
+fn a_replayed_packet_from_an_earlier_lap_is_never_delivered_again() {
+    if skip_on_verbs() {
+        return;
+    }
+    let mut h = Hostile::new();
+    // One lap of one-cell packets, all read.
+    let lap = (RING / CELL) as u64;
+    let mut buf = vec![0u8; RING];
+    let mut got = Vec::new();
+    for i in 0..lap {
+        let msg = format!("m{i:02}");
+        h.packet(i * CELL as u64, PacketKind::Data, msg.as_bytes(), 0);
+        let n = h.get(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(got.len(), lap as usize * 3);
+    // Replays of packets 0 and 1, byte for byte, where the next lap starts.
+    h.packet(0, PacketKind::Data, b"m00", 0);
+    h.packet(CELL as u64, PacketKind::Data, b"m01", 0);
+    for _ in 0..10 {
+        assert_eq!(
+            h.get(&mut buf).unwrap(),
+            0,
+            "a replayed packet was delivered"
+        );
+    }
+    // The real next packet still arrives.
+    h.packet(lap * CELL as u64, PacketKind::Data, b"new", 0);
+    assert_eq!(h.get(&mut buf).unwrap(), 3);
+    assert_eq!(&buf[..3], b"new");
+}
+
+#[test]
+fn a_peer_that_never_grants_credit_blocks_writes_until_their_timeout_and_no_further() {
+    if skip_on_verbs() {
+        return;
+    }
+    let mut h = Hostile::new();
+    let mut sent = 0;
+    loop {
+        let n = h.victim.put(&[IoSlice::new(&[1u8; 1000])]).unwrap();
+        if n == 0 {
+            break;
+        }
+        sent += n;
+        assert!(
+            sent <= RING,
+            "the victim wrote {sent} bytes into a {RING}-byte ring"
+        );
+    }
+    // The ring is full and stays full: the wait ends by its deadline with TimedOut,
+    // and the connection is not broken by it.
+    let deadline = std::time::Instant::now() + Duration::from_millis(100);
+    let e = h
+        .victim
+        .sender()
+        .wait_writable_until(Some(deadline))
+        .expect_err("no credit: no room");
+    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+    assert_eq!(h.victim.put(&[IoSlice::new(b"x")]).unwrap(), 0);
+    others_unaffected();
+}

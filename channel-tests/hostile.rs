@@ -268,13 +268,16 @@ fn zero_copy_announcements_out_of_order_or_inconsistent_are_protocol_errors() {
     others_unaffected();
 }
 
+/// Makes a zero-copy segment the fabric must refuse, from the hostile end's memory.
+type BadSegment = fn(&Hostile) -> RndvSeg;
+
 #[test]
 fn zero_copy_reads_the_fabric_refuses_touch_nothing_and_reset_the_connection() {
     if skip_on_verbs() {
         return;
     }
     let exposed_len = 4096u64;
-    let cases: [(&str, fn(&Hostile) -> RndvSeg); 3] = [
+    let cases: [(&str, BadSegment); 3] = [
         ("a key that was never handed out", |h| RndvSeg {
             addr: h.exposed.addr() as u64,
             len: 100,

@@ -168,6 +168,8 @@ fn run(variant: Variant) {
             nic.lock().unwrap().executed.contains(&read),
             "read {read} counted as completed before the NIC executed it"
         );
+        // Receiver::finish_reads: the ZeroCopyDone control word.
+        post(&sq, &nic, false);
         sender.join().unwrap();
     });
 }

@@ -48,6 +48,7 @@ pub mod pmi;
 pub mod rcache;
 pub mod ring;
 pub mod stream;
+pub(crate) mod sync;
 pub mod wire;
 mod zerocopy;
 

@@ -147,7 +147,6 @@ impl<F: Fabric> Prepared<F> {
             credit_served: AtomicU64::new(0),
             tx_tail_piggy: AtomicU64::new(0),
             publish: Mutex::new(()),
-            post_order: Mutex::new(()),
             sq: send_queue_for(&caps),
             broken: Mutex::new(None),
             is_broken: AtomicBool::new(false),
@@ -182,13 +181,7 @@ fn send_queue_for(caps: &Caps) -> SendQueue {
         let d = caps.max_send_wr.max(2) as u64;
         (d, (d / 2).max(1))
     };
-    SendQueue {
-        depth,
-        interval,
-        posted: AtomicU64::new(0),
-        retired: AtomicU64::new(0),
-        completed: AtomicU64::new(0),
-    }
+    SendQueue::new(depth, interval)
 }
 
 /// The zero-copy thresholds in force: the configuration's, else the fabric's

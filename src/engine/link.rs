@@ -14,6 +14,7 @@ use crate::fabric::{
 };
 use crate::rcache::RegCache;
 use crate::ring::memory::{ControlWords, CtrlWord, RingMemory, StagingBuffer};
+use crate::sync;
 
 /// Empty polls between two checks of the queue pair's health.
 pub(super) const HEALTH_EVERY: u32 = 1024;
@@ -43,8 +44,6 @@ pub(crate) struct Link<F: Fabric> {
     pub(super) tx_tail_piggy: AtomicU64,
     /// Serialises explicit control writes so that they reach the peer in value order.
     pub(super) publish: Mutex<()>,
-    /// Serialises numbering and posting on a finite send queue (see `post_numbered`).
-    pub(super) post_order: Mutex<()>,
     /// Send queue accounting, for fabrics whose queue needs signalled completions.
     pub(crate) sq: SendQueue,
     /// First error seen, after which every call fails.
@@ -63,14 +62,104 @@ pub(crate) struct Link<F: Fabric> {
 /// Work request ids are sequence numbers from `posted` (writes take one only when the
 /// queue is finite; reads always do, as they are always signalled). Completions of an
 /// RC queue pair arrive in posting order, so `completed` > n means request n is done.
+///
+/// Its atomics and lock come from [`crate::sync`], so that `scripts/loom` checks this
+/// code itself (`link_loom.rs`).
 pub(crate) struct SendQueue {
-    pub(super) depth: u64,
-    pub(super) interval: u64,
-    pub(super) posted: AtomicU64,
+    depth: u64,
+    interval: u64,
+    posted: sync::atomic::AtomicU64,
     /// One past the highest request retired by a successful signalled completion.
-    pub(super) retired: AtomicU64,
+    retired: sync::atomic::AtomicU64,
     /// One past the highest request with any completion (success, error or flush).
-    pub(crate) completed: AtomicU64,
+    completed: sync::atomic::AtomicU64,
+    /// Serialises the slot check, numbering and posting on a finite queue (see
+    /// [`post_numbered`](Self::post_numbered)).
+    order: sync::Mutex<()>,
+}
+
+impl SendQueue {
+    /// A queue of `depth` requests, every `interval`-th write signalled; `u64::MAX`
+    /// for both when the fabric's queue never fills.
+    pub(crate) fn new(depth: u64, interval: u64) -> SendQueue {
+        SendQueue {
+            depth,
+            interval,
+            posted: sync::atomic::AtomicU64::new(0),
+            retired: sync::atomic::AtomicU64::new(0),
+            completed: sync::atomic::AtomicU64::new(0),
+            order: sync::Mutex::new(()),
+        }
+    }
+
+    /// Numbers and posts one request through `post(wr_id, signaled)`, calling `wait`
+    /// while a finite queue is full. Returns the request's number.
+    ///
+    /// On a finite queue both halves post (the sender its packets, the receiver its
+    /// control words and RDMA READs), and completions arrive in posting order: so the
+    /// slot check, the numbering and the post happen under one lock, or a request
+    /// numbered later but posted first would retire (or count as completed) the one
+    /// numbered before it while that one is still in the NIC's hands (loom finds
+    /// that interleaving in the lock-free version: `link_loom.rs`). Reads are always
+    /// signalled; writes every `interval`-th, so completions keep retiring the others.
+    #[inline]
+    pub(crate) fn post_numbered<E>(
+        &self,
+        read: bool,
+        mut wait: impl FnMut() -> Result<(), E>,
+        post: impl FnOnce(u64, bool) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        if self.depth == u64::MAX {
+            // An unbounded queue (the emulated fabric) retires requests as they are
+            // posted: only reads are numbered, and only the receiving half posts
+            // them. AcqRel: numbers are handed out once each.
+            let wr_id = if read {
+                self.posted.fetch_add(1, Ordering::AcqRel)
+            } else {
+                0
+            };
+            post(wr_id, read)?;
+            return Ok(wr_id);
+        }
+        let _in_order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+        while self.is_full() {
+            wait()?;
+        }
+        // AcqRel: pairs with the completion counters' updates (see `complete`).
+        let wr_id = self.posted.fetch_add(1, Ordering::AcqRel);
+        let signaled = read || wr_id % self.interval == self.interval - 1;
+        post(wr_id, signaled)?;
+        Ok(wr_id)
+    }
+
+    /// True while the requests posted and not yet retired by a signalled completion
+    /// fill the queue.
+    #[inline]
+    pub(crate) fn is_full(&self) -> bool {
+        // Acquire: pairs with the AcqRel updates of both counters (a slot counts as
+        // free only after the completion that freed it was processed).
+        self.posted.load(Ordering::Acquire) - self.retired.load(Ordering::Acquire) >= self.depth
+    }
+
+    /// Counts a completion of request `wr_id`, successful or not.
+    #[inline]
+    pub(crate) fn complete(&self, wr_id: u64, success: bool) {
+        // AcqRel on both counters: a waiter that sees the new value also sees what
+        // the request did (the bytes a read placed).
+        self.completed.fetch_max(wr_id + 1, Ordering::AcqRel);
+        if success {
+            // A signalled success retires it and every unsignalled request before it.
+            self.retired.fetch_max(wr_id + 1, Ordering::AcqRel);
+        }
+    }
+
+    /// True once request `seq` has a completion, successful or not.
+    #[inline]
+    pub(crate) fn is_completed(&self, seq: u64) -> bool {
+        // Acquire: pairs with `complete`'s AcqRel, so the bytes a read placed are
+        // visible once its completion is counted.
+        self.completed.load(Ordering::Acquire) > seq
+    }
 }
 
 impl<F: Fabric> Link<F> {
@@ -142,9 +231,8 @@ impl<F: Fabric> Link<F> {
         loop {
             let n = self.qp.poll(&mut wcs);
             for wc in &wcs[..n] {
-                // AcqRel on both counters: a waiter that sees the new value also sees
-                // what the request did (the bytes a read placed).
-                self.sq.completed.fetch_max(wc.wr_id + 1, Ordering::AcqRel);
+                self.sq
+                    .complete(wc.wr_id, wc.status == CompletionStatus::Success);
                 if wc.status != CompletionStatus::Success {
                     // The peer's memory refusing us (RemoteAccessError) is what a
                     // peer that exited or died looks like from here: its regions
@@ -161,10 +249,7 @@ impl<F: Fabric> Link<F> {
                     if failure.is_none() {
                         failure = Some(self.fail(kind, format!("{what} ({:?})", wc.status)));
                     }
-                    continue;
                 }
-                // A signalled success retires it and every unsignalled request before it.
-                self.sq.retired.fetch_max(wc.wr_id + 1, Ordering::AcqRel);
             }
             if n < wcs.len() {
                 return failure.map_or(Ok(()), Err);
@@ -173,38 +258,24 @@ impl<F: Fabric> Link<F> {
     }
 
     /// Numbers and posts one request through `post(wr_id, signaled)`, keeping a
-    /// finite send queue within its depth. Returns the request's number.
-    ///
-    /// On a finite queue both halves post (the sender its packets, the receiver its
-    /// control words and RDMA READs), and completions arrive in posting order: so the
-    /// slot check, the numbering and the post happen under one lock, or a request
-    /// numbered later but posted first would retire (or count as completed) the one
-    /// numbered before it while that one is still in the NIC's hands. Reads are always
-    /// signalled; writes every `interval`-th, so completions keep retiring the others.
+    /// finite send queue within its depth ([`SendQueue::post_numbered`]): while it is
+    /// full, drains completions (checking the connection's health) and backs off.
+    /// Returns the request's number.
     pub(crate) fn post_numbered(
         &self,
         read: bool,
         post: impl FnOnce(u64, bool) -> Result<(), FabricError>,
     ) -> io::Result<u64> {
-        if self.sq.depth == u64::MAX {
-            // An unbounded queue (the emulated fabric) retires requests as they are
-            // posted: only reads are numbered, and only the receiving half posts
-            // them. AcqRel: numbers are handed out once each.
-            let wr_id = if read {
-                self.sq.posted.fetch_add(1, Ordering::AcqRel)
-            } else {
-                0
-            };
-            post(wr_id, read).map_err(io::Error::from)?;
-            return Ok(wr_id);
-        }
-        let _in_order = self.post_order.lock().unwrap_or_else(|p| p.into_inner());
-        self.wait_for_send_slot()?;
-        // AcqRel: pairs with the completion counters' updates (see SendQueue).
-        let wr_id = self.sq.posted.fetch_add(1, Ordering::AcqRel);
-        let signaled = read || wr_id % self.sq.interval == self.sq.interval - 1;
-        post(wr_id, signaled).map_err(io::Error::from)?;
-        Ok(wr_id)
+        let mut backoff = Backoff::new(1000, 100, std::time::Duration::from_micros(100));
+        self.sq.post_numbered(
+            read,
+            || {
+                self.check_health()?;
+                backoff.snooze();
+                Ok(())
+            },
+            |wr_id, signaled| post(wr_id, signaled).map_err(io::Error::from),
+        )
     }
 
     /// Writes `list` inline to `remote_addr` in the peer's memory.
@@ -238,21 +309,6 @@ impl<F: Fabric> Link<F> {
         .map(drop)
     }
 
-    /// Waits until the finite send queue has a free slot (requests posted and not yet
-    /// retired by a signalled completion stay below its depth).
-    fn wait_for_send_slot(&self) -> io::Result<()> {
-        let mut backoff = Backoff::new(1000, 100, std::time::Duration::from_micros(100));
-        // Acquire: pairs with the AcqRel updates of both counters (a slot counts as free
-        // only after the completion that freed it was processed).
-        while self.sq.posted.load(Ordering::Acquire) - self.sq.retired.load(Ordering::Acquire)
-            >= self.sq.depth
-        {
-            self.check_health()?;
-            backoff.snooze();
-        }
-        Ok(())
-    }
-
     /// Waits until request `seq` has a completion, successful or not. Never gives up
     /// early: the memory a read targets must not be handed back while the NIC may
     /// still write it, and an RC queue pair completes (or flushes) every request.
@@ -263,14 +319,11 @@ impl<F: Fabric> Link<F> {
     pub(crate) fn wait_completed(&self, seq: u64) -> io::Result<()> {
         let mut backoff = Backoff::new(20_000, 1000, std::time::Duration::from_micros(50));
         let mut failure = None;
-        // Acquire: pairs with drain_completions' AcqRel, so the bytes a read placed are
-        // visible once its completion is counted.
-        while self.sq.completed.load(Ordering::Acquire) <= seq {
+        while !self.sq.is_completed(seq) {
             if let Err(e) = self.drain_completions() {
                 failure.get_or_insert(e);
             }
-            // Acquire: as above.
-            if self.sq.completed.load(Ordering::Acquire) > seq {
+            if self.sq.is_completed(seq) {
                 break;
             }
             backoff.snooze();
@@ -330,3 +383,7 @@ impl<F: Fabric> Link<F> {
         Ok(())
     }
 }
+
+#[cfg(all(test, loom))]
+#[path = "link_loom.rs"]
+mod loom_model;

@@ -222,9 +222,9 @@ impl<F: Fabric> Receiver<F> {
         let link = self.link.clone();
         if !wait {
             let drained = link.drain_completions();
-            // Acquire: pairs with drain_completions' AcqRel, so the bytes the reads
-            // placed are visible once they are counted.
-            if link.sq.completed.load(Ordering::Acquire) <= r.last {
+            // Acquire (in is_completed): the bytes the reads placed are visible once
+            // they are counted.
+            if !link.sq.is_completed(r.last) {
                 drained?;
                 self.reads = Some(r);
                 return Ok(None);
@@ -530,8 +530,8 @@ impl<F: Fabric> Receiver<F> {
         if let Some(r) = &self.reads {
             let link = &*self.link;
             let drained = link.drain_completions();
-            // Acquire: as in finish_reads.
-            if link.sq.completed.load(Ordering::Acquire) > r.last {
+            // Acquire (in is_completed): as in finish_reads.
+            if link.sq.is_completed(r.last) {
                 return Ok(true);
             }
             drained?;

@@ -95,6 +95,9 @@ pub fn boundary_offsets(start: usize, cells: usize) -> impl Iterator<Item = usiz
 /// Payload offset inside a packet starting at a cell boundary.
 pub const PAYLOAD_OFFSET: usize = HEADER_LEN;
 
+#[cfg(all(test, loom))]
+mod loom_model;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,6 +40,9 @@ pub mod config;
 pub mod engine;
 pub mod fabric;
 pub mod ffi;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub(crate) mod group;
 pub mod handshake;
 pub mod limits;

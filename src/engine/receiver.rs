@@ -13,10 +13,9 @@ use crate::fabric::Fabric;
 use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory};
 use crate::ring::wire::{
-    cells_for, trailer_word, Header, PacketKind, Rendezvous, RndvSeg, CELL, HEADER_LEN,
-    MAX_RNDV_SEGS,
+    trailer_word, Header, PacketKind, Rendezvous, RndvSeg, CELL, HEADER_LEN, MAX_RNDV_SEGS,
 };
-use crate::ring::PAYLOAD_OFFSET;
+use crate::ring::{packet_cells, PAYLOAD_OFFSET};
 use crate::zerocopy::Lent;
 
 /// Largest single RDMA READ of the zero-copy path: big enough to amortise a request,
@@ -111,9 +110,7 @@ impl<F: Fabric> Receiver<F> {
                 return Ok(false);
             }
             let len = Header::new_unchecked(&hbytes[..]).len() as usize;
-            let cells = cells_for(len);
-            let end = self.read_pos + (cells * CELL) as u64;
-            if (self.read_pos & (self.ring_size - 1)) + (cells * CELL) as u64 > self.ring_size {
+            let Some(cells) = packet_cells(self.ring_size, self.read_pos, len) else {
                 return Err(self.link.fail(
                     io::ErrorKind::InvalidData,
                     format!(
@@ -121,7 +118,8 @@ impl<F: Fabric> Receiver<F> {
                         self.read_pos
                     ),
                 ));
-            }
+            };
+            let end = self.read_pos + (cells * CELL) as u64;
             // Acquire pairs with the fabric's Release store of the last word of the
             // write: once the trailer is visible, so is every byte before it.
             if self.load_word(end - 8, Ordering::Acquire) != trailer_word(end) {

@@ -11,12 +11,12 @@ use super::link::{Link, HEALTH_EVERY};
 use super::wait::{past, Backoff};
 use crate::fabric::{Fabric, GatherList};
 use crate::rcache::{CacheStats, RdmaBuf, RegCache, RegHandle};
-use crate::ring::max_payload_now;
 use crate::ring::memory::CtrlWord;
 use crate::ring::wire::{
     cells_for, trailer_word, Header, PacketKind, RndvSeg, CELL, HEADER_LEN, MAX_RNDV_SEGS,
     ONE_CELL_PAYLOAD, OVERHEAD, TRAILER_LEN,
 };
+use crate::ring::{max_payload_now, tail_ok};
 use crate::zerocopy::Lent;
 
 /// Most gather entries one packet uses (header, payload pieces, padding, trailer).
@@ -465,7 +465,7 @@ impl<F: Fabric> Sender<F> {
         let explicit = link.ctrl.tail();
         let piggy = link.tx_tail_piggy.load(Ordering::Acquire);
         let t = explicit.max(piggy);
-        if t > self.head || t % CELL as u64 != 0 {
+        if !tail_ok(t, self.head) {
             return Err(link.fail(
                 io::ErrorKind::InvalidData,
                 format!(

@@ -42,6 +42,6 @@ mod client;
 mod conn;
 pub mod launch;
 pub mod server;
-mod wire;
+pub(crate) mod wire;
 
 pub use client::{timeout_from_env, PmiClient, DEFAULT_TIMEOUT, TIMEOUT_ENV};

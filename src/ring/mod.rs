@@ -92,6 +92,36 @@ pub fn boundary_offsets(start: usize, cells: usize) -> impl Iterator<Item = usiz
     })
 }
 
+/// Cells of a packet with `len` payload bytes starting at absolute position `pos`
+/// of a ring of `size` bytes (a power of two), or `None` when the packet would run
+/// past the ring's physical end: no correct sender writes that
+/// ([`max_payload_now`]), so the receiver takes such a header as a protocol error
+/// before it reads the trailer word the header points at.
+///
+/// ```
+/// use rdma_channel::ring::packet_cells;
+/// assert_eq!(packet_cells(4096, 4096 + 4096 - 128, 100), Some(2));
+/// assert_eq!(packet_cells(4096, 4096 - 64, 100), None);
+/// ```
+pub fn packet_cells(size: u64, pos: u64, len: usize) -> Option<usize> {
+    let cells = wire::cells_for(len);
+    ((pos & (size - 1)) + (cells * CELL) as u64 <= size).then_some(cells)
+}
+
+/// True when `tail`, announced by the peer (its control word or a piggybacked
+/// ack), can be the tail of a correct receiver of a sender at `head`: a cell
+/// boundary the sender has reached. A tail beyond the head would let the sender
+/// overwrite packets the peer has not read, so it is a protocol error.
+///
+/// ```
+/// use rdma_channel::ring::tail_ok;
+/// assert!(tail_ok(640, 640) && tail_ok(0, 640));
+/// assert!(!tail_ok(704, 640) && !tail_ok(100, 640));
+/// ```
+pub const fn tail_ok(tail: u64, head: u64) -> bool {
+    tail <= head && tail % CELL as u64 == 0
+}
+
 /// Payload offset inside a packet starting at a cell boundary.
 pub const PAYLOAD_OFFSET: usize = HEADER_LEN;
 

@@ -266,15 +266,16 @@ impl EmuQp {
 }
 
 impl EmuQp {
-    /// Executes `wr`, whose completion (if any) carries posting index `index`.
+    /// The ring's traffic: an unsignalled inline write into a mapped peer segment,
+    /// with every check of the general path. True when it was done here; anything
+    /// else, including any failed check, goes the general way ([`execute`]), which
+    /// reports it. Kept small and inlined into `post`: it is the data path.
     ///
     /// # Safety
     ///
     /// As [`QueuePair::post`].
-    unsafe fn execute(&self, wr: &WorkRequest<'_>, index: u64) -> Result<(), FabricError> {
-        // Fast path for the ring's traffic: an unsignalled inline write into a mapped peer
-        // segment, with every check of the general path. Anything else, including any
-        // failed check, goes the general way, which reports it.
+    #[inline]
+    unsafe fn fast_write(&self, wr: &WorkRequest<'_>) -> bool {
         if let WorkRequest {
             opcode:
                 Opcode::Write {
@@ -289,7 +290,7 @@ impl EmuQp {
         {
             if local.len() <= CAPS.max_sge {
                 let n: u64 = local.iter().map(|s| u64::from(s.len)).sum();
-                // Acquire: as below.
+                // Acquire: as in `execute`.
                 if n <= CAPS.max_inline as u64 && n > 0 && self.state.load(Ordering::Acquire) == RTS
                 {
                     if let Some(dst) = self.peer.fast_write_target(rkey, remote_addr, n) {
@@ -297,11 +298,22 @@ impl EmuQp {
                         // segment (fast_write_target), and `local` is readable for this
                         // call (post's contract for inline writes).
                         unsafe { copy::write_direct(dst, local, n) };
-                        return Ok(());
+                        return true;
                     }
                 }
             }
         }
+        false
+    }
+
+    /// Executes `wr` the general way, its completion (if any) carrying posting index
+    /// `index`.
+    ///
+    /// # Safety
+    ///
+    /// As [`QueuePair::post`].
+    #[inline(never)]
+    unsafe fn execute(&self, wr: &WorkRequest<'_>, index: u64) -> Result<(), FabricError> {
         let (local, op) = match wr.opcode {
             Opcode::Write { local, .. } => (local, CompletedOp::Write),
             Opcode::Read { local, .. } => (local, CompletedOp::Read),
@@ -371,6 +383,10 @@ impl QueuePair for EmuQp {
     unsafe fn post(&self, wr: &WorkRequest<'_>) -> Result<(), FabricError> {
         let Some(slots) = &self.send_slots else {
             // SAFETY: forwarded from this function's contract.
+            if unsafe { self.fast_write(wr) } {
+                return Ok(());
+            }
+            // SAFETY: forwarded from this function's contract.
             return unsafe { self.execute(wr, 0) };
         };
         // Held through the execution, so completions enter the queue in posting order.
@@ -380,7 +396,12 @@ impl QueuePair for EmuQp {
         }
         let index = slots.posted;
         // SAFETY: forwarded from this function's contract.
-        let result = unsafe { self.execute(wr, index) };
+        let result = if unsafe { self.fast_write(wr) } {
+            Ok(())
+        } else {
+            // SAFETY: forwarded from this function's contract.
+            unsafe { self.execute(wr, index) }
+        };
         if result.is_ok() {
             slots.posted += 1;
         }

@@ -319,24 +319,8 @@ fn writes_outside_the_announced_ring_are_refused_by_the_fabric() {
         return;
     }
     let mut h = Hostile::new();
-    let sge_data = [0xABu8; 64];
-    let sge = [Sge {
-        addr: sge_data.as_ptr() as *mut u8,
-        len: 64,
-        lkey: 0,
-    }];
-    let wr = WorkRequest {
-        wr_id: 1,
-        opcode: Opcode::Write {
-            local: &sge,
-            remote_addr: h.ring.addr + h.ring.len,
-            rkey: h.ring.rkey,
-            inline: true,
-        },
-        signaled: true,
-    };
-    // SAFETY: inline data is copied during the call; `sge_data` outlives it.
-    unsafe { h.qp.post(&wr) }.unwrap();
+    // One byte past the ring, with the ring's own key.
+    h.write_to(h.ring.addr + h.ring.len, h.ring.rkey, &[0xAB; 64]);
     assert_eq!(
         h.qp.state(),
         rdma_channel::fabric::QpState::Error,

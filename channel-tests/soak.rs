@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::peer::{spawn_self, PeerRun, PeerStatus};
+use common::peer::{scratch_dir, spawn_self, PeerRun, PeerStatus, RemoveOnDrop};
 use common::*;
 use rdma_channel::config::WaitPolicy;
 use rdma_channel::fabric::AnyFabric;
@@ -509,24 +509,6 @@ fn print_curve(reports: &BTreeMap<usize, RankReport>, secs: f64) {
             break;
         }
         t = (t + step_ms).min(end_ms);
-    }
-}
-
-/// A unique scratch directory under the system temp dir.
-fn scratch_dir(tag: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let dir = std::env::temp_dir().join(format!("rch-{tag}-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-struct RemoveOnDrop(PathBuf);
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

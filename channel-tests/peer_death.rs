@@ -99,6 +99,16 @@ impl Stage {
     }
 }
 
+/// The fabric the connections run on: by IP address across hosts (verbs through
+/// rdma_cm, whatever `RCH_FABRIC` says), else the one `RCH_FABRIC` selects.
+fn fabric_label() -> &'static str {
+    if common::peer::across_hosts() {
+        "verbs across hosts"
+    } else {
+        fabric_kind().name()
+    }
+}
+
 fn trials() -> usize {
     let n = std::env::var("RCH_DEATH_TRIALS")
         .ok()
@@ -276,7 +286,7 @@ impl Tally {
         format!(
             "| {} | {} | {} | {} | {median} | {max} | 0 | 0 |",
             stage.name(),
-            fabric_kind().name(),
+            fabric_label(),
             self.trials,
             outcomes.join(", ")
         )

@@ -333,6 +333,35 @@ fn writes_outside_the_announced_ring_are_refused_by_the_fabric() {
 }
 
 #[test]
+fn a_wrap_packet_moves_the_reader_to_the_next_lap_and_one_with_payload_is_a_protocol_error() {
+    if skip_on_verbs() {
+        return;
+    }
+    let mut h = Hostile::new();
+    h.packet(0, PacketKind::Data, b"one", 0);
+    let mut buf = [0u8; 16];
+    assert_eq!(h.get(&mut buf).unwrap(), 3);
+    assert_eq!(&buf[..3], b"one");
+    // A wrap at 64: the rest of the lap holds nothing; the next packet is at RING
+    // (physical offset 0 again, where "one" was consumed).
+    h.packet(64, PacketKind::Wrap, b"", 0);
+    // Bait where the reader would look if it ignored the wrap.
+    h.packet(128, PacketKind::Data, b"bait", 0);
+    h.packet(RING as u64, PacketKind::Data, b"two", 0);
+    assert_eq!(
+        h.get(&mut buf).unwrap(),
+        3,
+        "the wrap is skipped, the bait never read"
+    );
+    assert_eq!(&buf[..3], b"two");
+
+    let mut h = Hostile::new();
+    h.packet(0, PacketKind::Wrap, b"x", 0);
+    h.expect_failed(ErrorKind::InvalidData, "wrap packet with a payload");
+    others_unaffected();
+}
+
+#[test]
 fn a_replayed_packet_from_an_earlier_lap_is_never_delivered_again() {
     if skip_on_verbs() {
         return;

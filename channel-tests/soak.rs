@@ -778,6 +778,9 @@ fn random_config(rng: &mut Rng) -> Config {
     if rng.chance(1, 4) {
         cfg = cfg.with_max_inline(rng.range(64, 1024));
     }
+    if rng.chance(1, 2) {
+        cfg = cfg.with_working_set(64 * rng.range(1, ring / 64));
+    }
     // alloc_mem memory: zero-copy off, from a random size, or from the fabric's default.
     match rng.below(4) {
         0 => cfg = cfg.with_zero_copy_threshold(None),

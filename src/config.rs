@@ -6,7 +6,8 @@
 //! | --- | --- | --- |
 //! | `RCH_RING_SIZE` | bytes of each receive ring (power of two, 4 KiB ..= 1 GiB) | 4 MiB |
 //! | `RCH_CHUNK_SIZE` | largest packet in bytes (multiple of 64, 128 ..= ring/2) | 64 KiB |
-//! | `RCH_TAIL_THRESHOLD` | consumed bytes before an explicit tail update | ring/4 |
+//! | `RCH_WORKING_SET` | ring bytes the sender keeps its traffic in while the receiver keeps up (a multiple of 64; the ring size or more turns it off) | 256 KiB |
+//! | `RCH_TAIL_THRESHOLD` | consumed bytes before an explicit tail update | the smaller of ring/4 and working set/4 |
 //! | `RCH_MAX_INLINE` | cap on inline writes (smaller forces the staging copy) | fabric's |
 //! | `RCH_SPIN` | busy polls before a blocking wait yields | 2000 (100 in a process group with more ranks on the host than CPUs) |
 //! | `RCH_YIELD` | `sched_yield`s before it sleeps | 50000 (0 when oversubscribed, as above) |
@@ -52,6 +53,7 @@ use crate::rcache::CacheLimits;
 pub struct Config {
     ring_size: usize,
     chunk_size: usize,
+    working_set: usize,
     tail_threshold: Option<usize>,
     max_inline: Option<usize>,
     wait: WaitPolicy,
@@ -95,6 +97,11 @@ pub const DEFAULT_WAIT_POLICY: WaitPolicy = WaitPolicy {
 pub const DEFAULT_RING_SIZE: usize = 4 << 20;
 /// Default largest packet (chosen by measurement, see README).
 pub const DEFAULT_CHUNK_SIZE: usize = 64 << 10;
+/// Default working set of the ring (chosen by measurement, see bench/README.md): the
+/// sender starts over at the ring's offset 0 once past it whenever the receiver has
+/// caught up, so the lines both cores touch stay in their caches; the rest of the
+/// ring is slack for a receiver that falls behind.
+pub const DEFAULT_WORKING_SET: usize = 256 << 10;
 /// Default limit on setting up a connection by address (resolution, request, reply).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -103,6 +110,7 @@ impl Default for Config {
         Config {
             ring_size: DEFAULT_RING_SIZE,
             chunk_size: DEFAULT_CHUNK_SIZE,
+            working_set: DEFAULT_WORKING_SET,
             tail_threshold: None,
             max_inline: None,
             wait: DEFAULT_WAIT_POLICY,
@@ -181,6 +189,10 @@ impl Config {
             c.chunk_size = size("RCH_CHUNK_SIZE", v)?;
             check(&c, "RCH_CHUNK_SIZE")?;
         }
+        if let Some(v) = var("RCH_WORKING_SET") {
+            c.working_set = size("RCH_WORKING_SET", v)?;
+            check(&c, "RCH_WORKING_SET")?;
+        }
         if let Some(v) = var("RCH_TAIL_THRESHOLD") {
             c.tail_threshold = Some(size("RCH_TAIL_THRESHOLD", v)?);
             check(&c, "RCH_TAIL_THRESHOLD")?;
@@ -240,6 +252,23 @@ impl Config {
     /// the MPICH2 RDMA Channel paper, seed 001, sec. 4.4).
     pub fn with_chunk_size(mut self, bytes: usize) -> Self {
         self.chunk_size = bytes;
+        self
+    }
+
+    /// Sets the ring's working set: once the sender's position in the ring is past
+    /// it and the receiver has consumed enough, the sender leaves the rest of the
+    /// lap unused and continues at offset 0 (a `Wrap` packet), so that both cores
+    /// keep touching the same, cached, lines. The ring size turns this off. The
+    /// ring beyond the working set still holds bursts the receiver has not read.
+    ///
+    /// ```
+    /// let cfg = rdma_channel::Config::default().with_working_set(64 << 10);
+    /// cfg.validate().unwrap();
+    /// assert_eq!(cfg.working_set(), 64 << 10);
+    /// assert_eq!(cfg.tail_threshold(), 16 << 10); // follows the working set
+    /// ```
+    pub fn with_working_set(mut self, bytes: usize) -> Self {
+        self.working_set = bytes;
         self
     }
 
@@ -325,9 +354,18 @@ impl Config {
         self.chunk_size
     }
 
-    /// Explicit tail update threshold in bytes.
+    /// The ring's working set in bytes (the ring size when it is off).
+    pub fn working_set(&self) -> usize {
+        self.working_set.min(self.ring_size)
+    }
+
+    /// Explicit tail update threshold in bytes. By default a quarter of the working
+    /// set (or of the ring, if smaller): the sender can only start over at offset 0
+    /// when it knows the receiver caught up, so it must hear of the tail well within
+    /// one working set.
     pub fn tail_threshold(&self) -> usize {
-        self.tail_threshold.unwrap_or(self.ring_size / 4)
+        self.tail_threshold
+            .unwrap_or((self.ring_size / 4).min(self.working_set() / 4).max(64))
     }
 
     /// Inline cap set by the user, if any.
@@ -369,6 +407,12 @@ impl Config {
             return Err(bad(format!(
                 "chunk size {c} must be a multiple of 64 from 128 to half the ring ({})",
                 r / 2
+            )));
+        }
+        let w = self.working_set;
+        if w % 64 != 0 || w == 0 {
+            return Err(bad(format!(
+                "working set {w} must be a positive multiple of 64"
             )));
         }
         let t = self.tail_threshold();

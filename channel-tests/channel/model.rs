@@ -10,6 +10,8 @@ pub(crate) struct Tun {
     pub(crate) chunk: usize,
     pub(crate) threshold: usize,
     pub(crate) max_inline: Option<usize>,
+    /// Ring offset past which the sender wraps early (the ring size: never).
+    pub(crate) working_set: usize,
 }
 
 impl Tun {
@@ -19,6 +21,7 @@ impl Tun {
             chunk,
             threshold: ring / 4,
             max_inline: None,
+            working_set: ring,
         }
     }
 
@@ -37,6 +40,7 @@ impl Tun {
             .with_ring_size(self.ring)
             .with_chunk_size(self.chunk)
             .with_tail_threshold(self.threshold)
+            .with_working_set(self.working_set)
             // Blocking waits (only the blocking tests use them) poll briefly, then sleep.
             .with_wait_policy(rdma_channel::config::WaitPolicy {
                 spin: 200,
@@ -78,13 +82,20 @@ pub(crate) fn tun_strategy() -> impl Strategy<Value = Tun> {
                 2 => (64usize..=1024).prop_map(Some),
                 1 => (1025usize..=70_000).prop_map(Some),
             ];
-            (Just(ring), chunk, threshold, max_inline)
+            // Early wraps: never, after every packet, or past a random offset.
+            let working_set = prop_oneof![
+                2 => Just(ring),
+                1 => Just(64usize),
+                3 => (1..=ring / 64).prop_map(|u| u * 64),
+            ];
+            (Just(ring), chunk, threshold, max_inline, working_set)
         })
-        .prop_map(|(ring, chunk, threshold, max_inline)| Tun {
+        .prop_map(|(ring, chunk, threshold, max_inline, working_set)| Tun {
             ring,
             chunk,
             threshold,
             max_inline,
+            working_set,
         })
 }
 

@@ -8,7 +8,7 @@
 //! | offset | size | field |
 //! | --- | --- | --- |
 //! | 0 | 4 | magic `RCHC` |
-//! | 4 | 1 | version (2) |
+//! | 4 | 1 | version (3: the ring may carry wrap packets) |
 //! | 5 | 1 | log2 of the ring size (12 ..= 30: 4 KiB ..= 1 GiB) |
 //! | 6 | 2 | length of the fabric card |
 //! | 8 | 8 | ring address (64-byte aligned) |
@@ -28,11 +28,11 @@ use crate::wire::{card_fields, CardFormat};
 
 pub use crate::ring::memory::CTRL_SIZE;
 
-/// Magic `RCHC`, version 2.
+/// Magic `RCHC`, version 3 (version 2 peers do not know wrap packets).
 pub const FORMAT: CardFormat = CardFormat {
     name: "connection card",
     magic: b"RCHC",
-    version: 2,
+    version: 3,
 };
 /// Bytes before the fabric card.
 pub const HEADER_LEN: usize = 32;

@@ -155,6 +155,20 @@ impl<F: Fabric> Receiver<F> {
                 PacketKind::Pad => {
                     self.finish_packet();
                 }
+                PacketKind::Wrap => {
+                    if len != 0 {
+                        return Err(self.link.fail(
+                            io::ErrorKind::InvalidData,
+                            format!("protocol error: wrap packet with {len} payload bytes"),
+                        ));
+                    }
+                    self.finish_packet();
+                    // The rest of the lap holds no packet: its boundary words were
+                    // zeroed when it was last consumed and the sender wrote none since.
+                    self.read_pos = self.read_pos.next_multiple_of(self.ring_size);
+                    // Release: as in finish_packet (nothing more was read since).
+                    self.link.rx_tail.store(self.read_pos, Ordering::Release);
+                }
                 PacketKind::Rendezvous => {
                     self.take_rendezvous(len)?;
                     // The announcement is copied out: its cells can be reused at once.

@@ -16,7 +16,7 @@ use crate::ring::wire::{
     cells_for, trailer_word, Header, PacketKind, RndvSeg, CELL, HEADER_LEN, MAX_RNDV_SEGS,
     ONE_CELL_PAYLOAD, OVERHEAD, TRAILER_LEN,
 };
-use crate::ring::{max_payload_now, tail_ok};
+use crate::ring::{max_payload_now, tail_ok, wrap_early};
 use crate::zerocopy::Lent;
 
 /// Most gather entries one packet uses (header, payload pieces, padding, trailer).
@@ -35,6 +35,9 @@ pub struct Sender<F: Fabric> {
     /// Cached replica of the peer's tail: never ahead of the real one.
     tail: u64,
     ring_size: u64,
+    /// Ring offset past which the sender starts over at offset 0 when it can
+    /// ([`wrap_early`]).
+    working_set: u64,
     chunk: u64,
     inline_limit: usize,
     /// Payload entries a gather list may hold (the fabric's limit less three).
@@ -76,6 +79,7 @@ impl<F: Fabric> Sender<F> {
     ) -> Sender<F> {
         Sender {
             ring_size: link.peer_ring.len,
+            working_set: link.cfg.working_set() as u64,
             link,
             head: 0,
             tail: 0,
@@ -255,6 +259,9 @@ impl<F: Fabric> Sender<F> {
                         eager_left += s.len();
                     }
                 }
+            }
+            if self.head & (self.ring_size - 1) >= self.working_set {
+                self.wrap_if_caught_up(eager_left)?;
             }
             let mut room = max_payload_now(self.ring_size, self.head, self.tail, self.chunk);
             if room < eager_left && room < self.chunk as usize - OVERHEAD {
@@ -456,8 +463,32 @@ impl<F: Fabric> Sender<F> {
         Ok(len)
     }
 
-    /// Updates the cached tail from the explicit control word and piggybacked acks.
+    /// Past the working set: ends the lap early with a wrap packet when the receiver
+    /// has consumed enough that the next packet, of up to `payload` bytes, fits at
+    /// offset 0 ([`wrap_early`]), so traffic stays in the ring's first, cached, bytes.
+    fn wrap_if_caught_up(&mut self, payload: usize) -> io::Result<()> {
+        let next = (cells_for(payload.min(self.chunk as usize - OVERHEAD)) * CELL) as u64;
+        if !wrap_early(self.ring_size, self.head, self.tail, next, self.working_set) {
+            self.update_tail()?;
+            if !wrap_early(self.ring_size, self.head, self.tail, next, self.working_set) {
+                return Ok(());
+            }
+        }
+        self.write_gathered(&[], 0, 0, PacketKind::Wrap)?;
+        // The receiver skips to the same place when it meets the wrap packet.
+        self.head = self.head.next_multiple_of(self.ring_size);
+        Ok(())
+    }
+
+    /// Updates the cached tail from the explicit control word and piggybacked acks,
+    /// then checks the connection's health.
     fn refresh_tail(&mut self) -> io::Result<()> {
+        self.update_tail()?;
+        self.link.check_health()
+    }
+
+    /// Updates the cached tail from the explicit control word and piggybacked acks.
+    fn update_tail(&mut self) -> io::Result<()> {
         let link = &*self.link;
         // Acquire pairs with the peer's Release (the fabric's last-word store, or our
         // receiver's Release on tx_tail_piggy): the peer finished reading the space
@@ -477,7 +508,7 @@ impl<F: Fabric> Sender<F> {
         if t > self.tail {
             self.tail = t;
         }
-        link.check_health()
+        Ok(())
     }
 
     /// Asks the receiver for an explicit tail update beyond the tail we know; once per

@@ -76,6 +76,48 @@ pub fn max_payload_now(size: u64, head: u64, tail: u64, chunk: u64) -> usize {
     }
 }
 
+/// True when the sender should end the lap early with a one-cell
+/// [`Wrap`](wire::PacketKind::Wrap) packet and write its next packet, of `next`
+/// bytes (cells included), at the ring's offset 0.
+///
+/// It does so once its offset is at or past `working_set` and what the receiver has
+/// not yet consumed (`head - tail`, as far as the sender knows) leaves room for it:
+/// the skipped rest of the lap counts as in flight until the receiver passes it, so
+/// the offset must exceed the bytes in flight plus the next packet and the wrap
+/// cell. Then the packet at offset 0 always finds room and the wrap cell fits at
+/// the head. With `working_set` at the ring size it never wraps (the offset never
+/// reaches it).
+///
+/// Why: a ring larger than the caches cycles every byte through memory, while
+/// traffic kept in its first bytes hits the lines both cores touched last time.
+///
+/// ```
+/// use rdma_channel::ring::wrap_early;
+/// // 256 KiB ring, 64 KiB working set, receiver caught up at offset 64 KiB: wrap.
+/// assert!(wrap_early(1 << 18, 1 << 16, 1 << 16, 64, 1 << 16));
+/// // Before the working set's end: no.
+/// assert!(!wrap_early(1 << 18, (1 << 16) - 64, (1 << 16) - 64, 64, 1 << 16));
+/// // 48 KiB still unread: the 64 KiB offset cannot cover it plus a 16 KiB packet.
+/// assert!(!wrap_early(1 << 18, 1 << 16, 1 << 14, 16 << 10, 1 << 16));
+/// ```
+pub fn wrap_early(size: u64, head: u64, tail: u64, next: u64, working_set: u64) -> bool {
+    debug_assert!(size.is_power_of_two() && tail <= head);
+    let offset = head & (size - 1);
+    offset >= working_set && offset >= (head - tail) + next + CELL as u64
+}
+
+/// Where a [`Wrap`](wire::PacketKind::Wrap) packet at `pos` sends the reader and
+/// writer: the start of the next lap.
+///
+/// ```
+/// use rdma_channel::ring::after_wrap;
+/// assert_eq!(after_wrap(4096, 4096 + 640), 8192);
+/// assert_eq!(after_wrap(4096, 4096 - 64), 4096);
+/// ```
+pub const fn after_wrap(size: u64, pos: u64) -> u64 {
+    (pos + CELL as u64).next_multiple_of(size)
+}
+
 /// Ring offsets of the boundary words of `cells` cells starting at ring offset
 /// `start` (a multiple of 64): the first and the last 8-byte word of each cell. The
 /// receiver zeroes them before it frees the cells (see the module docs).
@@ -147,6 +189,33 @@ mod tests {
             );
             assert_eq!(words.len(), 2 * cells);
         }
+    }
+
+    #[test]
+    fn an_early_wrap_always_leaves_room_at_offset_zero() {
+        // Every state where wrap_early says yes: the wrap cell fits at the head, and
+        // the next packet fits at the next lap's start without passing the tail.
+        let size = 4096u64;
+        for tail in (0..2 * size).step_by(CELL) {
+            for head in (tail..=tail + size).step_by(CELL) {
+                for next in [64u64, 128, 1024, 2048] {
+                    for ws in [64u64, 1024, 2048, 4096] {
+                        if !wrap_early(size, head, tail, next, ws) {
+                            continue;
+                        }
+                        assert!(free_space(size, head, tail) >= CELL as u64);
+                        let lap = after_wrap(size, head);
+                        assert_eq!(lap & (size - 1), 0);
+                        assert!(lap + next - tail <= size, "{head} {tail} {next} {ws}");
+                        assert!(head & (size - 1) >= ws);
+                    }
+                }
+            }
+        }
+        assert!(
+            !wrap_early(size, 4032, 4032, 64, size),
+            "off at the ring size"
+        );
     }
 
     #[test]

@@ -59,6 +59,10 @@ pub enum PacketKind {
     /// A zero-copy announcement: the payload is a [`Rendezvous`] naming the sender's
     /// buffers, which the receiver pulls with RDMA READ (seed 001 sec. 5).
     Rendezvous = 3,
+    /// The rest of this lap is left unused: the next packet starts at the ring's
+    /// physical offset 0. Lets the sender keep its traffic in the ring's first
+    /// bytes, which stay in cache ([`crate::ring::wrap_early`]). One cell, no payload.
+    Wrap = 4,
 }
 
 impl PacketKind {
@@ -67,6 +71,7 @@ impl PacketKind {
             1 => Some(PacketKind::Data),
             2 => Some(PacketKind::Pad),
             3 => Some(PacketKind::Rendezvous),
+            4 => Some(PacketKind::Wrap),
             _ => None,
         }
     }

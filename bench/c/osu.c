@@ -70,7 +70,7 @@ static double bandwidth(char *sbuf, char *rbuf, size_t s, size_t iters)
             mm_recv(&ack, sizeof ack, 1, 3, NULL);
         } else {
             for (int w = 0; w < WINDOW; w++)
-                reqs[w] = mm_irecv(rbuf + (size_t)w * s, s, 0, 2);
+                reqs[w] = mm_irecv(rbuf, s, 0, 2); /* one buffer, as osu_mpi.c */
             mm_waitall(WINDOW, reqs);
             mm_send(&ack, sizeof ack, 0, 3);
         }
@@ -89,11 +89,11 @@ int main(int argc, char **argv)
         mm_fatal("osu runs on exactly 2 ranks");
     osu_pin(rank);
     size_t max = osu_max_size(&a);
-    char *sbuf = malloc(max ? max : 1), *rbuf = malloc(max * WINDOW + 1), *lbuf = malloc(max ? max : 1);
+    char *sbuf = malloc(max ? max : 1), *rbuf = malloc(max + 1), *lbuf = malloc(max ? max : 1);
     if (!sbuf || !rbuf || !lbuf)
         mm_fatal("oom");
     memset(sbuf, 'a', max);
-    memset(rbuf, 0, max * WINDOW + 1);
+    memset(rbuf, 0, max + 1);
     if (rank == 0) {
         printf("# rdma-channel C interface, MPI-like layer (channel-tests/c/mm.c), %s mode, ranks on CPUs 0 and 1\n",
                mm_mode());

@@ -18,10 +18,6 @@ use crate::ring::wire::{
 use crate::ring::{packet_cells, PAYLOAD_OFFSET};
 use crate::zerocopy::Lent;
 
-/// How far past the end of the packet just found `get` asks for the next line
-/// (measured: see bench/README.md, "Small messages").
-const PREFETCH_AHEAD: u64 = 192;
-
 /// Largest single RDMA READ of the zero-copy path: big enough to amortise a request,
 /// small enough that several are in flight for a pipelined transfer.
 pub(crate) const READ_PIECE: usize = 1 << 20;
@@ -145,8 +141,6 @@ impl<F: Fabric> Receiver<F> {
             })?;
             self.take_ack(header.ack())?;
             self.cur_cells = cells;
-            // The next packets' first lines, fetched while this one is consumed.
-            self.ring.prefetch(end + PREFETCH_AHEAD);
             match kind {
                 PacketKind::Data => {
                     self.cur_off = (self.read_pos & (self.ring_size - 1)) as usize + PAYLOAD_OFFSET;

@@ -153,27 +153,6 @@ impl<R: MemoryRegion> RingMemory<R> {
         self.word(pos).load(order)
     }
 
-    /// Hints the CPU to start fetching the cache line at position `pos` now. When
-    /// the sender is ahead (a window of small messages), the next packets' lines
-    /// then arrive in parallel instead of one miss per `get`. A hint only: no
-    /// access, no effect on what any load returns.
-    #[inline]
-    pub fn prefetch(&self, pos: u64) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let p = self.base.as_ptr().wrapping_add(self.offset(pos));
-            // SAFETY: prefetch never faults and reads nothing the program observes;
-            // the address lies inside the region anyway (`offset` reduces it).
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    p.cast::<i8>(),
-                )
-            };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = pos;
-    }
-
     /// Zeroes the word at position `pos` (rounded down to a word). Relaxed: the caller
     /// publishes the consumed range with a Release store afterwards, which orders this.
     #[inline]

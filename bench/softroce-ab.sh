@@ -12,7 +12,8 @@
 #   the VAR=VAL pairs (e.g. RCH_ZCOPY_PRIVATE_THRESHOLD=off) set for that variant
 #   only, on both ends.
 # environment: RCH_* pass into the VM(s) for every variant; SOFTROCE_BENCH_LOG=FILE
-#   keeps the raw output; RCH_VM_* as for scripts/softroce-vm.
+#   keeps the raw output; RCH_VM_* as for scripts/softroce-vm. --report FILE reads
+#   such a kept output again (same options and variants) instead of booting.
 # Example (defaults against the ring only, same binary):
 #   bin=$(ls -t target/release/deps/verbs_pingpong-* | grep -v '\.d$' | head -1)
 #   bench/softroce-ab.sh --rounds 3 -- "zc:$bin" "ring:$bin:RCH_ZCOPY_PRIVATE_THRESHOLD=off"
@@ -85,19 +86,20 @@ if [ "${1:-}" = --in-vm ]; then
 fi
 
 # ------------------------------------------------------------- on the host
-rounds=3 sizes=2,65536,1048576 cluster=0 perftest=0
+rounds=3 sizes=2,65536,1048576 cluster=0 perftest=0 report=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=${2:?}; shift 2 ;;
     --sizes) sizes=${2:?}; shift 2 ;;
     --cluster) cluster=1; shift ;;
     --perftest) perftest=1; shift ;;
-    -h|--help) sed -n '2,19s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    --report) report=${2:?}; shift 2 ;;
+    -h|--help) sed -n '2,21s/^# \{0,1\}//p' "$0"; exit 0 ;;
     --) shift; break ;;
     *) echo "softroce-ab: unknown option $1" >&2; exit 2 ;;
   esac
 done
-[ $# -ge 1 ] || { sed -n '2,19s/^# \{0,1\}//p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,21s/^# \{0,1\}//p' "$0"; exit 2; }
 case "$rounds" in ''|*[!0-9]*|0) echo "softroce-ab: --rounds needs a positive number" >&2; exit 2 ;; esac
 variants=()
 for v in "$@"; do
@@ -108,10 +110,12 @@ done
 cd "$(dirname "$0")/.."
 self="$(pwd -P)/bench/softroce-ab.sh"
 log=${SOFTROCE_BENCH_LOG:-$(mktemp)}
-[ -n "${SOFTROCE_BENCH_LOG:-}" ] || trap 'rm -f "$log"' EXIT
+[ -n "${SOFTROCE_BENCH_LOG:-}" ] || [ -n "$report" ] || trap 'rm -f "$log"' EXIT
 load0=$(cut -d' ' -f1 /proc/loadavg)
 t0=$SECONDS
-if [ "$cluster" = 1 ]; then
+if [ -n "$report" ]; then
+  log=$report
+elif [ "$cluster" = 1 ]; then
   scripts/softroce-cluster -q --vms 2 --timeout "${RCH_VM_TIMEOUT:-3000}" -- \
     "$self" --in-vm "$rounds" "$sizes" "$perftest" "${variants[@]}" 2>&1 |
     sed -n 's/^\[vm0\] //p' >"$log"

@@ -23,19 +23,25 @@
 //! holds 16 of in flight; the smaller ring registers less memory. `RCH_RING_SIZE` /
 //! `RCH_CHUNK_SIZE` (and the other `RCH_*`) override.
 //!
+//! `RCH_BENCH_PIN=1` pins the two local processes to CPUs 0 and 1 (unpinned by
+//! default, as perftest). `RCH_BENCH_WAIT=policy` waits with the connection's wait
+//! policy (`RCH_SPIN`, `RCH_YIELD`, `RCH_SLEEP_MAX_US`) instead of busy polling;
+//! measured on Soft-RoCE it gained nothing (bench/README.md, 2026-11-25).
+//!
 //! Bandwidth is printed in MB/s of 2^20 bytes, the unit of perftest's `BW average[MB/sec]`.
 
 #[path = "peer.rs"]
 #[allow(dead_code)] // only the pinning and the child bookkeeping are used here
 mod peer;
 
-use std::io;
+use std::io::{self, IoSlice, IoSliceMut};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use peer::{bandwidth, finish, pin_to_cpu, recv_all, send_all, Side};
+use peer::{finish, pin_to_cpu, recv_all, send_all, Side};
+use rdma_channel::engine::Backoff;
 use rdma_channel::fabric::verbs::VerbsFabric;
 use rdma_channel::fabric::AnyFabric;
 use rdma_channel::{Config, RdmaListener, RdmaStream};
@@ -63,9 +69,107 @@ fn config() -> io::Result<Config> {
     Ok(cfg)
 }
 
+/// How the benchmark waits for its peer (`RCH_BENCH_WAIT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wait {
+    /// Busy-poll `put_nocopy` / `get` in a loop (`spin`), as `bench/pingpong.rs`.
+    Spin,
+    /// Wait as the blocking calls do, with the connection's wait policy (`policy`):
+    /// `RCH_SPIN` polls, `RCH_YIELD` yields, then sleeps up to `RCH_SLEEP_MAX_US`.
+    Policy,
+}
+
+fn wait_mode() -> io::Result<Wait> {
+    match std::env::var("RCH_BENCH_WAIT").as_deref() {
+        Err(_) | Ok("") | Ok("spin") => Ok(Wait::Spin),
+        Ok("policy") => Ok(Wait::Policy),
+        Ok(v) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("RCH_BENCH_WAIT: {v:?} is neither spin nor policy"),
+        )),
+    }
+}
+
+/// Sends all of `buf` with the channel's default choice between the ring and
+/// zero-copy, waiting as `wait` says.
+fn send_msg(s: &mut Stream, buf: &[u8], wait: Wait) -> io::Result<()> {
+    if wait == Wait::Spin {
+        return send_all(s, buf);
+    }
+    let tx = s.channel().sender();
+    let mut at = 0;
+    while at < buf.len() {
+        // SAFETY: `buf` stays borrowed, so alive and unchanged, until this loop has
+        // seen every byte counted, which includes the end of any zero-copy transfer
+        // (a pending one is offered again from the same `at`: put_nocopy returned the
+        // bytes before it).
+        let n = unsafe { tx.put_nocopy(&[IoSlice::new(&buf[at..])]) }?;
+        at += n;
+        if at < buf.len() {
+            if tx.zero_copy_pending() {
+                tx.wait_zero_copy()?;
+            } else if n == 0 {
+                tx.wait_writable()?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Receives exactly `buf.len()` bytes, waiting as `wait` says. With `Policy` the
+/// RDMA READs of a zero-copy transfer are started with `get_nowait` and waited for
+/// with the wait policy (a plain `get` waits for them with its own busy poll).
+fn recv_msg(s: &mut Stream, buf: &mut [u8], wait: Wait) -> io::Result<()> {
+    if wait == Wait::Spin {
+        return recv_all(s, buf);
+    }
+    let policy = s.config().wait_policy();
+    let rx = s.channel().receiver();
+    let mut at = 0;
+    let mut b = Backoff::with_policy(policy);
+    while at < buf.len() {
+        // SAFETY: reads left in flight target `buf[at..]`, which nothing touches until
+        // a later call counts them: the loop only polls, then offers the same slice
+        // again. On an error the process exits at once (below), so `buf` is never
+        // freed or reused while the fabric may still write it.
+        let step = unsafe { rx.get_nowait(&mut [IoSliceMut::new(&mut buf[at..])]) }.and_then(|n| {
+            if n == 0 {
+                while !rx.poll_readable()? {
+                    b.snooze();
+                }
+            }
+            Ok(n)
+        });
+        match step {
+            Ok(0) => {}
+            Ok(n) => {
+                at += n;
+                b.reset();
+            }
+            Err(e) => {
+                eprintln!("verbs_pingpong: receive failed: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Pins this process to `cpu` when `RCH_BENCH_PIN=1`. Unpinned by default, as
+/// perftest runs: in a VM on a shared host a pinned process cannot move off a vCPU
+/// that the host has descheduled, and on Soft-RoCE the kernel's protocol work runs
+/// on the CPU of the process that posts. Unpinned moved 64 KiB messages 35.6 MB/s
+/// against 32.5 pinned in the same boot (bench/README.md, 2026-11-25).
+fn pin(cpu: usize) {
+    if std::env::var("RCH_BENCH_PIN").as_deref() == Ok("1") {
+        pin_to_cpu(cpu);
+    }
+}
+
 /// `peer::connect_pair` for the verbs fabric (that one builds emulated streams): the
 /// parent listens on a temp Unix socket and spawns itself; both sides open the device
-/// and run the card handshake over the socket. Parent on CPU 0, child on CPU 1.
+/// and run the card handshake over the socket (parent on CPU 0, child on CPU 1 with
+/// `RCH_BENCH_PIN=1`).
 fn connect_pair() -> io::Result<(Stream, Side)> {
     let cfg = config()?;
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -91,7 +195,7 @@ fn connect_pair() -> io::Result<(Stream, Side)> {
     }
     let verbs = || VerbsFabric::open().map(AnyFabric::Verbs);
     if let Some(path) = std::env::var_os(SOCKET_VAR) {
-        pin_to_cpu(1);
+        pin(1);
         let sock = UnixStream::connect(path)?;
         return Ok((RdmaStream::handshake(verbs()?, &sock, cfg)?, Side::Child));
     }
@@ -103,7 +207,7 @@ fn connect_pair() -> io::Result<(Stream, Side)> {
         .args(std::env::args_os().skip(1))
         .env(SOCKET_VAR, &path)
         .spawn()?;
-    pin_to_cpu(0);
+    pin(0);
     let accepted = listener.accept();
     let _ = std::fs::remove_file(&path);
     let (sock, _) = accepted?;
@@ -119,6 +223,7 @@ fn latency(
     side: &Side,
     size: usize,
     iters: usize,
+    wait: Wait,
 ) -> io::Result<(Duration, Duration, Duration)> {
     let mut buf = vec![0x5au8; size];
     let mut rtts = Vec::with_capacity(iters);
@@ -130,14 +235,14 @@ fn latency(
         }
         if matches!(side, Side::Parent(_)) {
             let t = Instant::now();
-            send_all(s, &buf)?;
-            recv_all(s, &mut buf)?;
+            send_msg(s, &buf, wait)?;
+            recv_msg(s, &mut buf, wait)?;
             if i >= warm {
                 rtts.push(t.elapsed());
             }
         } else {
-            recv_all(s, &mut buf)?;
-            send_all(s, &buf)?;
+            recv_msg(s, &mut buf, wait)?;
+            send_msg(s, &buf, wait)?;
         }
     }
     let mean = start.elapsed() / (2 * iters as u32);
@@ -147,6 +252,40 @@ fn latency(
         rtts.get(i).map_or(Duration::ZERO, |d| *d / 2)
     };
     Ok((mean, pick(0.5), pick(0.99)))
+}
+
+/// Windowed bandwidth (OSU style, as `peer::bandwidth`): the parent sends `WINDOW`
+/// messages back to back, the child acknowledges each window with 4 bytes. Returns
+/// bytes per second.
+fn bandwidth(
+    s: &mut Stream,
+    side: &Side,
+    size: usize,
+    iters: usize,
+    wait: Wait,
+) -> io::Result<f64> {
+    let sbuf = vec![0xa5u8; size];
+    let mut rbuf = vec![0u8; size];
+    let mut ack = [0u8; 4];
+    let warm = (iters / 10).max(2);
+    let mut start = Instant::now();
+    for i in 0..warm + iters {
+        if i == warm {
+            start = Instant::now();
+        }
+        if matches!(side, Side::Parent(_)) {
+            for _ in 0..WINDOW {
+                send_msg(s, &sbuf, wait)?;
+            }
+            recv_msg(s, &mut ack, wait)?;
+        } else {
+            for _ in 0..WINDOW {
+                recv_msg(s, &mut rbuf, wait)?;
+            }
+            send_msg(s, &ack, wait)?;
+        }
+    }
+    Ok((size * WINDOW * iters) as f64 / start.elapsed().as_secs_f64())
 }
 
 /// Iteration counts sized for rxe under TCG (~10 µs, ~50 MB/s): about 0.1-1 s per
@@ -189,16 +328,22 @@ fn memcpy_us(size: usize) -> f64 {
 fn main() -> io::Result<()> {
     // cargo bench passes --bench; ignore it.
     let sizes = peer::sizes_from_args(&[2, 8, 4096, 65536, 1 << 20]);
+    let wait = wait_mode()?;
     let (mut s, side) = connect_pair()?;
     let parent = matches!(side, Side::Parent(_));
     let cfg = s.config().clone();
     if parent {
         println!(
-            "# rdma-channel {} on VerbsFabric ({}), two processes on CPUs 0 and 1",
+            "# rdma-channel {} on VerbsFabric ({}), two processes{}",
             env!("CARGO_PKG_VERSION"),
             std::env::var("RCH_IB_DEVICE")
                 .or_else(|_| std::env::var("SOFTROCE_IBDEV"))
-                .unwrap_or_else(|_| "first device".into())
+                .unwrap_or_else(|_| "first device".into()),
+            if std::env::var("RCH_BENCH_PIN").as_deref() == Ok("1") {
+                " on CPUs 0 and 1"
+            } else {
+                ", not pinned"
+            }
         );
         println!(
             "# ring {} B, chunk {} B, tail threshold {} B; one-way latency = half the mean round trip; \
@@ -221,8 +366,8 @@ fn main() -> io::Result<()> {
     }
     for &size in &sizes {
         let (li, bi) = (lat_iters(size), bw_iters(size));
-        let (lat, med, p99) = latency(&mut s, &side, size, li)?;
-        let bw = bandwidth(&mut s, &side, size, WINDOW, bi)?;
+        let (lat, med, p99) = latency(&mut s, &side, size, li, wait)?;
+        let bw = bandwidth(&mut s, &side, size, bi, wait)?;
         if parent {
             println!(
                 "{:>10} {:>12.3} {:>12.3} {:>12.3} {:>12.2} {:>12.3} {:>9} {:>9}",

@@ -96,7 +96,7 @@ pub use qp::{RcQueuePair, VerbsPending, VerbsQp, MAX_SGE};
 use self::card::{LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND};
 use self::cm::CmId;
 use self::qp::{Endpoint, QpRequest};
-use super::{Access, Caps, Fabric};
+use super::{Access, Caps, Fabric, ZeroCopyThresholds};
 use std::io;
 use std::sync::Arc;
 
@@ -538,7 +538,25 @@ impl Fabric for VerbsFabric {
         // clone lives, and a live domain's address is never another's.
         Arc::as_ptr(&self.inner) as usize
     }
+
+    /// A zero-copy transfer pays announcement, RDMA READ request and confirmation,
+    /// about three one-way latencies, per message, and only one transfer per
+    /// direction is in flight; the ring keeps a window of messages in flight for the
+    /// price of the copies. Where latency is high against a message's time on the
+    /// wire (two Soft-RoCE VMs, or one VM on a busy host), the ring moved 64 KiB
+    /// messages 1.5-1.7x faster than READ in the same boot (bench/README.md,
+    /// 2026-11-25), so messages go zero-copy from 256 KiB. Memory from `alloc_mem`
+    /// is registered already but the round trips are the same, hence one threshold.
+    fn zero_copy_defaults(&self) -> ZeroCopyThresholds {
+        ZeroCopyThresholds {
+            alloc_mem: ZERO_COPY_DEFAULT,
+            other: ZERO_COPY_DEFAULT,
+        }
+    }
 }
+
+/// Smallest buffer sent zero-copy by default on verbs (see `zero_copy_defaults`).
+const ZERO_COPY_DEFAULT: usize = 256 << 10;
 
 #[cfg(test)]
 mod tests {

@@ -6,16 +6,23 @@
 //! cargo bench --bench pingpong                       # full table
 //! cargo bench --bench pingpong -- --sizes 8,65536    # chosen sizes
 //! cargo bench --bench pingpong -- --alloc            # buffers from alloc_mem
+//! cargo bench --bench pingpong -- --csv t.csv         # the table as CSV too
 //! RCH_RING_SIZE=1m RCH_CHUNK_SIZE=32k cargo bench --bench pingpong -- --sizes 1048576
 //! ```
 //!
 //! A byte pipe has no 0-byte message (a put of nothing moves nothing), so the table
 //! starts at 1 B.
+//!
+//! `--csv FILE` writes the table in the format `bench/plot.rs` draws (that of
+//! `bench/peers.sh`): `system,label,size,latency_us,bw_GBps` after the `#` comments,
+//! the memcpy column as a system of its own with no latency.
 
 #[path = "peer.rs"]
 mod peer;
 
+use std::fmt::Write as _;
 use std::io;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use peer::{bandwidth, connect_pair, finish, latency, Side};
@@ -50,31 +57,51 @@ fn memcpy_rate(size: usize) -> f64 {
     (size * iters) as f64 / t.elapsed().as_secs_f64() / 1e9
 }
 
+/// The file of `--csv FILE`, if given.
+fn csv_path() -> Option<PathBuf> {
+    let args: Vec<String> = std::env::args().collect();
+    args.windows(2)
+        .find(|w| w[0] == "--csv")
+        .map(|w| PathBuf::from(&w[1]))
+}
+
 fn main() -> io::Result<()> {
     // cargo bench passes --bench; ignore it.
     let sizes = peer::sizes_from_args(&default_sizes());
     let (mut s, side) = connect_pair("bench")?;
     let parent = matches!(side, Side::Parent(_));
     let cfg = s.config().clone();
-    if parent {
-        println!(
+    let buffers = if peer::alloc_buffers() {
+        "alloc_mem"
+    } else {
+        "heap"
+    };
+    let comments = [
+        format!(
             "# rdma-channel {} on the {} fabric (RCH_FABRIC), two processes on CPUs 0 and 1",
             env!("CARGO_PKG_VERSION"),
             std::env::var("RCH_FABRIC")
                 .ok()
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "emulated".into())
-        );
-        println!(
+        ),
+        format!(
             "# ring {} B, chunk {} B, tail threshold {} B; one-way latency = half the mean round trip",
             cfg.ring_size(),
             cfg.chunk_size(),
             cfg.tail_threshold()
-        );
-        println!(
+        ),
+        format!(
             "# buffers: {} (separate send and receive buffers, as osu_latency/osu_bw); default zero-copy thresholds",
             if peer::alloc_buffers() { "alloc_mem (like MPI_Alloc_mem)" } else { "heap" }
-        );
+        ),
+    ];
+    // The rows of --csv: ours, then memcpy's (its latency column empty).
+    let (mut ours, mut memcpy) = (String::new(), String::new());
+    if parent {
+        for c in &comments {
+            println!("{c}");
+        }
         println!(
             "{:>10} {:>12} {:>12} {:>12}",
             "size", "latency_us", "bw_GB/s", "memcpy_GB/s"
@@ -84,15 +111,23 @@ fn main() -> io::Result<()> {
         let lat = latency(&mut s, &side, size, lat_iters(size))?;
         let bw = bandwidth(&mut s, &side, size, WINDOW, bw_iters(size))?;
         if parent {
-            println!(
-                "{:>10} {:>12.3} {:>12.2} {:>12.2}",
-                size,
-                lat.as_secs_f64() * 1e6,
-                bw / 1e9,
-                memcpy_rate(size)
+            let (lat_us, bw_gbps, copy) = (lat.as_secs_f64() * 1e6, bw / 1e9, memcpy_rate(size));
+            println!("{size:>10} {lat_us:>12.3} {bw_gbps:>12.2} {copy:>12.2}");
+            let _ = writeln!(
+                ours,
+                "rdma-channel,rdma-channel ({buffers}),{size},{lat_us:.3},{bw_gbps:.2}"
             );
+            let _ = writeln!(memcpy, "memcpy,single-thread memcpy,{size},,{copy:.2}");
         }
     }
     drop(s);
+    if let (true, Some(path)) = (parent, csv_path()) {
+        let text = format!(
+            "{}\nsystem,label,size,latency_us,bw_GBps\n{ours}{memcpy}",
+            comments.join("\n")
+        );
+        std::fs::write(&path, text)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    }
     finish(side)
 }

@@ -35,7 +35,11 @@
 # acknowledgements, each send started once fewer than -O are incomplete (a sliding
 # window; we pass -O 64, against its default 32 for tag and am and 1 for stream).
 # That spares it the window's acknowledgement round trip, which weighs on small
-# messages, so its small-message bandwidth is a little flattered. Its MB/s are 2^20
+# messages, so its small-message bandwidth is a little flattered. Its am test also
+# leaves each message where it landed: the handler gets a pointer into UCX's
+# receive buffer and does not copy it out (ucp_tests.cc, am_data_handler), so
+# ucx-am is a one-copy measurement where the others deliver into the caller's
+# buffer. Its MB/s are 2^20
 # bytes/s; they are converted to GB/s of 10^9 bytes as everywhere else. Iteration
 # counts follow bench/c/osu_common.h (latency round trips; bandwidth 64 messages per
 # window), so each system spends about as long on a size. ucx_perftest's server
@@ -160,7 +164,7 @@ run_ucx() {
             bw=$(ucx_pair -t "$1_bw" -s "$z" -O 64 -n $((b * 64)) -w $(((b / 10 + 2) * 64)))
             echo "$z $lat $bw"
         done' _ "$1" |
-        awk -F'[ ,]' 'NF >= 15 { printf "%s %s %.2f\n", $1, $5, $15 * 1048576 / 1e9 }'
+        awk -F'[ ,]' 'NF >= 15 { printf "%s %s %.3f\n", $1, $5, $15 * 1048576 / 1e9 }'
 }
 export -f ucx_pair lat_iters bw_iters
 export sizes

@@ -112,7 +112,7 @@ fn main() -> io::Result<()> {
         let bw = bandwidth(&mut s, &side, size, WINDOW, bw_iters(size))?;
         if parent {
             let (lat_us, bw_gbps, copy) = (lat.as_secs_f64() * 1e6, bw / 1e9, memcpy_rate(size));
-            println!("{size:>10} {lat_us:>12.3} {bw_gbps:>12.2} {copy:>12.2}");
+            println!("{size:>10} {lat_us:>12.3} {bw_gbps:>12.3} {copy:>12.2}");
             let _ = writeln!(
                 ours,
                 "rdma-channel,rdma-channel ({buffers}),{size},{lat_us:.3},{bw_gbps:.2}"

@@ -105,7 +105,7 @@ int main(int argc, char **argv)
         double lat = latency(sbuf, lbuf, s, a.fixed_iters ? (size_t)a.fixed_iters : lat_iters(s));
         double bw = a.latency_only ? 0 : bandwidth(sbuf, rbuf, s, a.fixed_iters ? (size_t)a.fixed_iters : bw_iters(s));
         if (rank == 0) {
-            printf("%10zu %12.3f %12.2f\n", s, lat, bw);
+            printf("%10zu %12.3f %12.3f\n", s, lat, bw);
             fflush(stdout);
         }
     }

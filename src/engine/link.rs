@@ -109,7 +109,7 @@ impl SendQueue {
         mut wait: impl FnMut() -> Result<(), E>,
         post: impl FnOnce(u64, bool) -> Result<(), E>,
     ) -> Result<u64, E> {
-        if self.depth == u64::MAX {
+        if self.is_unbounded() {
             // An unbounded queue (the emulated fabric) retires requests as they are
             // posted: only reads are numbered, and only the receiving half posts
             // them. AcqRel: numbers are handed out once each.
@@ -130,6 +130,13 @@ impl SendQueue {
         let signaled = read || wr_id % self.interval == self.interval - 1;
         post(wr_id, signaled)?;
         Ok(wr_id)
+    }
+
+    /// True for a queue that retires requests as they are posted (the emulated
+    /// fabric's default): writes need no number and no signal.
+    #[inline]
+    pub(crate) fn is_unbounded(&self) -> bool {
+        self.depth == u64::MAX
     }
 
     /// True while the requests posted and not yet retired by a signalled completion
@@ -286,6 +293,15 @@ impl<F: Fabric> Link<F> {
         remote_addr: u64,
         rkey: u32,
     ) -> io::Result<()> {
+        if self.sq.is_unbounded() {
+            // What post_numbered does for an unbounded queue (an unnumbered,
+            // unsignalled write), without its closures and backoff: the small-message
+            // path comes through here once per message.
+            return self
+                .qp
+                .post_inline_write(0, list, remote_addr, rkey, false)
+                .map_err(io::Error::from);
+        }
         self.post_numbered(false, |wr_id, signaled| {
             self.qp
                 .post_inline_write(wr_id, list, remote_addr, rkey, signaled)

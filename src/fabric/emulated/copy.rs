@@ -74,26 +74,40 @@ pub(crate) unsafe fn gather(sges: &[Sge], from: u64, to: u64, out: *mut u8) {
 /// `src` must describe at least `n` readable bytes and `dst..dst + n` must be writable
 /// memory that nobody else accesses non-atomically during the call (other than with the
 /// usual RDMA races the caller accepts, e.g. a reader polling the last word).
+#[inline]
 pub(crate) unsafe fn write_direct(dst: *mut u8, src: &[Sge], n: u64) {
+    if let ([sge], 64) = (src, n) {
+        if dst as usize % 8 == 0 {
+            // One aligned cell from one buffer (the ring's small-message packet): a
+            // constant-size copy inlined into the caller, instead of a call per piece.
+            // SAFETY: the entry holds 64 readable bytes and dst..dst+64 is writable
+            // (caller contract); the last word, at dst + 56, is stored separately below.
+            unsafe { std::ptr::copy(sge.addr as *const [u8; 56], dst as *mut [u8; 56], 1) };
+            // SAFETY: bytes 56..64 of the same entry; read unaligned, it is caller memory.
+            let word = unsafe { std::ptr::read_unaligned(sge.addr.add(56) as *const u64) };
+            // SAFETY: dst + 56 is 8-byte aligned (dst is) and inside the target range.
+            let slot = unsafe { AtomicU64::from_ptr(dst.add(56).cast::<u64>()) };
+            // Release: the 56 bytes above become visible before the word does.
+            slot.store(word, Ordering::Release);
+            return;
+        }
+    }
+    // SAFETY: forwarded contract of this function.
+    unsafe { write_gathered(dst, src, n) }
+}
+
+/// [`write_direct`]'s general case: any gather list, any alignment.
+///
+/// # Safety
+///
+/// As [`write_direct`].
+#[inline(never)]
+unsafe fn write_gathered(dst: *mut u8, src: &[Sge], n: u64) {
     let Some(w) = last_word(dst as u64, n) else {
         // SAFETY: forwarded contract of this function.
         unsafe { gather(src, 0, n, dst) };
         return;
     };
-    if let ([sge], 64, 56) = (src, n, w) {
-        // One aligned cell from one buffer (the ring's small-message packet): a
-        // constant-size copy the compiler inlines, instead of a call per piece.
-        // SAFETY: the entry holds 64 readable bytes (caller contract) and dst..dst+56
-        // is inside the target range; the last word is stored separately below.
-        unsafe { std::ptr::copy(sge.addr as *const [u8; 56], dst as *mut [u8; 56], 1) };
-        // SAFETY: bytes 56..64 of the same entry; read unaligned, it is caller memory.
-        let word = unsafe { std::ptr::read_unaligned(sge.addr.add(56) as *const u64) };
-        // SAFETY: dst + 56 is 8-byte aligned (last_word) and inside the target range.
-        let slot = unsafe { AtomicU64::from_ptr(dst.add(56).cast::<u64>()) };
-        // Release: the 56 bytes above become visible before the word does.
-        slot.store(word, Ordering::Release);
-        return;
-    }
     // One pass over the gather list: bytes before and after the last word go straight
     // to `dst`; the bytes of the last word are collected and stored at the end.
     let (w, n) = (w as usize, n as usize);

@@ -274,7 +274,7 @@ impl EmuQp {
     /// # Safety
     ///
     /// As [`QueuePair::post`].
-    #[inline]
+    #[inline(always)]
     unsafe fn fast_write(&self, wr: &WorkRequest<'_>) -> bool {
         if let WorkRequest {
             opcode:
@@ -380,6 +380,7 @@ impl EmuQp {
 }
 
 impl QueuePair for EmuQp {
+    #[inline]
     unsafe fn post(&self, wr: &WorkRequest<'_>) -> Result<(), FabricError> {
         let Some(slots) = &self.send_slots else {
             // SAFETY: forwarded from this function's contract.

@@ -215,9 +215,76 @@ fn connect_pair() -> io::Result<(Stream, Side)> {
     Ok((s, Side::Parent(Some(child))))
 }
 
+/// A cheap clock for per-iteration timestamps, as perftest's `get_cycles`: the CPU's
+/// time-stamp counter, calibrated once against `Instant`. Soft-RoCE VMs run on the
+/// `hpet` clocksource, where every `clock_gettime` is a system call that costs about
+/// 1 us under TCG (measured 0.93-0.99 us): two per round trip added a microsecond to
+/// our one-way latency that perftest, reading the counter, never paid. Elsewhere
+/// (no x86-64, or a counter that does not tick) it falls back to `Instant`.
+struct Ticks {
+    /// Nanoseconds per counter tick; 0 when `Instant` is used instead.
+    ns_per_tick: f64,
+    epoch: Instant,
+}
+
+impl Ticks {
+    fn calibrate() -> Ticks {
+        let epoch = Instant::now();
+        let Some(t0) = Self::counter() else {
+            return Ticks {
+                ns_per_tick: 0.0,
+                epoch,
+            };
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let (t1, ns) = (
+            Self::counter().unwrap_or(t0),
+            epoch.elapsed().as_nanos() as f64,
+        );
+        let ticks = t1.wrapping_sub(t0);
+        // A counter that barely moved (or went backwards) is no clock to trust.
+        let ns_per_tick = if ticks > 1000 && ticks < u64::MAX / 2 {
+            ns / ticks as f64
+        } else {
+            0.0
+        };
+        Ticks { ns_per_tick, epoch }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn counter() -> Option<u64> {
+        // SAFETY: RDTSC has no memory effects; every x86-64 CPU has it.
+        Some(unsafe { std::arch::x86_64::_rdtsc() })
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn counter() -> Option<u64> {
+        None
+    }
+
+    /// Now, in this clock's units (ticks, or nanoseconds since the epoch).
+    fn now(&self) -> u64 {
+        match Self::counter() {
+            Some(t) if self.ns_per_tick > 0.0 => t,
+            _ => self.epoch.elapsed().as_nanos() as u64,
+        }
+    }
+
+    /// The time between two `now` readings.
+    fn between(&self, from: u64, to: u64) -> Duration {
+        let units = to.wrapping_sub(from) as f64;
+        let ns = if self.ns_per_tick > 0.0 {
+            units * self.ns_per_tick
+        } else {
+            units
+        };
+        Duration::from_nanos(ns as u64)
+    }
+}
+
 /// One-way latency by ping-pong: half the mean round trip of `iters` exchanges (as
 /// `peer::latency`), and on the parent also the median and 99th percentile half round
-/// trips (perftest's `t_typical` is the median).
+/// trips (perftest's `t_typical` is the median). Timestamps come from [`Ticks`].
 fn latency(
     s: &mut Stream,
     side: &Side,
@@ -225,27 +292,28 @@ fn latency(
     iters: usize,
     wait: Wait,
 ) -> io::Result<(Duration, Duration, Duration)> {
+    let clock = Ticks::calibrate();
     let mut buf = vec![0x5au8; size];
     let mut rtts = Vec::with_capacity(iters);
     let warm = (iters / 10).max(5);
-    let mut start = Instant::now();
+    let mut start = clock.now();
     for i in 0..warm + iters {
         if i == warm {
-            start = Instant::now();
+            start = clock.now();
         }
         if matches!(side, Side::Parent(_)) {
-            let t = Instant::now();
+            let t = clock.now();
             send_msg(s, &buf, wait)?;
             recv_msg(s, &mut buf, wait)?;
             if i >= warm {
-                rtts.push(t.elapsed());
+                rtts.push(clock.between(t, clock.now()));
             }
         } else {
             recv_msg(s, &mut buf, wait)?;
             send_msg(s, &buf, wait)?;
         }
     }
-    let mean = start.elapsed() / (2 * iters as u32);
+    let mean = clock.between(start, clock.now()) / (2 * iters as u32);
     rtts.sort_unstable();
     let pick = |q: f64| {
         let i = ((rtts.len() as f64 * q) as usize).min(rtts.len().saturating_sub(1));

@@ -77,3 +77,38 @@ keep_rounds() {
         kept=$((kept + 1))
     done
 }
+
+# The heading of a markdown table of the host drivers (bench/peers.sh,
+# bench/mpich-compare.sh): "size", a column per system in "${systems[@]}" named by
+# "${label[system]}", then one column per argument.
+table_head() {
+    local s c
+    printf '| size |'
+    for s in "${systems[@]}"; do printf ' %s |' "${label[$s]}"; done
+    for c in "$@"; do printf ' %s |' "$c"; done
+    printf '\n| ---: |'
+    for s in "${systems[@]}"; do printf -- ' ---: |'; done
+    for c in "$@"; do printf -- ' ---: |'; done
+    echo
+}
+
+# The closing table of the Soft-RoCE benches (bench/softroce-bench.sh and
+# bench/softroce-cluster-bench.sh): a row per boot from "${summary[@]}", with the
+# latency columns and, for each size in $BW_SIZES, "ours / $1" bandwidth columns and a
+# ratio. Reads boots, rounds, LAT_MAX and BW_MIN; $2 ends the heading (e.g. the time).
+per_boot_table() {
+    local cols=$1 extra=${2:-} hdr sep s
+    echo
+    echo "== per boot ($boots boot(s), $rounds round(s) each, medians; targets: latency <= ${LAT_MAX}x"
+    echo "   ib_write_lat t_typical, bandwidth >= ${BW_MIN}x the better of ib_write_bw / ib_read_bw$extra)"
+    echo
+    hdr="| boot | host load | latency 2 B us, ours / ib_write_lat | ratio |"
+    sep="| ---: | --- | ---: | ---: |"
+    for s in $BW_SIZES; do
+        hdr+=" $((s >> 10)) KiB MB/s, ours / $cols | ratio |"
+        sep+=" ---: | ---: |"
+    done
+    echo "$hdr all met |"
+    echo "$sep --- |"
+    printf '%s\n' "${summary[@]}"
+}

@@ -68,11 +68,7 @@ table() {
     local field=$1 title=$2 diff_fmt=$3
     echo
     echo "$title, medians of $kept rounds; ranks on CPUs 0 and 1, heap buffers"
-    printf '| size |'
-    for s in "${systems[@]}"; do printf ' %s |' "${label[$s]}"; done
-    printf ' ch3:rch vs channel | ch3:rch / Debian |\n|---|'
-    for s in "${systems[@]}"; do printf -- '---:|'; done
-    printf -- '---:|---:|\n'
+    table_head "ch3:rch vs channel" "ch3:rch / Debian"
     for z in ${sizes//,/ }; do
         printf '| %s |' "$z"
         for s in "${systems[@]}"; do printf ' %s |' "$(col "$s" "$z" "$field")"; done

@@ -127,6 +127,8 @@ pub fn message_buffer<F: Fabric>(
 
 /// How a benchmark sends one message.
 pub type SendFn<F> = dyn FnMut(&mut RdmaStream<F>, &[u8]) -> io::Result<()>;
+/// How a benchmark receives one message.
+pub type RecvFn<F> = dyn FnMut(&mut RdmaStream<F>, &mut [u8]) -> io::Result<()>;
 
 /// One-way latency by ping-pong: half the mean round trip of `iters` exchanges. Each
 /// side sends from one buffer and receives into another, as osu_latency does.
@@ -178,18 +180,25 @@ pub fn bandwidth<F: Fabric>(
 ) -> io::Result<f64> {
     let sbuf = message_buffer(s, size, 0xa5)?;
     let mut rbuf = message_buffer(s, size, 0)?;
-    bandwidth_with(s, side, &sbuf, &mut rbuf, window, iters, &mut send_all)
+    bandwidth_with(
+        s,
+        side,
+        (&sbuf, &mut rbuf),
+        window,
+        iters,
+        (&mut send_all, &mut recv_all),
+    )
 }
 
-/// [`bandwidth`] with given buffers and a given way of sending.
+/// [`bandwidth`] with given buffers (send, receive) and given ways of sending and
+/// receiving a message.
 pub fn bandwidth_with<F: Fabric>(
     s: &mut RdmaStream<F>,
     side: &Side,
-    sbuf: &[u8],
-    rbuf: &mut [u8],
+    (sbuf, rbuf): (&[u8], &mut [u8]),
     window: usize,
     iters: usize,
-    send: &mut SendFn<F>,
+    (send, recv): (&mut SendFn<F>, &mut RecvFn<F>),
 ) -> io::Result<f64> {
     let mut ack = [0u8; 4];
     let warm = (iters / 10).max(2);
@@ -202,12 +211,12 @@ pub fn bandwidth_with<F: Fabric>(
             for _ in 0..window {
                 send(s, sbuf)?;
             }
-            recv_all(s, &mut ack)?;
+            recv(s, &mut ack)?;
         } else {
             for _ in 0..window {
-                recv_all(s, rbuf)?;
+                recv(s, rbuf)?;
             }
-            send_all(s, &ack)?;
+            send(s, &ack)?;
         }
     }
     let secs = start.elapsed().as_secs_f64();

@@ -210,11 +210,7 @@ table() {
     echo
     echo "$title, medians of $kept round(s); CPUs 0 and 1, heap buffers (but rdma-channel (alloc_mem))"
     echo
-    printf '| size |'
-    for s in "${systems[@]}"; do printf ' %s |' "${label[$s]}"; done
-    printf ' best peer | ours / best |\n| ---: |'
-    for s in "${systems[@]}"; do printf -- ' ---: |'; done
-    printf -- ' --- | ---: |\n'
+    table_head "best peer" "ours / best"
     for z in ${sizes//,/ }; do
         for s in "${systems[@]}"; do echo "$s $(col "$s" "$z" "$field")"; done |
             awk -v z="$z" -v best="$best" -v ours="$ours" -v peers=" ${peers[*]} " '

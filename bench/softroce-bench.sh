@@ -81,6 +81,7 @@ case "${1:-}" in
   --) shift ;;
 esac
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 self="$(pwd -P)/bench/softroce-bench.sh"
 rounds=${RCH_BENCH_ROUNDS:-3}
 case "$rounds" in ''|*[!0-9]*|0) echo "softroce-bench: RCH_BENCH_ROUNDS must be a positive number" >&2; exit 1 ;; esac
@@ -184,15 +185,4 @@ done
 echo "(latency: half the ping-pong round trip, ib_write_lat -s 2; bandwidth: ours 64 messages in"
 echo " flight then an ack, perftest BW average; MB = 2^20 B in both; same VM, both ends on rxe0)"
 
-echo
-echo "== per boot ($boots boot(s), $rounds round(s) each, medians; targets: latency <= ${LAT_MAX}x"
-echo "   ib_write_lat t_typical, bandwidth >= ${BW_MIN}x the better of ib_write_bw / ib_read_bw; $((SECONDS - t_all)) s)"
-echo
-hdr="| boot | host load | latency 2 B us, ours / ib_write_lat | ratio |"
-sep="| ---: | --- | ---: | ---: |"
-for s in $BW_SIZES; do
-  hdr+=" $((s >> 10)) KiB MB/s, ours / write / read | ratio |"; sep+=" ---: | ---: |"
-done
-echo "$hdr all met |"
-echo "$sep --- |"
-printf '%s\n' "${summary[@]}"
+per_boot_table "write / read" "; $((SECONDS - t_all)) s"

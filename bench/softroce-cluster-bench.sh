@@ -84,6 +84,7 @@ fi
 # ------------------------------------------------------------- on the host
 case "${1:-}" in -h|--help) sed -n '2,20s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 self="$(pwd -P)/bench/softroce-cluster-bench.sh"
 sizes=${RCH_BENCH_SIZES:-8,4096,65536}
 rounds=${RCH_BENCH_ROUNDS:-3}
@@ -196,15 +197,4 @@ for b in $(seq "$boots"); do
   report
   if [ -z "${SOFTROCE_BENCH_LOG:-}" ]; then rm -f "$log"; trap - EXIT; fi
 done
-echo
-echo "== per boot ($boots boot(s), $rounds round(s) each, medians; targets: latency <= ${LAT_MAX}x"
-echo "   ib_write_lat t_typical, bandwidth >= ${BW_MIN}x the better of ib_write_bw / ib_read_bw)"
-echo
-hdr="| boot | host load | latency 2 B us, ours / ib_write_lat | ratio |"
-sep="| ---: | --- | ---: | ---: |"
-for s in $BW_SIZES; do
-  hdr+=" $((s >> 10)) KiB MB/s, ours / ring only / write / read | ratio |"; sep+=" ---: | ---: |"
-done
-echo "$hdr all met |"
-echo "$sep --- |"
-printf '%s\n' "${summary[@]}"
+per_boot_table "ring only / write / read"

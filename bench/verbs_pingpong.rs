@@ -334,26 +334,17 @@ fn bandwidth(
 ) -> io::Result<f64> {
     let sbuf = vec![0xa5u8; size];
     let mut rbuf = vec![0u8; size];
-    let mut ack = [0u8; 4];
-    let warm = (iters / 10).max(2);
-    let mut start = Instant::now();
-    for i in 0..warm + iters {
-        if i == warm {
-            start = Instant::now();
-        }
-        if matches!(side, Side::Parent(_)) {
-            for _ in 0..WINDOW {
-                send_msg(s, &sbuf, wait)?;
-            }
-            recv_msg(s, &mut ack, wait)?;
-        } else {
-            for _ in 0..WINDOW {
-                recv_msg(s, &mut rbuf, wait)?;
-            }
-            send_msg(s, &ack, wait)?;
-        }
-    }
-    Ok((size * WINDOW * iters) as f64 / start.elapsed().as_secs_f64())
+    peer::bandwidth_with(
+        s,
+        side,
+        (&sbuf, &mut rbuf),
+        WINDOW,
+        iters,
+        (
+            &mut move |s: &mut Stream, b: &[u8]| send_msg(s, b, wait),
+            &mut move |s: &mut Stream, b: &mut [u8]| recv_msg(s, b, wait),
+        ),
+    )
 }
 
 /// Iteration counts sized for rxe under TCG (~10 µs, ~50 MB/s): about 0.1-1 s per

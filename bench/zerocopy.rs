@@ -26,7 +26,7 @@ mod peer;
 
 use std::io::{self, IoSlice};
 
-use peer::{bandwidth_with, connect_pair, finish, latency_with, Side};
+use peer::{bandwidth_with, connect_pair, finish, latency_with, recv_all, Side};
 use rdma_channel::RdmaStream;
 
 const WINDOW: usize = 16;
@@ -115,8 +115,14 @@ fn main() -> io::Result<()> {
             let mut by_mode = move |s: &mut RdmaStream, b: &[u8]| send(s, mode, b);
             let lat = latency_with(&mut s, &side, sbuf, rbuf, lat_iters, &mut by_mode)?;
             let lat = lat.as_secs_f64() * 1e6;
-            let bw =
-                bandwidth_with(&mut s, &side, sbuf, rbuf, WINDOW, bw_iters, &mut by_mode)? / 1e9;
+            let bw = bandwidth_with(
+                &mut s,
+                &side,
+                (sbuf, rbuf),
+                WINDOW,
+                bw_iters,
+                (&mut by_mode, &mut recv_all),
+            )? / 1e9;
             if parent {
                 println!("{size:>9} {:>16} {lat:>11.2} {bw:>9.2}", mode.name());
             }

@@ -125,8 +125,12 @@ impl SendQueue {
         while self.is_full() {
             wait()?;
         }
-        // AcqRel: pairs with the completion counters' updates (see `complete`).
-        let wr_id = self.posted.fetch_add(1, Ordering::AcqRel);
+        // Numbers are handed out under the lock, so a load and a store do what a
+        // fetch_add would, without a read-modify-write on the data path. Acquire and
+        // Release: pair with the completion counters' updates (see `complete`) and
+        // `is_full`'s loads.
+        let wr_id = self.posted.load(Ordering::Acquire);
+        self.posted.store(wr_id + 1, Ordering::Release);
         let signaled = read || wr_id % self.interval == self.interval - 1;
         post(wr_id, signaled)?;
         Ok(wr_id)

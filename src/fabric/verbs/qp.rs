@@ -509,7 +509,7 @@ impl PendingQp for VerbsPending {
         };
         Ok(VerbsQp {
             caps,
-            descriptor: Mutex::new(Descriptor::new()),
+            posted: AtomicBool::new(false),
             qp: self.qp,
             ctx,
             error: AtomicBool::new(false),
@@ -552,10 +552,9 @@ fn link_layer_name(l: u8) -> &'static str {
 /// sees at once. (A queue pair connected by card exchange is destroyed at once, as
 /// before; its users close by protocol before they drop it.)
 pub struct VerbsQp {
-    /// The one work request and gather list this queue pair posts, reused for every
-    /// post (seed 000 sec. 4.3, Liu, Wu, Panda, ICS 2003): constant fields are set
-    /// once, each post patches the rest. The lock also serialises posts from the two halves of a connection.
-    descriptor: Mutex<Box<Descriptor>>,
+    /// Set by every post of the engine's, cleared by the keepalive's look: whether
+    /// the send queue was silent since (a plain store on the data path, no lock).
+    posted: AtomicBool,
     qp: RcQueuePair,
     ctx: Arc<Context>,
     caps: Caps,
@@ -574,41 +573,8 @@ pub struct VerbsQp {
 /// Since when the send queue has been silent (for keepalives).
 #[derive(Default)]
 struct Quiet {
-    /// [`Descriptor::posts`] at the last look.
-    posts: u64,
-    /// `Context::now_ns` when it last changed.
+    /// `Context::now_ns` at the last look that found a post.
     since: u64,
-}
-
-/// A reusable send work request with its scatter/gather array. Boxed so that
-/// `wr.sg_list`, which points into `sges`, stays valid when the QP moves.
-struct Descriptor {
-    wr: sys::ibv_send_wr,
-    sges: [sys::ibv_sge; MAX_SGE],
-    /// Requests the engine posted (a plain count under the lock: the data path pays
-    /// no atomic for it), for the keepalive's idea of silence.
-    posts: u64,
-}
-
-// SAFETY: the raw pointers inside point only into the descriptor itself (sg_list to
-// sges, next is null); it is only used under the QP's mutex.
-unsafe impl Send for Descriptor {}
-
-impl Descriptor {
-    fn new() -> Box<Descriptor> {
-        let mut d = Box::new(Descriptor {
-            // SAFETY: ibv_send_wr is plain C data; all-zero is valid (null `next`).
-            wr: unsafe { std::mem::zeroed() },
-            sges: [sys::ibv_sge {
-                addr: 0,
-                length: 0,
-                lkey: 0,
-            }; MAX_SGE],
-            posts: 0,
-        });
-        d.wr.sg_list = d.sges.as_mut_ptr();
-        d
-    }
 }
 
 impl std::fmt::Debug for VerbsQp {
@@ -729,15 +695,12 @@ impl VerbsQp {
         if self.keepalive_ns == 0 || self.error.load(Ordering::Acquire) {
             return;
         }
-        let posts = self
-            .descriptor
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .posts;
         let now = self.ctx.now_ns();
         let mut q = self.quiet.lock().unwrap_or_else(|p| p.into_inner());
-        if posts != q.posts {
-            *q = Quiet { posts, since: now };
+        // Relaxed: the flag carries no data; a post racing with this look counts at
+        // the next one, which only delays a keepalive.
+        if self.posted.swap(false, Ordering::Relaxed) {
+            q.since = now;
             return;
         }
         // Relaxed: the flag only limits keepalives to one in flight; its completion
@@ -758,20 +721,16 @@ impl VerbsQp {
     /// (no memory is touched, and the responder checks no key for zero bytes), into
     /// the send queue entries reserved for it.
     fn post_own(&self, wr_id: u64) -> io::Result<()> {
-        let mut d = self.descriptor.lock().unwrap_or_else(|p| p.into_inner());
-        let d = &mut **d;
-        d.wr.wr_id = wr_id;
-        d.wr.num_sge = 0;
-        d.wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
-        d.wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        d.wr.wr.rdma = sys::rdma_t {
-            remote_addr: 0,
-            rkey: 0,
-        };
+        // SAFETY: ibv_send_wr is plain C data; all-zero is valid (null `next`, no
+        // gather list).
+        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+        wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: valid QP; the descriptor is ours under the lock and describes no
-        // memory at all (zero gather entries).
-        let r = unsafe { sys::ibv_post_send(self.qp.qp.as_ptr(), &mut d.wr, &mut bad) };
+        // SAFETY: valid QP; the request lives on our stack for the call and describes
+        // no memory at all (zero gather entries).
+        let r = unsafe { sys::ibv_post_send(self.qp.qp.as_ptr(), &mut wr, &mut bad) };
         if r == 0 {
             Ok(())
         } else {
@@ -781,9 +740,10 @@ impl VerbsQp {
 }
 
 impl QueuePair for VerbsQp {
-    /// Posts one RDMA WRITE or READ with `ibv_post_send`, without allocating: the
-    /// gather/scatter list is copied into a stack array of [`MAX_SGE`] `ibv_sge`s
-    /// (zero-length entries are left out).
+    /// Posts one RDMA WRITE or READ with `ibv_post_send`, without allocating or
+    /// locking: the work request is built on the stack, its gather/scatter list
+    /// copied into a stack array of [`MAX_SGE`] `ibv_sge`s (zero-length entries are
+    /// left out). The provider copies both before `ibv_post_send` returns.
     unsafe fn post(&self, wr: &WorkRequest<'_>) -> Result<(), FabricError> {
         let (local, opcode, remote_addr, rkey, inline) = match wr.opcode {
             Opcode::Write {
@@ -815,16 +775,15 @@ impl QueuePair for VerbsQp {
                 "more gather/scatter entries than Caps::max_sge",
             ));
         }
-        let mut d = self.descriptor.lock().unwrap_or_else(|p| p.into_inner());
-        let d = &mut **d;
+        let mut sges = [const { MaybeUninit::<sys::ibv_sge>::uninit() }; MAX_SGE];
         let mut n = 0;
         let mut total = 0u64;
         for s in local.iter().filter(|s| s.len > 0) {
-            d.sges[n] = sys::ibv_sge {
+            sges[n] = MaybeUninit::new(sys::ibv_sge {
                 addr: s.addr as u64,
                 length: s.len,
                 lkey: s.lkey,
-            };
+            });
             n += 1;
             total += u64::from(s.len);
         }
@@ -840,18 +799,23 @@ impl QueuePair for VerbsQp {
         if wr.signaled {
             flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
-        d.posts += 1;
-        d.wr.wr_id = wr.wr_id;
-        d.wr.num_sge = n as i32;
-        d.wr.opcode = opcode;
-        d.wr.send_flags = flags;
-        d.wr.wr.rdma = sys::rdma_t { remote_addr, rkey };
+        // SAFETY: ibv_send_wr is plain C data; all-zero is valid (null `next`).
+        let mut req: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        req.wr_id = wr.wr_id;
+        req.sg_list = sges.as_mut_ptr().cast::<sys::ibv_sge>();
+        req.num_sge = n as i32;
+        req.opcode = opcode;
+        req.send_flags = flags;
+        req.wr.rdma = sys::rdma_t { remote_addr, rkey };
+        // Relaxed: a hint for the keepalive (see `posted`); it publishes nothing.
+        self.posted.store(true, Ordering::Relaxed);
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: valid QP; the descriptor (wr, its sg_list into the same box, null
-        // next) is ours under the lock for the call, and the provider copies it (and
-        // inline data) before returning; the caller guarantees, per the trait
-        // contract, that non-inline memory stays valid until the request retires.
-        let r = unsafe { sys::ibv_post_send(self.qp.qp.as_ptr(), &mut d.wr, &mut bad) };
+        // SAFETY: valid QP; `req` and the first `n` entries of `sges` (initialised
+        // above; sg_list points at them) live on our stack for the call, `next` is
+        // null, and the provider copies them (and inline data) before returning. The
+        // caller guarantees, per the trait contract, that non-inline memory stays
+        // valid until the request retires.
+        let r = unsafe { sys::ibv_post_send(self.qp.qp.as_ptr(), &mut req, &mut bad) };
         if r == 0 {
             return Ok(());
         }

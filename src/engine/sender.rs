@@ -23,9 +23,16 @@ use crate::zerocopy::Lent;
 pub(super) const MAX_SGE: usize = 32;
 /// Zero bytes that padding (and pad packets) are gathered from.
 static ZEROS: [u8; 8 * CELL] = [0; 8 * CELL];
-/// One cell, aligned like the ring's cells so the copy into the ring is aligned too.
+/// Packets of up to this many cells are assembled on the stack and written as one
+/// piece: one copy into the ring instead of one per gather entry. (Nine cells, for
+/// 512-byte messages, measured within noise of the gather.)
+const STACKED_CELLS: usize = 4;
+/// Largest payload of such a packet.
+const STACKED_PAYLOAD: usize = STACKED_CELLS * CELL - OVERHEAD;
+/// `BYTES` of packet (whole cells), aligned like the ring's cells so the copy into
+/// the ring is aligned too.
 #[repr(C, align(64))]
-struct Cell([u8; CELL]);
+struct Cells<const BYTES: usize>([u8; BYTES]);
 
 /// The sending direction of a connection.
 pub struct Sender<F: Fabric> {
@@ -120,8 +127,8 @@ impl<F: Fabric> Sender<F> {
     /// `BrokenPipe` once the peer stopped reading or after [`close`](Self::close);
     /// `ConnectionReset` when the peer vanished or the fabric failed.
     pub fn put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
-        // The common small message: one buffer that fits one cell, with room at the
-        // head. It takes the same steps as `put_inner` minus its loop and cursor.
+        // The common small message: one buffer that fits a stacked packet, with room
+        // at the head. It takes the same steps as `put_inner` minus its loop and cursor.
         if let [one] = iov {
             if self.small_fits_now(one.len()) {
                 let link = &*self.link;
@@ -130,20 +137,20 @@ impl<F: Fabric> Sender<F> {
                 }
                 link.check_peer_reading()?;
                 link.serve_credit()?;
-                return self.write_cell(iov, 0, one.len());
+                return self.write_small(iov, 0, one.len());
             }
         }
         self.put_inner(iov, None)
     }
 
-    /// True when `len` bytes go out as one cell at the head now, with nothing to
-    /// settle first: no zero-copy transfer pending, not closed, before the working
-    /// set's end, and a free cell by the tail we know.
+    /// True when `len` bytes go out as one stacked packet at the head now, with
+    /// nothing to settle first: no zero-copy transfer pending, not closed, before the
+    /// working set's end, and room by the tail we know.
     #[inline]
     fn small_fits_now(&self, len: usize) -> bool {
         len != 0
-            && len <= ONE_CELL_PAYLOAD
-            && self.inline_limit >= CELL
+            && len <= STACKED_PAYLOAD
+            && cells_for(len) * CELL <= self.inline_limit
             && !self.closed
             && self.pending.is_none()
             && self.head & (self.ring_size - 1) < self.working_set
@@ -355,8 +362,8 @@ impl<F: Fabric> Sender<F> {
     /// Writes one packet of at most `want` payload bytes starting at byte `skip` of
     /// `iov`; returns the payload bytes written (at least one cell's worth or `want`).
     fn write_packet(&mut self, iov: &[IoSlice<'_>], skip: usize, want: usize) -> io::Result<usize> {
-        if want <= ONE_CELL_PAYLOAD && self.inline_limit >= CELL {
-            return self.write_cell(iov, skip, want);
+        if want <= STACKED_PAYLOAD && cells_for(want) * CELL <= self.inline_limit {
+            return self.write_small(iov, skip, want);
         }
         self.write_gathered(iov, skip, want, PacketKind::Data)
     }
@@ -389,31 +396,50 @@ impl<F: Fabric> Sender<F> {
         }
     }
 
-    /// The small-message path: the whole one-cell packet is assembled on the stack and
-    /// written with a single gather entry.
-    fn write_cell(&mut self, iov: &[IoSlice<'_>], skip: usize, len: usize) -> io::Result<usize> {
+    /// The small-message path: the whole packet (at most [`STACKED_CELLS`] cells) is
+    /// assembled on the stack and written with a single gather entry.
+    #[inline]
+    fn write_small(&mut self, iov: &[IoSlice<'_>], skip: usize, len: usize) -> io::Result<usize> {
+        // A one-cell buffer for the commonest packet: zeroing the larger one costs
+        // the one-cell packet more than its copy.
+        if len <= ONE_CELL_PAYLOAD {
+            self.write_stacked::<CELL>(iov, skip, len)
+        } else {
+            self.write_stacked::<{ STACKED_CELLS * CELL }>(iov, skip, len)
+        }
+    }
+
+    /// [`write_small`](Self::write_small) with a buffer of `BYTES`, which must hold
+    /// the packet.
+    fn write_stacked<const BYTES: usize>(
+        &mut self,
+        iov: &[IoSlice<'_>],
+        skip: usize,
+        len: usize,
+    ) -> io::Result<usize> {
         let link = &*self.link;
-        let mut cell = Cell([0; CELL]);
+        let bytes = cells_for(len) * CELL;
+        let mut cells = Cells([0; BYTES]);
         let (mut i, mut o, mut at) = (0usize, skip, HEADER_LEN);
         while at < HEADER_LEN + len {
             let n = (iov[i].len() - o).min(HEADER_LEN + len - at);
-            cell.0[at..at + n].copy_from_slice(&iov[i][o..o + n]);
+            cells.0[at..at + n].copy_from_slice(&iov[i][o..o + n]);
             at += n;
             i += 1;
             o = 0;
         }
         // Acquire: as in write_gathered.
         let ack = link.rx_tail.load(Ordering::Acquire);
-        Header::new_unchecked(&mut cell.0[..HEADER_LEN]).fill(
+        Header::new_unchecked(&mut cells.0[..HEADER_LEN]).fill(
             self.head,
             PacketKind::Data,
             len as u32,
             ack,
         );
-        let end = self.head + CELL as u64;
-        cell.0[CELL - TRAILER_LEN..].copy_from_slice(&trailer_word(end).to_le_bytes());
+        let end = self.head + bytes as u64;
+        cells.0[bytes - TRAILER_LEN..bytes].copy_from_slice(&trailer_word(end).to_le_bytes());
         let mut list = GatherList::<1>::new();
-        list.push(&cell.0);
+        list.push(&cells.0[..bytes]);
         let remote = link.peer_ring.addr + (self.head & (self.ring_size - 1));
         link.post_inline(&list, remote, link.peer_ring.rkey)?;
         self.head = end;

@@ -76,18 +76,28 @@ pub(crate) unsafe fn gather(sges: &[Sge], from: u64, to: u64, out: *mut u8) {
 /// usual RDMA races the caller accepts, e.g. a reader polling the last word).
 #[inline]
 pub(crate) unsafe fn write_direct(dst: *mut u8, src: &[Sge], n: u64) {
-    if let ([sge], 64) = (src, n) {
-        if dst as usize % 8 == 0 {
-            // One aligned cell from one buffer (the ring's small-message packet): a
-            // constant-size copy inlined into the caller, instead of a call per piece.
-            // SAFETY: the entry holds 64 readable bytes and dst..dst+64 is writable
-            // (caller contract); the last word, at dst + 56, is stored separately below.
-            unsafe { std::ptr::copy(sge.addr as *const [u8; 56], dst as *mut [u8; 56], 1) };
-            // SAFETY: bytes 56..64 of the same entry; read unaligned, it is caller memory.
-            let word = unsafe { std::ptr::read_unaligned(sge.addr.add(56) as *const u64) };
-            // SAFETY: dst + 56 is 8-byte aligned (dst is) and inside the target range.
-            let slot = unsafe { AtomicU64::from_ptr(dst.add(56).cast::<u64>()) };
-            // Release: the 56 bytes above become visible before the word does.
+    if let [sge] = src {
+        if dst as usize % 8 == 0 && n % 8 == 0 && n >= 8 {
+            // Whole aligned words from one buffer (the ring's small packets, assembled
+            // on the stack): inlined into the caller, one copy for all but the last
+            // word instead of the general loop over pieces; one cell as a
+            // constant-size copy the compiler expands in place.
+            let body = (n - 8) as usize;
+            if n == 64 {
+                // SAFETY: the entry holds 64 readable bytes and dst..dst+64 is
+                // writable (caller contract); the last word is stored below.
+                unsafe { std::ptr::copy(sge.addr as *const [u8; 56], dst as *mut [u8; 56], 1) };
+            } else {
+                // SAFETY: the entry holds n readable bytes and dst..dst+n is writable
+                // (caller contract); the last word is stored below.
+                unsafe { std::ptr::copy(sge.addr, dst, body) };
+            }
+            // SAFETY: the entry's last 8 bytes; read unaligned, it is caller memory.
+            let word = unsafe { std::ptr::read_unaligned(sge.addr.add(body) as *const u64) };
+            // SAFETY: dst + body is 8-byte aligned (dst and n are) and is the target
+            // range's last word.
+            let slot = unsafe { AtomicU64::from_ptr(dst.add(body).cast::<u64>()) };
+            // Release: the bytes above become visible before the word does.
             slot.store(word, Ordering::Release);
             return;
         }

@@ -149,8 +149,7 @@ impl<F: Fabric> Sender<F> {
     #[inline]
     fn small_fits_now(&self, len: usize) -> bool {
         len != 0
-            && len <= STACKED_PAYLOAD
-            && cells_for(len) * CELL <= self.inline_limit
+            && self.stackable(len)
             && !self.closed
             && self.pending.is_none()
             && self.head & (self.ring_size - 1) < self.working_set
@@ -362,7 +361,7 @@ impl<F: Fabric> Sender<F> {
     /// Writes one packet of at most `want` payload bytes starting at byte `skip` of
     /// `iov`; returns the payload bytes written (at least one cell's worth or `want`).
     fn write_packet(&mut self, iov: &[IoSlice<'_>], skip: usize, want: usize) -> io::Result<usize> {
-        if want <= STACKED_PAYLOAD && cells_for(want) * CELL <= self.inline_limit {
+        if self.stackable(want) {
             return self.write_small(iov, skip, want);
         }
         self.write_gathered(iov, skip, want, PacketKind::Data)
@@ -394,6 +393,13 @@ impl<F: Fabric> Sender<F> {
                 return Ok(false);
             }
         }
+    }
+
+    /// True when a packet of `len` payload bytes takes the stacked path
+    /// ([`write_small`](Self::write_small)): it fits the stack buffer and one inline write.
+    #[inline]
+    fn stackable(&self, len: usize) -> bool {
+        len <= STACKED_PAYLOAD && cells_for(len) * CELL <= self.inline_limit
     }
 
     /// The small-message path: the whole packet (at most [`STACKED_CELLS`] cells) is

@@ -20,6 +20,7 @@ use rdma_channel::fabric::{
     Access, Card, Fabric, MemoryRegion, Opcode, PendingQp, QueuePair, RemoteRegion, Sge,
     WorkRequest,
 };
+use rdma_channel::ring::memory::{CtrlWord, Lend, LEND_SLOT};
 use rdma_channel::ring::wire::{
     cells_for, header_match, header_word, trailer_word, PacketKind, Rendezvous, RndvSeg, CELL,
 };
@@ -38,11 +39,17 @@ struct Hostile {
     _own: Vec<EmuRegion>,
     exposed: EmuRegion,
     fabric: EmuFabric,
+    /// The victim's control words, as its card announced them.
+    ctrl: RemoteRegion,
 }
 
 impl Hostile {
     fn new() -> Hostile {
-        let cfg = Config::default().with_ring_size(RING).with_chunk_size(1024);
+        Hostile::with_config(Config::default())
+    }
+
+    fn with_config(cfg: Config) -> Hostile {
+        let cfg = cfg.with_ring_size(RING).with_chunk_size(1024);
         let victim = Prepared::new(EmuFabric::new().unwrap(), cfg).unwrap();
         let fabric = EmuFabric::new().unwrap();
         let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
@@ -60,9 +67,9 @@ impl Hostile {
             fds: fabric_card.fds,
         };
         let theirs = victim.card().unwrap();
-        let (ring, fabric_part) = {
+        let (ring, ctrl, fabric_part) = {
             let c = ConnCard::new_checked(&theirs.bytes[..]).unwrap();
-            (c.ring(), c.fabric_card().to_vec())
+            (c.ring(), c.ctrl(), c.fabric_card().to_vec())
         };
         let qp = pending
             .connect(Card {
@@ -78,7 +85,27 @@ impl Hostile {
             _own: own,
             exposed,
             fabric,
+            ctrl,
         }
+    }
+
+    /// Writes `lend` into the victim's lend slot, as a receiver lending its buffer.
+    fn lend(&self, lend: Lend) {
+        let bytes: Vec<u8> = lend
+            .to_words()
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        self.write_to(self.ctrl.addr + LEND_SLOT, self.ctrl.rkey, &bytes);
+    }
+
+    /// The lend the victim last wrote into our control words.
+    fn victim_lend(&self) -> Lend {
+        let base = self._own[1].addr() as u64 + LEND_SLOT;
+        // SAFETY: the slot's four words lie inside our 4 KiB control region, which the
+        // victim writes only by RDMA WRITE executed inside its own post (emulated).
+        let w = |i: u64| unsafe { std::ptr::read_volatile((base + 8 * i) as *const u64) };
+        Lend::from_words([w(0), w(1), w(2), w(3)])
     }
 
     /// RDMA WRITE of `bytes` to ring offset `at` of the victim.
@@ -422,5 +449,165 @@ fn a_peer_that_never_grants_credit_blocks_writes_until_their_timeout_and_no_furt
         .expect_err("no credit: no room");
     assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
     assert_eq!(h.victim.put(&[IoSlice::new(b"x")]).unwrap(), 0);
+    others_unaffected();
+}
+
+#[test]
+fn lends_that_skip_a_number_or_name_bytes_outside_the_transfer_are_protocol_errors() {
+    if skip_on_verbs() {
+        return;
+    }
+    let cases: [(&str, Lend); 4] = [
+        (
+            "a lend past the transfer's end",
+            Lend {
+                addr: 0x1000,
+                rkey: 1,
+                len: 4096,
+                offset: 65536 - 4095,
+                number: 1,
+            },
+        ),
+        (
+            "a lend whose end overflows",
+            Lend {
+                addr: 0x1000,
+                rkey: 1,
+                len: 4096,
+                offset: u64::MAX - 10,
+                number: 1,
+            },
+        ),
+        (
+            "an empty lend",
+            Lend {
+                addr: 0x1000,
+                rkey: 1,
+                len: 0,
+                offset: 0,
+                number: 1,
+            },
+        ),
+        (
+            "a lend that skips a number",
+            Lend {
+                addr: 0x1000,
+                rkey: 1,
+                len: 4096,
+                offset: 0,
+                number: 2,
+            },
+        ),
+    ];
+    for (what, lend) in cases {
+        let mut h = Hostile::new();
+        let big = h.victim.alloc_mem(65536).unwrap();
+        // SAFETY: `big` lives, untouched, until the end of this iteration, after the
+        // connection failed (which revokes the transfer).
+        let n = unsafe { h.victim.sender().put_nocopy(&[IoSlice::new(&big)]) }.unwrap();
+        assert_eq!(n, 0, "{what}: the buffer is announced, not copied");
+        h.lend(lend);
+        // SAFETY: as above.
+        let e = unsafe { h.victim.sender().put_nocopy(&[IoSlice::new(&big)]) }.expect_err(what);
+        assert_eq!(e.kind(), ErrorKind::InvalidData, "{what}: {e}");
+        h.expect_failed(ErrorKind::InvalidData, what);
+    }
+    others_unaffected();
+}
+
+#[test]
+fn a_lent_buffer_takes_only_its_bytes_and_only_until_they_are_counted() {
+    if skip_on_verbs() {
+        return;
+    }
+    // The victim receives and lends all of each transfer (push 100%).
+    let mut h = Hostile::with_config(Config::default().with_zero_copy_push(Some(100)));
+    let total = 4096u64;
+    h.rendezvous(
+        0,
+        1,
+        &[RndvSeg {
+            addr: h.exposed.addr() as u64,
+            len: total,
+            rkey: h.exposed.rkey(),
+        }],
+    );
+    // The destination, with canaries on both sides of the 4096 bytes lent.
+    let mut buf = vec![0xEEu8; 3 * 4096];
+    let dst = &mut buf[4096..8192];
+    // SAFETY: `buf` is neither moved nor touched until the step is counted below.
+    let n = unsafe { h.victim.receiver().get_nowait(&mut [IoSliceMut::new(dst)]) }.unwrap();
+    assert_eq!(n, 0, "the lend is out, nothing landed");
+    let lend = h.victim_lend();
+    assert_eq!(
+        (lend.number, lend.offset, u64::from(lend.len)),
+        (1, 0, total)
+    );
+    assert_eq!(lend.addr, buf[4096..].as_ptr() as u64);
+    // A write past the lent bytes, with the lend's key, is refused by the fabric...
+    h.write_to(lend.addr + total, lend.rkey, &[0xAB; 64]);
+    assert_eq!(
+        h.qp.state(),
+        rdma_channel::fabric::QpState::Error,
+        "a write past the lent bytes must fail"
+    );
+    assert!(
+        buf.iter().all(|&b| b == 0xEE),
+        "a refused write touched the victim's buffer"
+    );
+
+    // On a fresh connection: a correct push is counted, and then the key is dead.
+    let mut h = Hostile::with_config(Config::default().with_zero_copy_push(Some(100)));
+    h.rendezvous(
+        0,
+        1,
+        &[RndvSeg {
+            addr: h.exposed.addr() as u64,
+            len: total,
+            rkey: h.exposed.rkey(),
+        }],
+    );
+    let mut buf = vec![0xEEu8; 3 * 4096];
+    let at = buf[4096..].as_ptr() as u64;
+    // SAFETY: as above.
+    let n = unsafe {
+        h.victim
+            .receiver()
+            .get_nowait(&mut [IoSliceMut::new(&mut buf[4096..8192])])
+    }
+    .unwrap();
+    assert_eq!(n, 0);
+    let lend = h.victim_lend();
+    assert_eq!(lend.addr, at);
+    h.write_to(lend.addr, lend.rkey, &[0x5A; 4096]);
+    h.write_to(
+        h.ctrl.addr + CtrlWord::LendLanded.offset(),
+        h.ctrl.rkey,
+        &1u64.to_le_bytes(),
+    );
+    // SAFETY: as above.
+    let n = unsafe {
+        h.victim
+            .receiver()
+            .get_nowait(&mut [IoSliceMut::new(&mut buf[4096..8192])])
+    }
+    .unwrap();
+    assert_eq!(n, 4096, "the pushed bytes are counted once landed");
+    assert!(buf[4096..8192].iter().all(|&b| b == 0x5A));
+    assert!(
+        buf[..4096].iter().chain(&buf[8192..]).all(|&b| b == 0xEE),
+        "canaries"
+    );
+    // Counted: the lent bytes are the caller's again, and the key is dead.
+    h.write_to(lend.addr, lend.rkey, &[0x11; 64]);
+    assert_eq!(
+        h.qp.state(),
+        rdma_channel::fabric::QpState::Error,
+        "a write after the count must fail"
+    );
+    assert!(
+        buf[4096..8192].iter().all(|&b| b == 0x5A),
+        "a write after the count landed"
+    );
     others_unaffected();
 }

@@ -49,12 +49,15 @@ fn case_strategy() -> impl Strategy<Value = (Config, ZcCase)> {
         0u64..=8,     // alloc_mem share
         0u32..=18,    // alloc threshold 1 B ..= 256 KiB
         prop_oneof![(0u32..=18).prop_map(|k| 1usize << k), Just(usize::MAX)],
+        // Push share: all READ, all pushed, half, any.
+        prop_oneof![Just(0u8), Just(100u8), Just(50u8), 0u8..=100],
     )
         .prop_map(
-            |(ring_k, seed, messages, buf_k, alloc_in_8, at_k, private_t)| {
+            |(ring_k, seed, messages, buf_k, alloc_in_8, at_k, private_t, push)| {
                 let ring = 1usize << ring_k;
                 let chunk = (ring / 2).min(64 << 10);
-                let cfg = zc_config(ring, chunk, 1 << at_k, private_t);
+                let cfg =
+                    zc_config(ring, chunk, 1 << at_k, private_t).with_zero_copy_push(Some(push));
                 (
                     cfg,
                     ZcCase {
@@ -94,7 +97,19 @@ fn fabric_under_test() {
 /// every byte checked.
 #[test]
 fn blocking_streams_with_zero_copy_sizes() {
-    let cfg = zc_config(1 << 20, 64 << 10, 16 << 10, 128 << 10);
+    blocking_streams(None);
+}
+
+/// The same with the receiver lending half of each transfer to the sender to push
+/// (RDMA WRITE), and all of it.
+#[test]
+fn blocking_streams_with_pushed_zero_copy() {
+    blocking_streams(Some(50));
+    blocking_streams(Some(100));
+}
+
+fn blocking_streams(push: Option<u8>) {
+    let cfg = zc_config(1 << 20, 64 << 10, 16 << 10, 128 << 10).with_zero_copy_push(push);
     let (a, mut b) = RdmaStream::pair_with(cfg).unwrap();
     const BYTES: u64 = 64 << 20;
     const SEED: u64 = 77;
@@ -133,6 +148,14 @@ fn blocking_streams_with_zero_copy_sizes() {
         got += n as u64;
     }
     assert_eq!(got, BYTES);
+    let lends = b.channel().receiver().lends();
+    match push {
+        Some(p) if p > 0 => assert!(lends > 0, "push {p}%: nothing was lent"),
+        _ if common::fabric_kind() == rdma_channel::fabric::FabricKind::Emulated => {
+            assert_eq!(lends, 0, "the emulated fabric's default is to read it all")
+        }
+        _ => {}
+    }
     let a = join(writer, "writer").expect("writer");
     let stats = a.cache_stats();
     assert!(

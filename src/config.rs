@@ -14,6 +14,7 @@
 //! | `RCH_SLEEP_MAX_US` | longest sleep between polls | 1000 |
 //! | `RCH_ZCOPY_THRESHOLD` | smallest buffer from [`alloc_mem`](crate::Channel::alloc_mem) sent zero-copy (`off` to disable) | fabric's |
 //! | `RCH_ZCOPY_PRIVATE_THRESHOLD` | the same for any other memory | fabric's |
+//! | `RCH_ZCOPY_PUSH` | percent of each zero-copy transfer the sender pushes by RDMA WRITE into the receiver's buffer while the receiver pulls the rest by RDMA READ (0 ..= 100; the receiver's setting counts) | fabric's |
 //! | `RCH_RCACHE_ENTRIES` | most cached registrations per protection domain | 512 |
 //! | `RCH_RCACHE_BYTES` | most bytes of cached registrations per protection domain | 1 GiB |
 //! | `RCH_MEMORY_LIMIT` | most memory the library commits in this process ([`crate::limits`]) | half of RAM, cgroup or `ulimit -v` |
@@ -61,6 +62,7 @@ pub struct Config {
     /// so no automatic adjustment may override it.
     wait_set: bool,
     zero_copy: ZeroCopyThresholds<Option<usize>>,
+    zero_copy_push: Option<u8>,
     rcache: CacheLimits,
     connect_timeout: Duration,
 }
@@ -119,6 +121,7 @@ impl Default for Config {
                 alloc_mem: None,
                 other: None,
             },
+            zero_copy_push: None,
             rcache: CacheLimits::default(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
@@ -227,6 +230,15 @@ impl Config {
             c.zero_copy.other = Some(threshold("RCH_ZCOPY_PRIVATE_THRESHOLD", v)?);
             check(&c, "RCH_ZCOPY_PRIVATE_THRESHOLD")?;
         }
+        if let Some(v) = var("RCH_ZCOPY_PUSH") {
+            let pct = num("RCH_ZCOPY_PUSH", v)?;
+            if pct > 100 {
+                return Err(bad(format!(
+                    "RCH_ZCOPY_PUSH: {pct} is not a percentage (0 ..= 100)"
+                )));
+            }
+            c.zero_copy_push = Some(pct as u8);
+        }
         if let Some(v) = var("RCH_RCACHE_ENTRIES") {
             c.rcache.max_entries = num("RCH_RCACHE_ENTRIES", v)?.min(usize::MAX as u64) as usize;
             check(&c, "RCH_RCACHE_ENTRIES")?;
@@ -306,6 +318,26 @@ impl Config {
     pub fn with_zero_copy_private_threshold(mut self, bytes: Option<usize>) -> Self {
         self.zero_copy.other = bytes;
         self
+    }
+
+    /// Sets the share, in percent, of each zero-copy transfer that the sender pushes
+    /// with RDMA WRITE into the receiver's buffer while the receiver pulls the rest
+    /// with RDMA READ (the receiver's setting decides); `None` keeps the fabric's
+    /// default ([`Fabric::zero_copy_push_default`](crate::fabric::Fabric::zero_copy_push_default)).
+    /// Values above 100 count as 100.
+    ///
+    /// ```
+    /// let cfg = rdma_channel::Config::default().with_zero_copy_push(Some(50));
+    /// assert_eq!(cfg.zero_copy_push(), Some(50));
+    /// ```
+    pub fn with_zero_copy_push(mut self, percent: Option<u8>) -> Self {
+        self.zero_copy_push = percent.map(|p| p.min(100));
+        self
+    }
+
+    /// The push share set by the user (`None`: the fabric's default).
+    pub fn zero_copy_push(&self) -> Option<u8> {
+        self.zero_copy_push
     }
 
     /// Bounds the registration cache of the connection's protection domain (the

@@ -28,11 +28,12 @@ use crate::wire::{card_fields, CardFormat};
 
 pub use crate::ring::memory::CTRL_SIZE;
 
-/// Magic `RCHC`, version 3 (version 2 peers do not know wrap packets).
+/// Magic `RCHC`, version 4 (version 3 peers do not serve lends, version 2 ones do
+/// not know wrap packets).
 pub const FORMAT: CardFormat = CardFormat {
     name: "connection card",
     magic: b"RCHC",
-    version: 3,
+    version: 4,
 };
 /// Bytes before the fabric card.
 pub const HEADER_LEN: usize = 32;

@@ -17,6 +17,7 @@ use crate::fabric::{
 use crate::rcache::RegCache;
 use crate::ring::memory::{ControlWords, RingMemory, StagingBuffer};
 use crate::ring::wire::{Rendezvous, MAX_RNDV_SEGS, OVERHEAD};
+use crate::zerocopy::PushState;
 
 /// A connection being set up: create it, send [`card`](Prepared::card) to the peer,
 /// then [`connect`](Prepared::connect) with the peer's card.
@@ -151,6 +152,13 @@ impl<F: Fabric> Prepared<F> {
             broken: Mutex::new(None),
             is_broken: AtomicBool::new(false),
             zc_thresholds: zero_copy_thresholds(&self.fabric, &self.cfg),
+            zc_push: self
+                .cfg
+                .zero_copy_push()
+                .unwrap_or_else(|| self.fabric.zero_copy_push_default())
+                .min(100),
+            push: Mutex::new(PushState::default()),
+            lends_served: AtomicU64::new(0),
             rcache: registration_cache(&self.fabric, &self.cfg),
             cfg: self.cfg,
             fabric: self.fabric,

@@ -15,6 +15,7 @@ use crate::fabric::{
 use crate::rcache::RegCache;
 use crate::ring::memory::{ControlWords, CtrlWord, RingMemory, StagingBuffer};
 use crate::sync;
+use crate::zerocopy::PushState;
 
 /// Empty polls between two checks of the queue pair's health.
 pub(super) const HEALTH_EVERY: u32 = 1024;
@@ -27,11 +28,11 @@ pub(crate) struct Link<F: Fabric> {
     /// Incoming ring (the peer writes it).
     pub(super) ring: RingMemory<F::Region>,
     /// Control words the peer writes.
-    pub(super) ctrl: ControlWords<F::Region>,
+    pub(crate) ctrl: ControlWords<F::Region>,
     /// Registered copy of the outgoing ring for packets too long to write inline.
     pub(super) staging: Option<StagingBuffer<F::Region>>,
     pub(super) peer_ring: RemoteRegion,
-    pub(super) peer_ctrl: RemoteRegion,
+    pub(crate) peer_ctrl: RemoteRegion,
     /// Master tail of the incoming ring (bytes fully consumed).
     pub(super) rx_tail: AtomicU64,
     /// Highest incoming tail sent to the peer in an explicit update.
@@ -51,6 +52,13 @@ pub(crate) struct Link<F: Fabric> {
     pub(super) is_broken: AtomicBool,
     /// Zero-copy thresholds in force.
     pub(super) zc_thresholds: ZeroCopyThresholds,
+    /// Percent of each zero-copy transfer this end, as receiver, lends to the peer to
+    /// push instead of reading it.
+    pub(crate) zc_push: u8,
+    /// The announced transfer lends are served from, and the last lend served.
+    pub(crate) push: Mutex<PushState>,
+    /// Copy of the last lend served, read without the lock to see there is no news.
+    pub(crate) lends_served: AtomicU64,
     /// Registrations of user buffers for the zero-copy path (dropped before the fabric).
     pub(crate) rcache: Arc<RegCache<F>>,
     pub(super) cfg: Config,
@@ -185,7 +193,7 @@ impl<F: Fabric> Link<F> {
         Ok(())
     }
 
-    pub(super) fn fail(&self, kind: io::ErrorKind, msg: String) -> io::Error {
+    pub(crate) fn fail(&self, kind: io::ErrorKind, msg: String) -> io::Error {
         let mut b = self.broken.lock().unwrap_or_else(|p| p.into_inner());
         if b.is_none() {
             *b = Some((kind, msg));
@@ -213,7 +221,7 @@ impl<F: Fabric> Link<F> {
 
     /// Drains completions and turns an error completion or an error state into a
     /// permanent connection error.
-    pub(super) fn check_health(&self) -> io::Result<()> {
+    pub(crate) fn check_health(&self) -> io::Result<()> {
         if let Some(e) = self.error() {
             return Err(e);
         }
@@ -291,7 +299,7 @@ impl<F: Fabric> Link<F> {
 
     /// Writes `list` inline to `remote_addr` in the peer's memory.
     #[inline]
-    pub(super) fn post_inline<const N: usize>(
+    pub(crate) fn post_inline<const N: usize>(
         &self,
         list: &GatherList<'_, N>,
         remote_addr: u64,

@@ -49,7 +49,7 @@ pub use card::CTRL_SIZE;
 pub use connect::Prepared;
 pub(crate) use link::Link;
 pub use receiver::Receiver;
-pub(crate) use receiver::{GetMode, ReadsInFlight, READ_PIECE};
+pub(crate) use receiver::{GetMode, LentPart, ReadsInFlight, READ_PIECE};
 pub use sender::Sender;
 pub(crate) use sender::{Announce, PendingZc};
 pub use wait::Backoff;

@@ -16,7 +16,7 @@ use crate::ring::wire::{
     trailer_word, Header, PacketKind, Rendezvous, RndvSeg, CELL, HEADER_LEN, MAX_RNDV_SEGS,
 };
 use crate::ring::{packet_cells, PAYLOAD_OFFSET};
-use crate::zerocopy::Lent;
+use crate::zerocopy::{serve_all_lends, Lent};
 
 /// Largest single RDMA READ of the zero-copy path: big enough to amortise a request,
 /// small enough that several are in flight for a pipelined transfer.
@@ -48,17 +48,31 @@ pub struct Receiver<F: Fabric> {
     /// Most RDMA READs in flight (the fabric's `max_rd_atomic`, capped).
     pub(crate) max_reads: usize,
     /// Reads left in flight by [`get_nowait`](Receiver::get_nowait).
-    pub(crate) reads: Option<ReadsInFlight>,
+    pub(crate) reads: Option<ReadsInFlight<F::Region>>,
+    /// Number of the last lend sent to the peer.
+    pub(crate) lends_sent: u64,
+    /// Polls of an unlanded lend since the last health check.
+    lend_polls: u32,
 }
 
-/// RDMA READs posted into a caller's buffer and not yet seen complete.
-pub(crate) struct ReadsInFlight {
+/// One step of a zero-copy transfer into a caller's buffer, not yet seen complete:
+/// RDMA READs of its first part, and the rest lent to the peer to push.
+pub(crate) struct ReadsInFlight<R> {
     /// Where they land (the caller's buffer), for matching the retry.
     pub(crate) dst: usize,
     pub(crate) len: usize,
-    /// Sequence number of the last read (completions arrive in order).
-    pub(crate) last: u64,
-    pub(crate) handle: RegHandle,
+    /// Sequence number of the last read (completions arrive in order), if any.
+    pub(crate) last: Option<u64>,
+    pub(crate) handle: Option<RegHandle>,
+    /// The part lent to the peer, if any.
+    pub(crate) lent: Option<LentPart<R>>,
+}
+
+/// The part of a caller's buffer the peer pushes into: registered for it alone, so
+/// dropping this (once it landed, or on failure) revokes the peer's access.
+pub(crate) struct LentPart<R> {
+    pub(crate) number: u64,
+    pub(crate) _region: R,
 }
 
 /// An announced transfer the receiver is reading (its segments, and how far it got).
@@ -90,6 +104,8 @@ impl<F: Fabric> Receiver<F> {
             zc_expected_id: 1,
             max_reads: max_rd_atomic.clamp(1, MAX_READS_IN_FLIGHT),
             reads: None,
+            lends_sent: 0,
+            lend_polls: 0,
         }
     }
 
@@ -228,23 +244,24 @@ impl<F: Fabric> Receiver<F> {
     /// it is complete.
     pub(crate) fn finish_reads(
         &mut self,
-        r: ReadsInFlight,
+        r: ReadsInFlight<F::Region>,
         wait: bool,
     ) -> io::Result<Option<usize>> {
         let link = self.link.clone();
-        if !wait {
-            let drained = link.drain_completions();
-            // Acquire (in is_completed): the bytes the reads placed are visible once
-            // they are counted.
-            if !link.sq.is_completed(r.last) {
-                drained?;
-                self.reads = Some(r);
-                return Ok(None);
-            }
+        if !wait && !self.step_done(&r)? {
+            self.reads = Some(r);
+            return Ok(None);
         }
         // Completions arrive in order, so the last read's covers all of them.
-        let result = link.wait_completed(r.last);
-        link.rcache.release(r.handle);
+        let mut result = r.last.map_or(Ok(()), |last| link.wait_completed(last));
+        if let Some(h) = r.handle {
+            link.rcache.release(h);
+        }
+        if let (Ok(()), Some(lent)) = (&result, &r.lent) {
+            result = self.wait_landed(lent.number);
+        }
+        // Drops the lent part's registration: the peer can no longer write there.
+        drop(r.lent);
         result?;
         let z = self.zc.as_mut().expect("reads belong to a transfer");
         z.done += r.len as u64;
@@ -254,6 +271,63 @@ impl<F: Fabric> Receiver<F> {
             link.post_ctrl(CtrlWord::ZeroCopyDone, id)?;
         }
         Ok(Some(r.len))
+    }
+
+    /// True once every read of `r` completed and its lent part landed; checks the
+    /// connection now and then while not.
+    fn step_done(&mut self, r: &ReadsInFlight<F::Region>) -> io::Result<bool> {
+        let link = &*self.link;
+        let drained = link.drain_completions();
+        // Acquire (in is_completed, lend_landed): the bytes placed are visible once
+        // they are counted.
+        let read = r.last.is_none_or(|last| link.sq.is_completed(last));
+        let landed = r
+            .lent
+            .as_ref()
+            .is_none_or(|l| link.ctrl.lend_landed() >= l.number);
+        if read && landed {
+            return Ok(true);
+        }
+        drained?;
+        if let Some(l) = &r.lent {
+            self.check_lend(l.number)?;
+        }
+        Ok(false)
+    }
+
+    /// Waits for lend `number` to land.
+    fn wait_landed(&mut self, number: u64) -> io::Result<()> {
+        let mut b = Backoff::with_policy(self.link.cfg.wait_policy());
+        while self.link.ctrl.lend_landed() < number {
+            self.check_lend(number)?;
+            b.snooze();
+        }
+        Ok(())
+    }
+
+    /// One poll of an unlanded lend: serves our own sending side's lends (both ends
+    /// may wait on each other's pushes), fails when the connection did, or when the
+    /// peer's sender closed, as it then never pushes the rest.
+    fn check_lend(&mut self, number: u64) -> io::Result<()> {
+        let link = &*self.link;
+        serve_all_lends();
+        if let Some(e) = link.error() {
+            return Err(e);
+        }
+        // The peer posts the landed number before its end of stream, so once that is
+        // visible the number is final.
+        if link.ctrl.end_of_stream() != 0 && link.ctrl.lend_landed() < number {
+            return Err(link.fail(
+                io::ErrorKind::ConnectionReset,
+                "the peer's sender closed in the middle of a zero-copy transfer".into(),
+            ));
+        }
+        self.lend_polls += 1;
+        if self.lend_polls >= HEALTH_EVERY {
+            self.lend_polls = 0;
+            link.check_health()?;
+        }
+        Ok(())
     }
 
     fn take_ack(&self, ack: u64) -> io::Result<()> {
@@ -336,6 +410,12 @@ impl<F: Fabric> Receiver<F> {
             ));
         }
         self.get_inner(iov, GetMode::RingOnly)
+    }
+
+    /// Parts of zero-copy transfers lent to the peer to push so far (see
+    /// [`Config::with_zero_copy_push`](crate::Config::with_zero_copy_push)).
+    pub fn lends(&self) -> u64 {
+        self.lends_sent
     }
 
     /// True while RDMA READs started by [`get_nowait`](Self::get_nowait) have not been
@@ -477,6 +557,9 @@ impl<F: Fabric> Receiver<F> {
                 "the peer closed the connection",
             ));
         }
+        // Our sending side may be blocked on this end's reading while the peer
+        // waits for it to push.
+        self.link.serve_lend()?;
         self.empty_polls += 1;
         if self.empty_polls >= HEALTH_EVERY {
             self.empty_polls = 0;
@@ -539,15 +622,10 @@ impl<F: Fabric> Receiver<F> {
     ///
     /// As [`get`](Self::get): `UnexpectedEof` at end of stream.
     pub fn poll_readable(&mut self) -> io::Result<bool> {
-        if let Some(r) = &self.reads {
-            let link = &*self.link;
-            let drained = link.drain_completions();
-            // Acquire (in is_completed): as in finish_reads.
-            if link.sq.is_completed(r.last) {
-                return Ok(true);
-            }
-            drained?;
-            return Ok(false);
+        if let Some(r) = self.reads.take() {
+            let done = self.step_done(&r);
+            self.reads = Some(r);
+            return done;
         }
         if self.can_get()? {
             return Ok(true);
@@ -570,9 +648,14 @@ impl<F: Fabric> Drop for Receiver<F> {
     fn drop(&mut self) {
         // Reads left in flight by get_nowait target the caller's memory: let them land
         // before the caller can take that memory back.
+        // A lent part needs no wait: dropping it revokes the peer's access.
         if let Some(r) = self.reads.take() {
-            let _ = self.link.wait_completed(r.last);
-            self.link.rcache.release(r.handle);
+            if let Some(last) = r.last {
+                let _ = self.link.wait_completed(last);
+            }
+            if let Some(h) = r.handle {
+                self.link.rcache.release(h);
+            }
         }
         self.close();
     }

@@ -207,6 +207,8 @@ impl<F: Fabric> Sender<F> {
     /// now and then while it has not.
     fn zc_confirmed(&mut self, id: u64) -> io::Result<bool> {
         let link = &*self.link;
+        // The peer may have lent part of its buffer for us to push instead of reading.
+        link.serve_lend()?;
         if link.ctrl.zero_copy_done() >= id {
             return Ok(true);
         }
@@ -223,6 +225,8 @@ impl<F: Fabric> Sender<F> {
     /// buffers so the peer can no longer read them.
     pub(crate) fn abort_pending(&mut self) {
         if let Some(p) = self.pending.take() {
+            // First, so that no push starts from these buffers once they are revoked.
+            Link::set_push_source(&self.link, None);
             for (seg, h) in p.segs.iter().zip(p.handles.iter()).take(p.count) {
                 if let Some(h) = h {
                     self.link.rcache.release(*h);
@@ -344,6 +348,7 @@ impl<F: Fabric> Sender<F> {
             return Ok(None);
         }
         let p = self.pending.take().expect("checked above");
+        Link::set_push_source(&self.link, None);
         for h in p.handles.iter().take(p.count).flatten() {
             self.link.rcache.release(*h);
         }

@@ -401,6 +401,10 @@ impl Fabric for AnyFabric {
     fn zero_copy_defaults(&self) -> ZeroCopyThresholds {
         forward!(self, AnyFabric, f => f.zero_copy_defaults())
     }
+
+    fn zero_copy_push_default(&self) -> u8 {
+        forward!(self, AnyFabric, f => f.zero_copy_push_default())
+    }
 }
 
 /// Registered memory of an [`AnyFabric`].

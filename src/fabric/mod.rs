@@ -583,4 +583,12 @@ pub trait Fabric: Send + Sync + Sized + 'static {
             other: 64 << 10,
         }
     }
+
+    /// Default share, in percent, of a zero-copy transfer that the sender pushes by
+    /// RDMA WRITE into the receiver's buffer while the receiver pulls the rest by RDMA
+    /// READ ([`Config::with_zero_copy_push`](crate::Config::with_zero_copy_push)).
+    /// 0, all READ, unless the fabric measured better.
+    fn zero_copy_push_default(&self) -> u8 {
+        0
+    }
 }

@@ -221,6 +221,9 @@ pub enum CtrlWord {
     CreditRequest,
     /// From the sender into our ring: end of stream, its final head + 1.
     EndOfStream,
+    /// From the sender into our ring: the number of the last lend ([`LEND_SLOT`]) it
+    /// has pushed in full.
+    LendLanded,
 }
 
 impl CtrlWord {
@@ -233,9 +236,15 @@ impl CtrlWord {
             CtrlWord::ZeroCopyDone => 16,
             CtrlWord::CreditRequest => 64,
             CtrlWord::EndOfStream => 72,
+            CtrlWord::LendLanded => 80,
         }
     }
 }
+
+/// Byte offset of the lend slot: four words from the receiver of our outgoing ring
+/// naming part of its buffer for us to RDMA WRITE a zero-copy transfer's bytes into
+/// (see [`Lend`]), on a cache line of its own.
+pub const LEND_SLOT: u64 = 128;
 
 /// Bytes of a connection's control region.
 pub const CTRL_SIZE: usize = 4096;
@@ -325,6 +334,86 @@ impl<R: MemoryRegion> ControlWords<R> {
     #[inline]
     pub fn end_of_stream(&self) -> u64 {
         self.word(CtrlWord::EndOfStream).load(Ordering::Acquire)
+    }
+
+    /// The number of the last lend the peer's sender pushed in full. Acquire: pairs
+    /// with the fabric's Release store; the peer posted it after the pushed bytes, on
+    /// the same queue pair, so they landed first (fabric guarantees 1 and 2).
+    #[inline]
+    pub fn lend_landed(&self) -> u64 {
+        self.word(CtrlWord::LendLanded).load(Ordering::Acquire)
+    }
+
+    /// The number of the last lend the peer wrote into the lend slot, 0 before the
+    /// first. Relaxed: a cheap check for news; [`lend`](Self::lend) orders the rest.
+    #[inline]
+    pub fn lend_number(&self) -> u64 {
+        self.slot_word(3).load(Ordering::Relaxed)
+    }
+
+    /// The lend slot as the peer last wrote it.
+    pub fn lend(&self) -> Lend {
+        // Acquire on the number, the slot's last word: the peer writes the four words
+        // in one request, so the others are visible once it is (fabric guarantee 2).
+        let number = self.slot_word(3).load(Ordering::Acquire);
+        // Relaxed: ordered by the Acquire above.
+        let w = |i| self.slot_word(i).load(Ordering::Relaxed);
+        Lend::from_words([w(0), w(1), w(2), number])
+    }
+
+    #[inline]
+    fn slot_word(&self, i: usize) -> &AtomicU64 {
+        let at = LEND_SLOT as usize + 8 * i;
+        // SAFETY: i < 4, so the word lies 8-aligned inside CTRL_SIZE; as in `word`.
+        debug_assert!(i < 4);
+        unsafe { &*self.mem.base.as_ptr().add(at).cast::<AtomicU64>() }
+    }
+}
+
+/// A lend: `len` bytes of the receiver's buffer at `addr` (writable with `rkey`, a
+/// registration of exactly those bytes that the receiver revokes once they landed),
+/// which take the announced transfer's bytes from `offset` on. `number` counts the
+/// receiver's lends from 1 and is written last.
+///
+/// ```
+/// use rdma_channel::ring::memory::Lend;
+/// let l = Lend { addr: 0x7000, rkey: 5, len: 4096, offset: 8192, number: 3 };
+/// assert_eq!(Lend::from_words(l.to_words()), l);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lend {
+    /// Where the bytes go in the receiver's memory.
+    pub addr: u64,
+    /// Remote key of the lent bytes.
+    pub rkey: u32,
+    /// How many bytes.
+    pub len: u32,
+    /// Offset in the announced transfer of the first byte.
+    pub offset: u64,
+    /// The lend's number (from 1).
+    pub number: u64,
+}
+
+impl Lend {
+    /// The slot's four words: `addr`, `rkey | len << 32`, `offset`, `number`.
+    pub fn to_words(&self) -> [u64; 4] {
+        [
+            self.addr,
+            u64::from(self.rkey) | u64::from(self.len) << 32,
+            self.offset,
+            self.number,
+        ]
+    }
+
+    /// The lend the four words describe.
+    pub fn from_words(w: [u64; 4]) -> Lend {
+        Lend {
+            addr: w[0],
+            rkey: w[1] as u32,
+            len: (w[1] >> 32) as u32,
+            offset: w[2],
+            number: w[3],
+        }
     }
 }
 
@@ -573,6 +662,7 @@ mod tests {
             CtrlWord::ZeroCopyDone,
             CtrlWord::CreditRequest,
             CtrlWord::EndOfStream,
+            CtrlWord::LendLanded,
         ]
         .into_iter()
         .enumerate()
@@ -584,6 +674,18 @@ mod tests {
         assert_eq!(ctrl.zero_copy_done(), 12);
         assert_eq!(ctrl.credit_request(), 13);
         assert_eq!(ctrl.end_of_stream(), 14);
+        assert_eq!(ctrl.lend_landed(), 15);
+        let lend = Lend {
+            addr: 0xabc0,
+            rkey: 77,
+            len: 9000,
+            offset: 1 << 40,
+            number: 6,
+        };
+        for (i, v) in lend.to_words().into_iter().enumerate() {
+            poke(addr, LEND_SLOT as usize + 8 * i, v);
+        }
+        assert_eq!((ctrl.lend_number(), ctrl.lend()), (6, lend));
     }
 
     /// What a write named: its first gather entry (address, length, lkey), the

@@ -13,8 +13,11 @@
 //! [`Sender::put_nocopy`]: crate::engine::Sender::put_nocopy
 //! [`Receiver::get_nowait`]: crate::engine::Receiver::get_nowait
 
+mod push;
 mod receive;
 mod send;
+
+pub(crate) use push::{serve_all_lends, PushSource, PushState};
 
 /// Proof that the caller of `put_nocopy` or `get_nowait` made its promise: the
 /// buffers it names stay mapped and untouched until the transfer is counted. Only

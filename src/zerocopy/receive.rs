@@ -3,8 +3,10 @@
 use std::io::{self, IoSliceMut};
 
 use super::Lent;
-use crate::engine::{GetMode, Link, ReadsInFlight, Receiver, READ_PIECE};
-use crate::fabric::{Access, Fabric, Opcode, QueuePair, Sge, WorkRequest};
+use crate::engine::{GetMode, LentPart, Link, ReadsInFlight, Receiver, READ_PIECE};
+use crate::fabric::{Access, Fabric, MemoryRegion, Opcode, QueuePair, Sge, WorkRequest};
+use crate::rcache::RegHandle;
+use crate::ring::memory::Lend;
 
 impl<F: Fabric> Receiver<F> {
     /// As [`get`](Self::get), but never waits for the RDMA READs of a zero-copy
@@ -52,7 +54,7 @@ impl<F: Fabric> Receiver<F> {
         &mut self,
         dst: &mut [u8],
         _lent: Lent,
-    ) -> io::Result<ReadsInFlight> {
+    ) -> io::Result<ReadsInFlight<F::Region>> {
         // SAFETY: `_lent` proves get_nowait's contract: the buffer stays allocated and
         // untouched while the reads are in flight.
         unsafe { self.start_reads(dst.as_mut_ptr(), dst.len()) }
@@ -70,23 +72,126 @@ impl<F: Fabric> Receiver<F> {
             .expect("a waiting finish completes"))
     }
 
-    /// Starts RDMA READs of the next bytes of the announced transfer into `dst`
-    /// (`len` bytes at most, capped so that all of them fit the read window) and
-    /// returns them as in flight.
+    /// Starts the next step of the announced transfer into `dst` (`len` bytes at
+    /// most, capped so that the reads fit the read window): RDMA READs of its first
+    /// part, and its last part lent to the peer to push (`Link::zc_push` percent of
+    /// it), and returns them as in flight.
     ///
     /// # Safety
     ///
     /// `dst..dst + len` must be writable memory that nothing else touches until
-    /// [`finish_reads`](Receiver::finish_reads) has seen the reads complete.
-    unsafe fn start_reads(&mut self, dst: *mut u8, len: usize) -> io::Result<ReadsInFlight> {
+    /// [`finish_reads`](Receiver::finish_reads) has seen the reads complete and the
+    /// lent part land, or dropped the lent part.
+    unsafe fn start_reads(
+        &mut self,
+        dst: *mut u8,
+        len: usize,
+    ) -> io::Result<ReadsInFlight<F::Region>> {
         let link = self.link.clone();
         let z = self
             .zc
-            .as_mut()
+            .as_ref()
             .expect("called with a transfer in progress");
         let n = (len as u64)
             .min(z.total - z.done)
             .min((self.max_reads * READ_PIECE) as u64) as usize;
+        let done = z.done;
+        let push = push_share(n, link.zc_push);
+        // The lend goes out first, so the peer pushes while we read.
+        let lent = if push > 0 {
+            // SAFETY: dst + (n - push) .. dst + n lies in the caller's buffer, which
+            // it keeps untouched until finish_reads (forwarded contract).
+            unsafe { self.lend(dst.add(n - push), push, done + (n - push) as u64) }?
+        } else {
+            None
+        };
+        let pull = if lent.is_some() { n - push } else { n };
+        let mut step = ReadsInFlight {
+            dst: dst as usize,
+            len: n,
+            last: None,
+            handle: None,
+            lent,
+        };
+        if pull > 0 {
+            // SAFETY: forwarded from this function's contract.
+            match unsafe { self.post_reads(&link, dst, pull) } {
+                Ok((last, h)) => (step.last, step.handle) = (Some(last), Some(h)),
+                // Dropping `step` revokes a lent part.
+                Err(e) => return Err(e),
+            }
+        }
+        // Both parts are under way: move the cursor past them.
+        let z = self.zc.as_mut().expect("checked above");
+        let mut left = n as u64;
+        while left > 0 {
+            let here = (z.segs[z.seg].len - z.seg_off).min(left);
+            left -= here;
+            z.seg_off += here;
+            if z.seg_off == z.segs[z.seg].len {
+                z.seg += 1;
+                z.seg_off = 0;
+            }
+        }
+        Ok(step)
+    }
+
+    /// Lends `len` bytes at `at` to the peer for the transfer's bytes from `offset`:
+    /// registers exactly those bytes for remote writing and tells the peer. `None`
+    /// when they cannot be registered (they are read instead).
+    ///
+    /// # Safety
+    ///
+    /// As [`start_reads`](Self::start_reads), for `at..at + len`.
+    unsafe fn lend(
+        &mut self,
+        at: *mut u8,
+        len: usize,
+        offset: u64,
+    ) -> io::Result<Option<LentPart<F::Region>>> {
+        let link = &*self.link;
+        // Not through the registration cache: a cached registration would leave the
+        // peer able to write here after the get returned.
+        // SAFETY: forwarded from this function's contract; the registration is
+        // dropped before the caller gets its buffer back (finish_reads, or on error).
+        let region = match unsafe {
+            link.fabric
+                .register(at, len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        } {
+            Ok(r) => r,
+            Err(_) => return Ok(None),
+        };
+        let number = self.lends_sent + 1;
+        link.post_lend(&Lend {
+            addr: at as u64,
+            rkey: region.rkey(),
+            len: len as u32,
+            offset,
+            number,
+        })?;
+        self.lends_sent = number;
+        Ok(Some(LentPart {
+            number,
+            _region: region,
+        }))
+    }
+
+    /// Posts RDMA READs of the transfer's next `n` bytes (from the cursor) into `dst`;
+    /// returns the last one's number and the registration of `dst..dst + n`.
+    ///
+    /// # Safety
+    ///
+    /// As [`start_reads`](Self::start_reads), for `dst..dst + n`.
+    unsafe fn post_reads(
+        &mut self,
+        link: &Link<F>,
+        dst: *mut u8,
+        n: usize,
+    ) -> io::Result<(u64, RegHandle)> {
+        let z = self
+            .zc
+            .as_ref()
+            .expect("called with a transfer in progress");
         // SAFETY: forwarded from this function's contract; released in finish_reads.
         let h = unsafe {
             link.rcache
@@ -99,14 +204,14 @@ impl<F: Fabric> Receiver<F> {
             let s = z.segs[seg];
             let piece = ((s.len - seg_off) as usize).min(n - posted).min(READ_PIECE);
             let sge = [Sge {
-                // SAFETY: posted + piece <= n, inside dst..dst + len.
+                // SAFETY: posted + piece <= n, inside dst..dst + n.
                 addr: unsafe { dst.add(posted) },
                 len: piece as u32,
                 lkey: h.lkey(),
             }];
             // SAFETY: the target lies in the registered dst, which the caller keeps
             // untouched until finish_reads has seen this read complete.
-            match unsafe { post_read(&link, &sge, s.addr + seg_off, s.rkey) } {
+            match unsafe { post_read(link, &sge, s.addr + seg_off, s.rkey) } {
                 Ok(seq) => last = Some(seq),
                 Err(e) => {
                     // Let what was posted land before the memory is handed back.
@@ -124,16 +229,24 @@ impl<F: Fabric> Receiver<F> {
                 seg_off = 0;
             }
         }
-        z.seg = seg;
-        z.seg_off = seg_off;
-        Ok(ReadsInFlight {
-            dst: dst as usize,
-            len: n,
-            last: last.expect("n >= 1, so a read was posted"),
-            handle: h,
-        })
+        Ok((last.expect("n >= 1, so a read was posted"), h))
     }
 }
+
+/// Bytes of an `n`-byte step the peer pushes at `percent`: none when that would be
+/// under [`MIN_PUSH`] (a registration costs more than reading so little), all of
+/// it at 100.
+fn push_share(n: usize, percent: u8) -> usize {
+    let push = (n as u128 * u128::from(percent.min(100)) / 100) as usize;
+    if push < MIN_PUSH {
+        0
+    } else {
+        push
+    }
+}
+
+/// Smallest part of a step lent to the peer to push.
+const MIN_PUSH: usize = 4096;
 
 /// Posts a signalled RDMA READ on the link and returns its sequence number.
 ///

@@ -2,8 +2,8 @@
 
 use std::io::{self, IoSlice};
 
-use super::Lent;
-use crate::engine::{Announce, PendingZc, Sender};
+use super::{Lent, PushSource};
+use crate::engine::{Announce, Link, PendingZc, Sender};
 use crate::fabric::{Access, Fabric};
 use crate::ring::wire::{PacketKind, Rendezvous, RndvSeg, MAX_RNDV_SEGS};
 
@@ -101,6 +101,23 @@ impl<F: Fabric> Sender<F> {
         if p.count == 0 {
             return Ok(Announce::Refused);
         }
+        // Recorded before the announcement goes out: the peer may lend part of its
+        // buffer for us to push as soon as it has read it.
+        let mut lkeys = [0u32; MAX_RNDV_SEGS];
+        for (k, h) in lkeys
+            .iter_mut()
+            .zip(p.handles.iter().take(p.count).flatten())
+        {
+            *k = h.lkey();
+        }
+        Link::set_push_source(
+            &link,
+            Some(PushSource::new(
+                &p.segs[..p.count],
+                &lkeys[..p.count],
+                _lent,
+            )),
+        );
         let mut desc = [0u8; Rendezvous::encoded_len(MAX_RNDV_SEGS)];
         let n = Rendezvous::encode(&mut desc, p.id, &p.segs[..p.count]);
         let written =
@@ -113,6 +130,7 @@ impl<F: Fabric> Sender<F> {
                 Ok(Announce::Sent)
             }
             Err(e) => {
+                Link::set_push_source(&link, None);
                 for h in p.handles.iter().take(p.count).flatten() {
                     link.rcache.release(*h);
                 }

@@ -553,7 +553,17 @@ impl Fabric for VerbsFabric {
             other: ZERO_COPY_DEFAULT,
         }
     }
+
+    /// rxe does a request's work on the CPU that posts it, so a sender pushing half
+    /// of each transfer while the receiver pulls the other half keeps two CPUs busy
+    /// where READ alone keeps one (bench/README.md, 2026-11-25).
+    fn zero_copy_push_default(&self) -> u8 {
+        ZERO_COPY_PUSH_DEFAULT
+    }
 }
+
+/// Default push share on verbs (see `zero_copy_push_default`).
+const ZERO_COPY_PUSH_DEFAULT: u8 = 50;
 
 /// Smallest buffer sent zero-copy by default on verbs (see `zero_copy_defaults`).
 const ZERO_COPY_DEFAULT: usize = 256 << 10;

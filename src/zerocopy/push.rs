@@ -1,0 +1,216 @@
+//! Push: the sender's side of a lend. The receiver of a zero-copy transfer may lend
+//! part of its buffer ([`Lend`], in the sender's control region) instead of reading
+//! that part; the sender then RDMA WRITEs those bytes of the announced buffers into
+//! it and posts the lend's number as `LendLanded` behind them. Either half of the
+//! sending end serves a lend when it polls, so a sender that is blocked reading from
+//! the same connection still makes progress.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use super::Lent;
+use crate::engine::Link;
+use crate::fabric::{Fabric, GatherList, Opcode, QueuePair, Sge, WorkRequest};
+use crate::ring::memory::{CtrlWord, Lend, LEND_SLOT};
+use crate::ring::wire::{RndvSeg, MAX_RNDV_SEGS};
+
+/// The links of this process that have a transfer lends may be served from.
+static PUSHERS: Mutex<Vec<(usize, Weak<dyn ServeLend>)>> = Mutex::new(Vec::new());
+
+/// A link whose lends can be served, whatever its fabric.
+trait ServeLend: Send + Sync {
+    fn serve(&self) -> io::Result<()>;
+}
+
+impl<F: Fabric> ServeLend for Link<F> {
+    fn serve(&self) -> io::Result<()> {
+        self.serve_lend()
+    }
+}
+
+/// Serves the waiting lends of every connection of this process, for a thread that
+/// is about to wait for a push itself: both ends of a connection may be driven by
+/// one thread, or the sender may be blocked on another connection, and a push needs
+/// its sender to poll. Skipped when another thread is at it. Errors belong to the
+/// other connections (each fails on its own), so they are not returned here.
+pub(crate) fn serve_all_lends() {
+    let Ok(all) = PUSHERS.try_lock() else {
+        return;
+    };
+    for (_, weak) in all.iter() {
+        if let Some(link) = weak.upgrade() {
+            let _ = link.serve();
+        }
+    }
+}
+
+/// Largest single RDMA WRITE of a push (as the READs' pieces).
+const PUSH_PIECE: u64 = 1 << 20;
+
+/// The announced buffers as a push needs them: where they are and their local keys.
+/// Made only from buffers whose caller lent them (`put_nocopy`), and cleared before
+/// their registrations are given back.
+#[derive(Clone, Copy)]
+pub(crate) struct PushSource {
+    segs: [RndvSeg; MAX_RNDV_SEGS],
+    lkeys: [u32; MAX_RNDV_SEGS],
+    total: u64,
+}
+
+impl PushSource {
+    /// The announced segments `segs` with their local keys `lkeys`.
+    pub(crate) fn new(segs: &[RndvSeg], lkeys: &[u32], _lent: Lent) -> PushSource {
+        let mut s = PushSource {
+            segs: [RndvSeg::default(); MAX_RNDV_SEGS],
+            lkeys: [0; MAX_RNDV_SEGS],
+            total: segs.iter().map(|s| s.len).sum(),
+        };
+        s.segs[..segs.len()].copy_from_slice(segs);
+        s.lkeys[..segs.len()].copy_from_slice(lkeys);
+        s
+    }
+}
+
+/// What both halves share about pushing: the transfer that may be pushed from, and
+/// the number of the last lend served.
+#[derive(Default)]
+pub(crate) struct PushState {
+    pub(crate) src: Option<PushSource>,
+    served: u64,
+}
+
+impl<F: Fabric> Link<F> {
+    /// Serves the peer's lend if a new one is waiting and this end has an announced
+    /// transfer: writes the lent bytes, then the lend's number. Cheap when there is
+    /// nothing to do (one load of a word the peer rarely writes); returns at once if
+    /// the other half is serving.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidData` (and the connection fails) for a lend that skips a number or
+    /// names bytes outside the transfer; the fabric's errors.
+    pub(crate) fn serve_lend(&self) -> io::Result<()> {
+        // Relaxed: a hint only; the lock and `ControlWords::lend` order the rest.
+        if self.ctrl.lend_number() == self.lends_served.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut g = match self.push.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(()),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        self.serve_locked(&mut g)
+    }
+
+    fn serve_locked(&self, g: &mut MutexGuard<'_, PushState>) -> io::Result<()> {
+        let lend = self.ctrl.lend();
+        if lend.number == g.served {
+            return Ok(());
+        }
+        if lend.number != g.served + 1 {
+            return Err(self.fail(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "protocol error: lend {} where {} was due",
+                    lend.number,
+                    g.served + 1
+                ),
+            ));
+        }
+        // A lend arrives only after the announcement it belongs to, which recorded
+        // the source first; without one (the transfer was abandoned) it is left alone.
+        let Some(src) = g.src else {
+            return Ok(());
+        };
+        let end = lend.offset.checked_add(u64::from(lend.len));
+        if lend.len == 0 || end.is_none_or(|e| e > src.total) {
+            return Err(self.fail(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "protocol error: lend of {} bytes at {} of a {}-byte transfer",
+                    lend.len, lend.offset, src.total
+                ),
+            ));
+        }
+        self.push_lent(&src, &lend)?;
+        self.post_ctrl(CtrlWord::LendLanded, lend.number)?;
+        g.served = lend.number;
+        // Relaxed: only read as a hint by serve_lend.
+        self.lends_served.store(lend.number, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Posts the RDMA WRITEs of `lend`'s bytes of `src` into the peer's buffer.
+    fn push_lent(&self, src: &PushSource, lend: &Lend) -> io::Result<()> {
+        // Find the segment holding the lend's first byte.
+        let (mut seg, mut seg_off) = (0, lend.offset);
+        while seg_off >= src.segs[seg].len {
+            seg_off -= src.segs[seg].len;
+            seg += 1;
+        }
+        let (mut done, len) = (0u64, u64::from(lend.len));
+        while done < len {
+            let s = src.segs[seg];
+            let piece = (s.len - seg_off).min(len - done).min(PUSH_PIECE);
+            let sge = [Sge {
+                addr: (s.addr + seg_off) as *mut u8,
+                len: piece as u32,
+                lkey: src.lkeys[seg],
+            }];
+            self.post_numbered(false, |wr_id, signaled| {
+                let wr = WorkRequest {
+                    wr_id,
+                    opcode: Opcode::Write {
+                        local: &sge,
+                        remote_addr: lend.addr + done,
+                        rkey: lend.rkey,
+                        inline: false,
+                    },
+                    signaled,
+                };
+                // SAFETY: the bytes lie in an announced buffer (offset + len <= total,
+                // checked by the caller), registered under `lkeys` and lent by the
+                // caller of put_nocopy: mapped and untouched until the transfer is
+                // counted, which happens only after the peer saw these bytes land, or
+                // aborted, which clears the source under the lock this runs under
+                // before the registrations are given back.
+                unsafe { self.qp.post(&wr) }
+            })?;
+            done += piece;
+            seg_off += piece;
+            if seg_off == s.len {
+                seg += 1;
+                seg_off = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records (or, with `None`, clears) the transfer lends are served from, and
+    /// enters (or removes) the link in this process's list of [`serve_all_lends`].
+    /// Clearing waits for a push in progress to be posted.
+    pub(crate) fn set_push_source(link: &Arc<Link<F>>, src: Option<PushSource>) {
+        let mut g = link.push.lock().unwrap_or_else(|p| p.into_inner());
+        let id = Arc::as_ptr(link) as usize;
+        let mut all = PUSHERS.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|(other, _)| *other != id);
+        if src.is_some() {
+            let weak: Weak<dyn ServeLend> = Arc::downgrade(link) as Weak<dyn ServeLend>;
+            all.push((id, weak));
+        }
+        g.src = src;
+    }
+
+    /// Writes `lend` into the peer's lend slot (one request, so its number, the last
+    /// word, becomes visible last).
+    pub(crate) fn post_lend(&self, lend: &Lend) -> io::Result<()> {
+        let mut bytes = [0u8; 32];
+        for (chunk, w) in bytes.chunks_exact_mut(8).zip(lend.to_words()) {
+            chunk.copy_from_slice(&w.to_le_bytes());
+        }
+        let mut list = GatherList::<1>::new();
+        list.push(&bytes);
+        self.post_inline(&list, self.peer_ctrl.addr + LEND_SLOT, self.peer_ctrl.rkey)
+    }
+}

@@ -111,6 +111,7 @@ impl<F: Fabric> Prepared<F> {
             fds: peer.fds,
         })?;
         let caps = qp.caps();
+        let loopback = qp.loopback();
         if caps.max_sge < 4 {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -151,11 +152,11 @@ impl<F: Fabric> Prepared<F> {
             sq: send_queue_for(&caps),
             broken: Mutex::new(None),
             is_broken: AtomicBool::new(false),
-            zc_thresholds: zero_copy_thresholds(&self.fabric, &self.cfg),
+            zc_thresholds: zero_copy_thresholds(&self.fabric, &self.cfg, loopback),
             zc_push: self
                 .cfg
                 .zero_copy_push()
-                .unwrap_or_else(|| self.fabric.zero_copy_push_default())
+                .unwrap_or_else(|| self.fabric.zero_copy_push_default(loopback))
                 .min(100),
             push: Mutex::new(PushState::default()),
             lends_served: AtomicU64::new(0),
@@ -193,9 +194,13 @@ fn send_queue_for(caps: &Caps) -> SendQueue {
 }
 
 /// The zero-copy thresholds in force: the configuration's, else the fabric's
-/// measured defaults.
-fn zero_copy_thresholds<F: Fabric>(fabric: &F, cfg: &Config) -> ZeroCopyThresholds {
-    let default = fabric.zero_copy_defaults();
+/// measured defaults for a peer on the same port (`loopback`) or elsewhere.
+fn zero_copy_thresholds<F: Fabric>(fabric: &F, cfg: &Config, loopback: bool) -> ZeroCopyThresholds {
+    let default = if loopback {
+        fabric.zero_copy_loopback_defaults()
+    } else {
+        fabric.zero_copy_defaults()
+    };
     let set = cfg.zero_copy_thresholds();
     ZeroCopyThresholds {
         alloc_mem: set.alloc_mem.unwrap_or(default.alloc_mem).max(1),

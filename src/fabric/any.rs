@@ -402,8 +402,12 @@ impl Fabric for AnyFabric {
         forward!(self, AnyFabric, f => f.zero_copy_defaults())
     }
 
-    fn zero_copy_push_default(&self) -> u8 {
-        forward!(self, AnyFabric, f => f.zero_copy_push_default())
+    fn zero_copy_loopback_defaults(&self) -> ZeroCopyThresholds {
+        forward!(self, AnyFabric, f => f.zero_copy_loopback_defaults())
+    }
+
+    fn zero_copy_push_default(&self, loopback: bool) -> u8 {
+        forward!(self, AnyFabric, f => f.zero_copy_push_default(loopback))
     }
 }
 
@@ -514,6 +518,10 @@ impl QueuePair for AnyQp {
     #[inline]
     fn caps(&self) -> Caps {
         forward!(self, AnyQp, q => q.caps())
+    }
+
+    fn loopback(&self) -> bool {
+        forward!(self, AnyQp, q => q.loopback())
     }
 
     fn error_reason(&self) -> Option<String> {

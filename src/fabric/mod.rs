@@ -464,6 +464,14 @@ pub trait QueuePair: Send + Sync {
     fn error_reason(&self) -> Option<String> {
         None
     }
+
+    /// True when the peer is this same port (loopback): requests and responses never
+    /// leave the adapter, so round trips are cheap against moving the bytes. Chooses
+    /// between [`Fabric::zero_copy_defaults`] and
+    /// [`Fabric::zero_copy_loopback_defaults`]. False where the fabric cannot tell.
+    fn loopback(&self) -> bool {
+        false
+    }
 }
 
 /// Zero-copy thresholds per kind of memory, because the cost of the peer's read is:
@@ -584,11 +592,19 @@ pub trait Fabric: Send + Sync + Sized + 'static {
         }
     }
 
+    /// [`zero_copy_defaults`](Self::zero_copy_defaults) for a peer on this same port
+    /// ([`QueuePair::loopback`]); the same unless the fabric measured otherwise.
+    fn zero_copy_loopback_defaults(&self) -> ZeroCopyThresholds {
+        self.zero_copy_defaults()
+    }
+
     /// Default share, in percent, of a zero-copy transfer that the sender pushes by
     /// RDMA WRITE into the receiver's buffer while the receiver pulls the rest by RDMA
-    /// READ ([`Config::with_zero_copy_push`](crate::Config::with_zero_copy_push)).
-    /// 0, all READ, unless the fabric measured better.
-    fn zero_copy_push_default(&self) -> u8 {
+    /// READ ([`Config::with_zero_copy_push`](crate::Config::with_zero_copy_push)), for
+    /// a peer on this same port (`loopback`) or elsewhere. 0, all READ, unless the
+    /// fabric measured better.
+    fn zero_copy_push_default(&self, loopback: bool) -> u8 {
+        let _ = loopback;
         0
     }
 }

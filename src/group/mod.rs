@@ -234,7 +234,13 @@ impl Group {
         let zc_min = cfg
             .zero_copy_thresholds()
             .other
-            .unwrap_or(fabric.zero_copy_defaults().other)
+            .unwrap_or(
+                // The smaller default: which one a connection uses depends on its peer.
+                fabric
+                    .zero_copy_defaults()
+                    .other
+                    .min(fabric.zero_copy_loopback_defaults().other),
+            )
             .max(1);
         let vcs = (0..size)
             .map(|_| Vc {

@@ -17,6 +17,12 @@ impl<F: Fabric> Sender<F> {
     /// (same addresses and lengths) until it counts them, which it does once the peer
     /// has read them all. Eager and zero-copy bytes keep one FIFO order.
     ///
+    /// The peer may lend part of its buffer for this end to push instead (its
+    /// [`Config::with_zero_copy_push`](crate::Config::with_zero_copy_push)): that part
+    /// moves only while this end calls into the connection (`put_nocopy`,
+    /// [`poll_writable`](Sender::poll_writable), [`wait_zero_copy`](Sender::wait_zero_copy),
+    /// or a `get` that finds nothing to read), as an MPI rendezvous does.
+    ///
     /// ```
     /// use std::io::{IoSlice, IoSliceMut};
     /// let (mut a, mut b) = rdma_channel::RdmaStream::pair()?;

@@ -539,34 +539,52 @@ impl Fabric for VerbsFabric {
         Arc::as_ptr(&self.inner) as usize
     }
 
-    /// A zero-copy transfer pays announcement, RDMA READ request and confirmation,
-    /// about three one-way latencies, per message, and only one transfer per
-    /// direction is in flight; the ring keeps a window of messages in flight for the
-    /// price of the copies. Where latency is high against a message's time on the
-    /// wire (two Soft-RoCE VMs, or one VM on a busy host), the ring moved 64 KiB
-    /// messages 1.5-1.7x faster than READ in the same boot (bench/README.md,
-    /// 2026-11-25), so messages go zero-copy from 256 KiB. Memory from `alloc_mem`
-    /// is registered already but the round trips are the same, hence one threshold.
+    /// A zero-copy transfer pays announcement, lend or READ request, and
+    /// confirmation, about three one-way latencies, per message, and only one
+    /// transfer per direction is in flight; the ring keeps a window of messages in
+    /// flight for the price of the copies. Between two Soft-RoCE VMs the ring moved
+    /// 64 KiB messages 1.6-1.7x faster than any zero-copy form, and READ lost
+    /// dropped responses to the ACK timeout (3.2 against the ring's 10.5 MB/s at
+    /// 1 MiB), while a transfer pushed whole by the sender was level with the ring
+    /// at 1 MiB (bench/README.md, 2026-11-25). So a peer elsewhere gets zero-copy
+    /// from 1 MiB, pushed. Memory from `alloc_mem` is registered already but the
+    /// round trips are the same, hence one threshold.
     fn zero_copy_defaults(&self) -> ZeroCopyThresholds {
         ZeroCopyThresholds {
-            alloc_mem: ZERO_COPY_DEFAULT,
-            other: ZERO_COPY_DEFAULT,
+            alloc_mem: ZERO_COPY_REMOTE,
+            other: ZERO_COPY_REMOTE,
         }
     }
 
-    /// rxe does a request's work on the CPU that posts it, so a sender pushing half
-    /// of each transfer while the receiver pulls the other half keeps two CPUs busy
-    /// where READ alone keeps one (bench/README.md, 2026-11-25).
-    fn zero_copy_push_default(&self) -> u8 {
-        ZERO_COPY_PUSH_DEFAULT
+    /// On this same port the round trips are short against the copies, and
+    /// splitting a transfer between READ and push keeps two CPUs at rxe's work
+    /// where the ring's copies and `ib_write_bw` keep one: 64 KiB messages at
+    /// 43.6 MB/s against the ring's 31.0 and `ib_write_bw`'s 31.6 in one boot
+    /// (bench/README.md, 2026-11-25).
+    fn zero_copy_loopback_defaults(&self) -> ZeroCopyThresholds {
+        ZeroCopyThresholds {
+            alloc_mem: ZERO_COPY_LOOPBACK,
+            other: ZERO_COPY_LOOPBACK,
+        }
+    }
+
+    /// rxe does a request's work on the CPU that posts it: on the same port half of
+    /// each transfer pushed and half read keeps both CPUs busy; to a peer elsewhere
+    /// READ responses lost on the link wait for the ACK timeout, so all of it is
+    /// pushed (see above).
+    fn zero_copy_push_default(&self, loopback: bool) -> u8 {
+        if loopback {
+            50
+        } else {
+            100
+        }
     }
 }
 
-/// Default push share on verbs (see `zero_copy_push_default`).
-const ZERO_COPY_PUSH_DEFAULT: u8 = 50;
-
-/// Smallest buffer sent zero-copy by default on verbs (see `zero_copy_defaults`).
-const ZERO_COPY_DEFAULT: usize = 256 << 10;
+/// Smallest buffer sent zero-copy by default on verbs to a peer elsewhere.
+const ZERO_COPY_REMOTE: usize = 1 << 20;
+/// The same for a peer on this same port.
+const ZERO_COPY_LOOPBACK: usize = 64 << 10;
 
 #[cfg(test)]
 mod tests {

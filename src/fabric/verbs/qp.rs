@@ -324,6 +324,29 @@ impl RcQueuePair {
             .max_rd_atomic)
     }
 
+    /// True when the connected peer is `me`, this port: the queue pair's address
+    /// vector names our own GID (or, without a GRH, our LID).
+    ///
+    /// # Errors
+    ///
+    /// The failure of `ibv_query_qp` or `ibv_query_gid`.
+    pub(crate) fn peer_is(&self, me: &Endpoint) -> io::Result<bool> {
+        let ah = self.query(sys::ibv_qp_attr_mask::IBV_QP_AV)?.ah_attr;
+        if ah.is_global == 0 {
+            return Ok(ah.dlid == me.lid);
+        }
+        let port = if ah.port_num == 0 {
+            me.port
+        } else {
+            ah.port_num
+        };
+        let ours = self
+            .context()
+            .query_gid(port, u32::from(ah.grh.sgid_index))?;
+        // SAFETY: `raw` covers all 16 bytes of the union.
+        Ok(ours == unsafe { ah.grh.dgid.raw })
+    }
+
     fn query(&self, mask: sys::ibv_qp_attr_mask) -> io::Result<sys::ibv_qp_attr> {
         // SAFETY: plain C data; all-zero is valid.
         let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -501,6 +524,8 @@ impl PendingQp for VerbsPending {
                 self.qp.connect_to(&self.me, self.psn, &card)?
             }
         };
+        // A failed query only costs the loopback defaults.
+        let loopback = self.qp.peer_is(&self.me).unwrap_or(false);
         let ctx = self.qp.context().clone();
         let port_errors_at = ctx.port_errors();
         let caps = Caps {
@@ -509,6 +534,7 @@ impl PendingQp for VerbsPending {
         };
         Ok(VerbsQp {
             caps,
+            loopback,
             posted: AtomicBool::new(false),
             qp: self.qp,
             ctx,
@@ -558,6 +584,8 @@ pub struct VerbsQp {
     qp: RcQueuePair,
     ctx: Arc<Context>,
     caps: Caps,
+    /// The peer is this port (`QueuePair::loopback`).
+    loopback: bool,
     error: AtomicBool,
     /// `Context::now_ns` of the last device check in `state`.
     last_check: AtomicU64,
@@ -914,6 +942,10 @@ impl QueuePair for VerbsQp {
 
     fn caps(&self) -> Caps {
         self.caps
+    }
+
+    fn loopback(&self) -> bool {
+        self.loopback
     }
 
     fn error_reason(&self) -> Option<String> {

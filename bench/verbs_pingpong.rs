@@ -24,9 +24,12 @@
 //! `RCH_CHUNK_SIZE` (and the other `RCH_*`) override.
 //!
 //! `RCH_BENCH_PIN=1` pins the two local processes to CPUs 0 and 1 (unpinned by
-//! default, as perftest). `RCH_BENCH_WAIT=policy` waits with the connection's wait
-//! policy (`RCH_SPIN`, `RCH_YIELD`, `RCH_SLEEP_MAX_US`) instead of busy polling;
-//! measured on Soft-RoCE it gained nothing (bench/README.md, 2026-11-25).
+//! default, as perftest). Both ends wait as the blocking calls do, with the
+//! connection's wait policy (`Receiver::wait_policy`: `RCH_SPIN`, `RCH_YIELD`,
+//! `RCH_SLEEP_MAX_US`, and on a one-CPU host with Soft-RoCE a brief poll, then
+//! sleep); `RCH_BENCH_WAIT=spin` busy-polls instead, which between two one-CPU VMs
+//! took the CPU from rxe (10.5 against 17.8-18.9 MB/s at 64 KiB, bench/README.md,
+//! 2026-11-25).
 //!
 //! Bandwidth is printed in MB/s of 2^20 bytes, the unit of perftest's `BW average[MB/sec]`.
 
@@ -74,15 +77,17 @@ fn config() -> io::Result<Config> {
 enum Wait {
     /// Busy-poll `put_nocopy` / `get` in a loop (`spin`), as `bench/pingpong.rs`.
     Spin,
-    /// Wait as the blocking calls do, with the connection's wait policy (`policy`):
-    /// `RCH_SPIN` polls, `RCH_YIELD` yields, then sleeps up to `RCH_SLEEP_MAX_US`.
+    /// Wait as the blocking calls do, with the connection's wait policy (`policy`,
+    /// the default): `RCH_SPIN` polls, `RCH_YIELD` yields, then sleeps up to
+    /// `RCH_SLEEP_MAX_US`; on a one-CPU host with Soft-RoCE, polls briefly and sleeps
+    /// (`Receiver::wait_policy`).
     Policy,
 }
 
 fn wait_mode() -> io::Result<Wait> {
     match std::env::var("RCH_BENCH_WAIT").as_deref() {
-        Err(_) | Ok("") | Ok("spin") => Ok(Wait::Spin),
-        Ok("policy") => Ok(Wait::Policy),
+        Ok("spin") => Ok(Wait::Spin),
+        Err(_) | Ok("") | Ok("policy") => Ok(Wait::Policy),
         Ok(v) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("RCH_BENCH_WAIT: {v:?} is neither spin nor policy"),
@@ -123,8 +128,8 @@ fn recv_msg(s: &mut Stream, buf: &mut [u8], wait: Wait) -> io::Result<()> {
     if wait == Wait::Spin {
         return recv_all(s, buf);
     }
-    let policy = s.config().wait_policy();
     let rx = s.channel().receiver();
+    let policy = rx.wait_policy();
     let mut at = 0;
     let mut b = Backoff::with_policy(policy);
     while at < buf.len() {

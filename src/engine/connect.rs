@@ -9,6 +9,7 @@ use super::card::{ConnCard, CTRL_SIZE};
 use super::link::{Link, SendQueue};
 use super::receiver::Receiver;
 use super::sender::{Sender, MAX_SGE};
+use super::wait::wait_policy_for;
 use super::Channel;
 use crate::config::Config;
 use crate::fabric::{
@@ -161,6 +162,7 @@ impl<F: Fabric> Prepared<F> {
             push: Mutex::new(PushState::default()),
             lends_served: AtomicU64::new(0),
             rcache: registration_cache(&self.fabric, &self.cfg),
+            wait: wait_policy_for(&self.fabric, &self.cfg),
             cfg: self.cfg,
             fabric: self.fabric,
         });

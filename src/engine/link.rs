@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::wait::Backoff;
-use crate::config::Config;
+use crate::config::{Config, WaitPolicy};
 use crate::fabric::{
     CompletedOp, Completion, CompletionStatus, Fabric, FabricError, GatherList, QpState, QueuePair,
     RemoteRegion, ZeroCopyThresholds,
@@ -62,6 +62,8 @@ pub(crate) struct Link<F: Fabric> {
     /// Registrations of user buffers for the zero-copy path (dropped before the fabric).
     pub(crate) rcache: Arc<RegCache<F>>,
     pub(super) cfg: Config,
+    /// The wait policy in force (`wait::wait_policy_for`).
+    pub(crate) wait: WaitPolicy,
     pub(crate) fabric: F,
 }
 

@@ -53,6 +53,7 @@ pub(crate) use receiver::{GetMode, LentPart, ReadsInFlight, READ_PIECE};
 pub use sender::Sender;
 pub(crate) use sender::{Announce, PendingZc};
 pub use wait::Backoff;
+pub(crate) use wait::{available_cpus, CONTENDED_SPIN};
 
 pub use crate::rcache::RdmaBuf;
 

@@ -297,7 +297,7 @@ impl<F: Fabric> Receiver<F> {
 
     /// Waits for lend `number` to land.
     fn wait_landed(&mut self, number: u64) -> io::Result<()> {
-        let mut b = Backoff::with_policy(self.link.cfg.wait_policy());
+        let mut b = Backoff::with_policy(self.link.wait);
         while self.link.ctrl.lend_landed() < number {
             self.check_lend(number)?;
             b.snooze();
@@ -410,6 +410,12 @@ impl<F: Fabric> Receiver<F> {
             ));
         }
         self.get_inner(iov, GetMode::RingOnly)
+    }
+
+    /// The wait policy this connection's blocking calls use (as
+    /// [`Sender::wait_policy`](crate::Sender::wait_policy)).
+    pub fn wait_policy(&self) -> crate::config::WaitPolicy {
+        self.link.wait
     }
 
     /// Parts of zero-copy transfers lent to the peer to push so far (see
@@ -600,7 +606,7 @@ impl<F: Fabric> Receiver<F> {
     ///
     /// As [`get`](Self::get); `TimedOut` when the deadline passes with nothing to read.
     pub fn wait_readable_until(&mut self, deadline: Option<Instant>) -> io::Result<()> {
-        let mut b = Backoff::with_policy(self.link.cfg.wait_policy());
+        let mut b = Backoff::with_policy(self.link.wait);
         loop {
             if self.can_get()? {
                 return Ok(());

@@ -161,6 +161,13 @@ impl<F: Fabric> Sender<F> {
         &self.link.rcache
     }
 
+    /// The wait policy this connection's blocking calls use: the configuration's,
+    /// unless a software RDMA device shares this process's only CPU (see
+    /// [`Config::with_wait_policy`](crate::Config::with_wait_policy)).
+    pub fn wait_policy(&self) -> crate::config::WaitPolicy {
+        self.link.wait
+    }
+
     /// True while a zero-copy transfer is announced and not yet confirmed.
     pub fn zero_copy_pending(&self) -> bool {
         self.pending.is_some()
@@ -173,7 +180,7 @@ impl<F: Fabric> Sender<F> {
     ///
     /// As [`put`](Self::put).
     pub fn wait_zero_copy(&mut self) -> io::Result<()> {
-        let mut b = Backoff::with_policy(self.link.cfg.wait_policy());
+        let mut b = Backoff::with_policy(self.link.wait);
         while let Some(p) = &self.pending {
             if self.zc_confirmed(p.id)? {
                 return Ok(());
@@ -655,7 +662,7 @@ impl<F: Fabric> Sender<F> {
     ///
     /// As [`put`](Self::put); `TimedOut` when the deadline passes with no room.
     pub fn wait_writable_until(&mut self, deadline: Option<Instant>) -> io::Result<()> {
-        let mut b = Backoff::with_policy(self.link.cfg.wait_policy());
+        let mut b = Backoff::with_policy(self.link.wait);
         loop {
             self.link.check_peer_reading()?;
             self.link.serve_credit()?;

@@ -402,6 +402,10 @@ impl Fabric for AnyFabric {
         forward!(self, AnyFabric, f => f.zero_copy_defaults())
     }
 
+    fn uses_host_cpus(&self) -> bool {
+        forward!(self, AnyFabric, f => f.uses_host_cpus())
+    }
+
     fn zero_copy_loopback_defaults(&self) -> ZeroCopyThresholds {
         forward!(self, AnyFabric, f => f.zero_copy_loopback_defaults())
     }

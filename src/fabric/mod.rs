@@ -592,6 +592,14 @@ pub trait Fabric: Send + Sync + Sized + 'static {
         }
     }
 
+    /// True when this fabric's protocol work (copies, checksums, retransmission) runs
+    /// on this host's CPUs, as a software RDMA device's (Soft-RoCE, siw) does in the
+    /// kernel: a waiter that spins takes those CPUs from it. False for adapters, and
+    /// for the emulated fabric, whose copies the calling processes make themselves.
+    fn uses_host_cpus(&self) -> bool {
+        false
+    }
+
     /// [`zero_copy_defaults`](Self::zero_copy_defaults) for a peer on this same port
     /// ([`QueuePair::loopback`]); the same unless the fabric measured otherwise.
     fn zero_copy_loopback_defaults(&self) -> ZeroCopyThresholds {

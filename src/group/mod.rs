@@ -17,7 +17,7 @@ use self::error::{Error, ErrorKind};
 use self::exchange::Exchange;
 use self::hello::Hello;
 use crate::config::Config;
-use crate::engine::{Backoff, Prepared, Receiver, Sender};
+use crate::engine::{available_cpus, Backoff, Prepared, Receiver, Sender, CONTENDED_SPIN};
 use crate::fabric::{AnyFabric, Card, Fabric};
 use crate::handshake::unix;
 
@@ -1043,19 +1043,10 @@ impl Group {
             // (MPICH's sendflood, 3 ranks flooding a 4th on 2 CPUs: 78 s with the
             // default policy, 15 s polling 100 times then sleeping; yields only
             // slowed it). Poll briefly, then sleep.
-            return Backoff::new(p.spin.min(OVERSUBSCRIBED_SPIN), 0, p.sleep_max);
+            return Backoff::new(p.spin.min(CONTENDED_SPIN), 0, p.sleep_max);
         }
         Backoff::with_policy(p)
     }
-}
-
-/// The blocking-wait policy's busy polls when this host has more ranks than CPUs
-/// (unless RCH_SPIN / RCH_YIELD say otherwise); it then sleeps without yielding.
-const OVERSUBSCRIBED_SPIN: u32 = 100;
-
-/// The CPUs this process may run on (its affinity mask and CPU quota).
-fn available_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// The reason a request loses when both ranks connect at once (the lower rank's

@@ -70,6 +70,13 @@ pub fn software_device_present() -> bool {
     })
 }
 
+/// True when device `name` is a software one (Soft-RoCE, siw): its sysfs node is
+/// virtual rather than a PCI function's.
+pub fn is_software_device(name: &str) -> bool {
+    std::fs::canonicalize(format!("/sys/class/infiniband/{name}"))
+        .is_ok_and(|p| p.starts_with("/sys/devices/virtual"))
+}
+
 /// Calls `f` with the device list (pointer and name of each device); frees the list.
 fn with_device_list<T>(
     f: impl FnOnce(&[(*mut sys::ibv_device, String)]) -> io::Result<T>,

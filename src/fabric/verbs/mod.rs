@@ -556,6 +556,11 @@ impl Fabric for VerbsFabric {
         }
     }
 
+    /// A software device (Soft-RoCE, siw) sits under `/sys/devices/virtual`.
+    fn uses_host_cpus(&self) -> bool {
+        device::is_software_device(self.device_name())
+    }
+
     /// On this same port the round trips are short against the copies, and
     /// splitting a transfer between READ and push keeps two CPUs at rxe's work
     /// where the ring's copies and `ib_write_bw` keep one: 64 KiB messages at

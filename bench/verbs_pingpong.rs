@@ -96,12 +96,15 @@ fn wait_mode() -> io::Result<Wait> {
 }
 
 /// Sends all of `buf` with the channel's default choice between the ring and
-/// zero-copy, waiting as `wait` says.
+/// zero-copy, waiting as `wait` says: between calls that made no progress, `Policy`
+/// snoozes with the connection's wait policy (busy polls first, so a message that
+/// is due soon is seen as fast as by `Spin`).
 fn send_msg(s: &mut Stream, buf: &[u8], wait: Wait) -> io::Result<()> {
     if wait == Wait::Spin {
         return send_all(s, buf);
     }
     let tx = s.channel().sender();
+    let mut b = Backoff::with_policy(tx.wait_policy());
     let mut at = 0;
     while at < buf.len() {
         // SAFETY: `buf` stays borrowed, so alive and unchanged, until this loop has
@@ -110,43 +113,31 @@ fn send_msg(s: &mut Stream, buf: &[u8], wait: Wait) -> io::Result<()> {
         // bytes before it).
         let n = unsafe { tx.put_nocopy(&[IoSlice::new(&buf[at..])]) }?;
         at += n;
-        if at < buf.len() {
-            if tx.zero_copy_pending() {
-                tx.wait_zero_copy()?;
-            } else if n == 0 {
-                tx.wait_writable()?;
-            }
+        if n == 0 {
+            b.snooze();
+        } else {
+            b.reset();
         }
     }
     Ok(())
 }
 
-/// Receives exactly `buf.len()` bytes, waiting as `wait` says. With `Policy` the
-/// RDMA READs of a zero-copy transfer are started with `get_nowait` and waited for
-/// with the wait policy (a plain `get` waits for them with its own busy poll).
+/// Receives exactly `buf.len()` bytes, waiting as `wait` says (as in `send_msg`).
+/// The RDMA READs of a zero-copy transfer are started with `get_nowait` and polled.
 fn recv_msg(s: &mut Stream, buf: &mut [u8], wait: Wait) -> io::Result<()> {
     if wait == Wait::Spin {
         return recv_all(s, buf);
     }
     let rx = s.channel().receiver();
-    let policy = rx.wait_policy();
+    let mut b = Backoff::with_policy(rx.wait_policy());
     let mut at = 0;
-    let mut b = Backoff::with_policy(policy);
     while at < buf.len() {
         // SAFETY: reads left in flight target `buf[at..]`, which nothing touches until
         // a later call counts them: the loop only polls, then offers the same slice
         // again. On an error the process exits at once (below), so `buf` is never
         // freed or reused while the fabric may still write it.
-        let step = unsafe { rx.get_nowait(&mut [IoSliceMut::new(&mut buf[at..])]) }.and_then(|n| {
-            if n == 0 {
-                while !rx.poll_readable()? {
-                    b.snooze();
-                }
-            }
-            Ok(n)
-        });
-        match step {
-            Ok(0) => {}
+        match unsafe { rx.get_nowait(&mut [IoSliceMut::new(&mut buf[at..])]) } {
+            Ok(0) => b.snooze(),
             Ok(n) => {
                 at += n;
                 b.reset();

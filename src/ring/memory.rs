@@ -363,9 +363,9 @@ impl<R: MemoryRegion> ControlWords<R> {
 
     #[inline]
     fn slot_word(&self, i: usize) -> &AtomicU64 {
+        debug_assert!(i < 4);
         let at = LEND_SLOT as usize + 8 * i;
         // SAFETY: i < 4, so the word lies 8-aligned inside CTRL_SIZE; as in `word`.
-        debug_assert!(i < 4);
         unsafe { &*self.mem.base.as_ptr().add(at).cast::<AtomicU64>() }
     }
 }

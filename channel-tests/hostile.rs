@@ -515,23 +515,26 @@ fn lends_that_skip_a_number_or_name_bytes_outside_the_transfer_are_protocol_erro
     others_unaffected();
 }
 
+/// A victim that receives and lends all of each transfer (push 100%), with an
+/// announcement of `total` bytes of the hostile end's exposed buffer in its ring.
+fn lending_victim(total: u64) -> Hostile {
+    let h = Hostile::with_config(Config::default().with_zero_copy_push(Some(100)));
+    let seg = RndvSeg {
+        addr: h.exposed.addr() as u64,
+        len: total,
+        rkey: h.exposed.rkey(),
+    };
+    h.rendezvous(0, 1, &[seg]);
+    h
+}
+
 #[test]
 fn a_lent_buffer_takes_only_its_bytes_and_only_until_they_are_counted() {
     if skip_on_verbs() {
         return;
     }
-    // The victim receives and lends all of each transfer (push 100%).
-    let mut h = Hostile::with_config(Config::default().with_zero_copy_push(Some(100)));
     let total = 4096u64;
-    h.rendezvous(
-        0,
-        1,
-        &[RndvSeg {
-            addr: h.exposed.addr() as u64,
-            len: total,
-            rkey: h.exposed.rkey(),
-        }],
-    );
+    let mut h = lending_victim(total);
     // The destination, with canaries on both sides of the 4096 bytes lent.
     let mut buf = vec![0xEEu8; 3 * 4096];
     let dst = &mut buf[4096..8192];
@@ -557,16 +560,7 @@ fn a_lent_buffer_takes_only_its_bytes_and_only_until_they_are_counted() {
     );
 
     // On a fresh connection: a correct push is counted, and then the key is dead.
-    let mut h = Hostile::with_config(Config::default().with_zero_copy_push(Some(100)));
-    h.rendezvous(
-        0,
-        1,
-        &[RndvSeg {
-            addr: h.exposed.addr() as u64,
-            len: total,
-            rkey: h.exposed.rkey(),
-        }],
-    );
+    let mut h = lending_victim(total);
     let mut buf = vec![0xEEu8; 3 * 4096];
     let at = buf[4096..].as_ptr() as u64;
     // SAFETY: as above.

@@ -305,9 +305,10 @@ impl<F: Fabric> Receiver<F> {
         Ok(())
     }
 
-    /// One poll of an unlanded lend: serves our own sending side's lends (both ends
-    /// may wait on each other's pushes), fails when the connection did, or when the
-    /// peer's sender closed, as it then never pushes the rest.
+    /// One poll of an unlanded lend: serves the waiting lends of every connection of
+    /// this process, ours included (both ends may wait on each other's pushes, or one
+    /// thread may drive both ends); fails when the connection did, or when the peer's
+    /// sender closed, as it then never pushes the rest.
     fn check_lend(&mut self, number: u64) -> io::Result<()> {
         let link = &*self.link;
         serve_all_lends();

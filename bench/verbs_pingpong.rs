@@ -98,7 +98,8 @@ fn wait_mode() -> io::Result<Wait> {
 /// Sends all of `buf` with the channel's default choice between the ring and
 /// zero-copy, waiting as `wait` says: between calls that made no progress, `Policy`
 /// snoozes with the connection's wait policy (busy polls first, so a message that
-/// is due soon is seen as fast as by `Spin`).
+/// is due soon is seen as fast as by `Spin`), blocking until the peer writes where
+/// the connection takes wakes (`Sender::snooze`).
 fn send_msg(s: &mut Stream, buf: &[u8], wait: Wait) -> io::Result<()> {
     if wait == Wait::Spin {
         return send_all(s, buf);
@@ -114,7 +115,7 @@ fn send_msg(s: &mut Stream, buf: &[u8], wait: Wait) -> io::Result<()> {
         let n = unsafe { tx.put_nocopy(&[IoSlice::new(&buf[at..])]) }?;
         at += n;
         if n == 0 {
-            b.snooze();
+            tx.snooze(&mut b);
         } else {
             b.reset();
         }
@@ -137,7 +138,7 @@ fn recv_msg(s: &mut Stream, buf: &mut [u8], wait: Wait) -> io::Result<()> {
         // again. On an error the process exits at once (below), so `buf` is never
         // freed or reused while the fabric may still write it.
         match unsafe { rx.get_nowait(&mut [IoSliceMut::new(&mut buf[at..])]) } {
-            Ok(0) => b.snooze(),
+            Ok(0) => rx.snooze(&mut b),
             Ok(n) => {
                 at += n;
                 b.reset();

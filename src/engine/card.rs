@@ -8,8 +8,8 @@
 //! | offset | size | field |
 //! | --- | --- | --- |
 //! | 0 | 4 | magic `RCHC` |
-//! | 4 | 1 | version (3: the ring may carry wrap packets) |
-//! | 5 | 1 | log2 of the ring size (12 ..= 30: 4 KiB ..= 1 GiB) |
+//! | 4 | 1 | version (5: the wakes flag) |
+//! | 5 | 1 | bits 0-5: log2 of the ring size (12 ..= 30: 4 KiB ..= 1 GiB); bit 6: 0; bit 7: *wakes*, this end wants every write of the peer's to wake it ([`QueuePair::send_wakes`](crate::fabric::QueuePair::send_wakes)) |
 //! | 6 | 2 | length of the fabric card |
 //! | 8 | 8 | ring address (64-byte aligned) |
 //! | 16 | 4 | ring remote key |
@@ -28,13 +28,16 @@ use crate::wire::{card_fields, CardFormat};
 
 pub use crate::ring::memory::CTRL_SIZE;
 
-/// Magic `RCHC`, version 4 (version 3 peers do not serve lends, version 2 ones do
-/// not know wrap packets).
+/// Magic `RCHC`, version 5 (version 4 peers do not know the wakes flag, version 3
+/// ones do not serve lends, version 2 ones do not know wrap packets).
 pub const FORMAT: CardFormat = CardFormat {
     name: "connection card",
     magic: b"RCHC",
-    version: 4,
+    version: 5,
 };
+/// Byte 5: the ring size's log2 in the low bits, the wakes flag on top.
+const RING_LOG2_MASK: u8 = 0x3f;
+const WAKES_FLAG: u8 = 0x80;
 /// Bytes before the fabric card.
 pub const HEADER_LEN: usize = 32;
 const MIN_RING_LOG2: u8 = 12;
@@ -60,7 +63,7 @@ pub struct ConnCard<T: AsRef<[u8]>> {
 
 // The layout of the table above.
 card_fields!(ConnCard {
-    ring_log2/set_ring_log2: u8 @ 5, fabric_len/set_fabric_len: u16 @ 6,
+    size_flags/set_size_flags: u8 @ 5, fabric_len/set_fabric_len: u16 @ 6,
     ring_addr/set_ring_addr: u64 @ 8, ring_rkey/set_ring_rkey: u32 @ 16,
     ctrl_rkey/set_ctrl_rkey: u32 @ 20, ctrl_addr/set_ctrl_addr: u64 @ 24,
 });
@@ -76,6 +79,9 @@ impl<T: AsRef<[u8]>> ConnCard<T> {
         let len = buf.as_ref().len();
         FORMAT.check(buf.as_ref(), HEADER_LEN)?;
         let card = ConnCard { buf };
+        if card.size_flags() & !(RING_LOG2_MASK | WAKES_FLAG) != 0 {
+            return Err(FORMAT.invalid("reserved bit 6 of byte 5 set"));
+        }
         let log2 = card.ring_log2();
         if !(MIN_RING_LOG2..=MAX_RING_LOG2).contains(&log2) {
             return Err(FORMAT.invalid(format_args!("ring size 2^{log2} outside 4 KiB ..= 1 GiB")));
@@ -91,6 +97,16 @@ impl<T: AsRef<[u8]>> ConnCard<T> {
             return Err(FORMAT.invalid("ring or control region not 64-byte aligned"));
         }
         Ok(card)
+    }
+
+    fn ring_log2(&self) -> u8 {
+        self.size_flags() & RING_LOG2_MASK
+    }
+
+    /// The end asks to be woken by every write of ours
+    /// ([`QueuePair::send_wakes`](crate::fabric::QueuePair::send_wakes)).
+    pub fn wakes(&self) -> bool {
+        self.size_flags() & WAKES_FLAG != 0
     }
 
     /// The peer's incoming ring (we write into it).
@@ -118,13 +134,27 @@ impl<T: AsRef<[u8]>> ConnCard<T> {
 }
 
 impl ConnCard<&[u8]> {
-    /// Encodes a card.
+    /// Encodes a card of an end that takes no wakes.
     ///
     /// # Errors
     ///
     /// [`io::ErrorKind::InvalidInput`] for a ring that is not a power of two in
     /// 4 KiB ..= 1 GiB, a control region of another size, or a fabric card over 64 KiB.
     pub fn encode(ring: RemoteRegion, ctrl: RemoteRegion, fabric: &[u8]) -> io::Result<Vec<u8>> {
+        Self::encode_with(ring, ctrl, false, fabric)
+    }
+
+    /// Encodes a card, with the wakes flag set as `wakes` says.
+    ///
+    /// # Errors
+    ///
+    /// As [`encode`](Self::encode).
+    pub fn encode_with(
+        ring: RemoteRegion,
+        ctrl: RemoteRegion,
+        wakes: bool,
+        fabric: &[u8],
+    ) -> io::Result<Vec<u8>> {
         let log2 = ring.len.trailing_zeros() as u8;
         if !ring.len.is_power_of_two() || !(MIN_RING_LOG2..=MAX_RING_LOG2).contains(&log2) {
             return Err(io::Error::new(
@@ -144,7 +174,7 @@ impl ConnCard<&[u8]> {
             buf: vec![0u8; HEADER_LEN + fabric.len()],
         };
         FORMAT.emit(&mut card.buf);
-        card.set_ring_log2(log2);
+        card.set_size_flags(log2 | if wakes { WAKES_FLAG } else { 0 });
         card.set_fabric_len(flen);
         card.set_ring_addr(ring.addr);
         card.set_ring_rkey(ring.rkey);
@@ -182,6 +212,25 @@ mod tests {
         assert_eq!(c.ring().rkey, 0xaabb);
         assert_eq!(c.ctrl().addr, 2 << 20);
         assert_eq!(c.fabric_card(), b"RCHVcm");
+        assert!(!c.wakes());
+    }
+
+    #[test]
+    fn carries_the_wakes_flag() {
+        let ring = RemoteRegion {
+            addr: 1 << 20,
+            len: 1 << 16,
+            rkey: 1,
+        };
+        let ctrl = RemoteRegion {
+            addr: 2 << 20,
+            len: CTRL_SIZE as u64,
+            rkey: 2,
+        };
+        let b = ConnCard::encode_with(ring, ctrl, true, b"x").unwrap();
+        let c = ConnCard::new_checked(&b[..]).unwrap();
+        assert!(c.wakes());
+        assert_eq!(c.ring().len, 1 << 16);
     }
 
     #[test]
@@ -198,6 +247,8 @@ mod tests {
             (4, 1, "version 1"),
             (5, 11, "ring size"),
             (5, 31, "ring size"),
+            (5, 0x80 | 11, "ring size"),
+            (5, 0x40 | 16, "reserved bit"),
             (8, 1, "aligned"),
             (24, 8, "aligned"),
         ] {

@@ -47,6 +47,8 @@ pub struct Prepared<F: Fabric> {
     ring: RingMemory<F::Region>,
     ctrl: ControlWords<F::Region>,
     cfg: Config,
+    /// The queue pair takes wakes (`PendingQp::accept_wakes`), which the card says.
+    wakes: bool,
 }
 
 impl<F: Fabric> Prepared<F> {
@@ -66,8 +68,13 @@ impl<F: Fabric> Prepared<F> {
     /// # Errors
     ///
     /// An invalid `cfg` or a fabric failure.
-    pub fn with_pending(fabric: F, pending: F::Pending, cfg: Config) -> io::Result<Prepared<F>> {
+    pub fn with_pending(
+        fabric: F,
+        mut pending: F::Pending,
+        cfg: Config,
+    ) -> io::Result<Prepared<F>> {
         cfg.validate()?;
+        let wakes = pending.accept_wakes()?;
         let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
         let ring = RingMemory::new(fabric.alloc_region(cfg.ring_size(), rights)?)?;
         let ctrl = ControlWords::new(fabric.alloc_region(CTRL_SIZE, rights)?)?;
@@ -77,6 +84,7 @@ impl<F: Fabric> Prepared<F> {
             ring,
             ctrl,
             cfg,
+            wakes,
         })
     }
 
@@ -87,9 +95,10 @@ impl<F: Fabric> Prepared<F> {
     /// A fabric failure.
     pub fn card(&self) -> io::Result<Card> {
         let fabric_card = self.pending.card()?;
-        let bytes = ConnCard::encode(
+        let bytes = ConnCard::encode_with(
             self.ring.region().remote(),
             self.ctrl.region().remote(),
+            self.wakes,
             &fabric_card.bytes,
         )?;
         Ok(Card {
@@ -111,6 +120,9 @@ impl<F: Fabric> Prepared<F> {
             bytes: card.fabric_card().to_vec(),
             fds: peer.fds,
         })?;
+        if card.wakes() {
+            qp.send_wakes();
+        }
         let caps = qp.caps();
         let loopback = qp.loopback();
         if caps.max_sge < 4 {
@@ -163,6 +175,7 @@ impl<F: Fabric> Prepared<F> {
             lends_served: AtomicU64::new(0),
             rcache: registration_cache(&self.fabric, &self.cfg),
             wait: wait_policy_for(&self.fabric, &self.cfg),
+            wakes: self.wakes,
             cfg: self.cfg,
             fabric: self.fabric,
         });

@@ -64,6 +64,9 @@ pub(crate) struct Link<F: Fabric> {
     pub(super) cfg: Config,
     /// The wait policy in force (`wait::wait_policy_for`).
     pub(crate) wait: WaitPolicy,
+    /// The queue pair takes wakes: a wait past its busy polls blocks until the peer
+    /// writes (`QueuePair::arm_wake`) instead of sleeping on a timer.
+    pub(crate) wakes: bool,
     pub(crate) fabric: F,
 }
 
@@ -361,6 +364,18 @@ impl<F: Fabric> Link<F> {
         match failure.or_else(|| self.error()) {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// One step of a wait that found nothing: `b.snooze()`, except that where the
+    /// queue pair takes wakes a wait past its polls and yields blocks until the peer
+    /// writes (or a completion of ours arrives) instead of sleeping.
+    #[inline]
+    pub(crate) fn snooze(&self, b: &mut Backoff) {
+        if self.wakes {
+            b.snooze_on(&self.qp);
+        } else {
+            b.snooze();
         }
     }
 

@@ -300,7 +300,7 @@ impl<F: Fabric> Receiver<F> {
         let mut b = Backoff::with_policy(self.link.wait);
         while self.link.ctrl.lend_landed() < number {
             self.check_lend(number)?;
-            b.snooze();
+            self.link.snooze(&mut b);
         }
         Ok(())
     }
@@ -417,6 +417,13 @@ impl<F: Fabric> Receiver<F> {
     /// [`Sender::wait_policy`](crate::Sender::wait_policy)).
     pub fn wait_policy(&self) -> crate::config::WaitPolicy {
         self.link.wait
+    }
+
+    /// One step of a caller's own wait loop (as [`Sender::snooze`](crate::Sender::snooze)):
+    /// on a connection that takes wakes, a wait past its busy polls blocks until
+    /// the peer writes or a read of ours completes.
+    pub fn snooze(&self, backoff: &mut Backoff) {
+        self.link.snooze(backoff);
     }
 
     /// Parts of zero-copy transfers lent to the peer to push so far (see
@@ -615,7 +622,7 @@ impl<F: Fabric> Receiver<F> {
             self.maintain()?;
             self.idle()?;
             past(deadline, "read")?;
-            b.snooze();
+            self.link.snooze(&mut b);
         }
     }
 

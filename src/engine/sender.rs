@@ -168,6 +168,33 @@ impl<F: Fabric> Sender<F> {
         self.link.wait
     }
 
+    /// One step of a caller's own wait loop that polls the non-blocking calls:
+    /// `backoff.snooze()`, except that on a connection that takes wakes
+    /// ([`wakes`](Self::wakes)) a wait past its busy polls blocks until the peer
+    /// writes something (credit, a confirmation), instead of sleeping on a timer.
+    /// Use a backoff made from [`wait_policy`](Self::wait_policy), reset after
+    /// progress.
+    ///
+    /// ```
+    /// use rdma_channel::engine::Backoff;
+    /// let (mut a, _b) = rdma_channel::RdmaStream::pair()?;
+    /// let tx = a.channel().sender();
+    /// let mut backoff = Backoff::with_policy(tx.wait_policy());
+    /// tx.snooze(&mut backoff); // the peer wrote nothing: a busy poll
+    /// assert!(!tx.wakes()); // the emulated fabric: no wakes
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn snooze(&self, backoff: &mut Backoff) {
+        self.link.snooze(backoff);
+    }
+
+    /// True when this end's waits block until the peer writes, instead of sleeping
+    /// (the fabric does wakes here: `RCH_IB_WAKE`, on by default for Soft-RoCE in a
+    /// one-CPU process).
+    pub fn wakes(&self) -> bool {
+        self.link.wakes
+    }
+
     /// True while a zero-copy transfer is announced and not yet confirmed.
     pub fn zero_copy_pending(&self) -> bool {
         self.pending.is_some()
@@ -186,7 +213,7 @@ impl<F: Fabric> Sender<F> {
                 return Ok(());
             }
             self.link.serve_credit()?;
-            b.snooze();
+            self.link.snooze(&mut b);
         }
         Ok(())
     }
@@ -670,7 +697,7 @@ impl<F: Fabric> Sender<F> {
                 return Ok(());
             }
             past(deadline, "write")?;
-            b.snooze();
+            self.link.snooze(&mut b);
         }
     }
 }

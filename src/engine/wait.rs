@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use crate::config::{Config, WaitPolicy};
-use crate::fabric::Fabric;
+use crate::fabric::{Fabric, QueuePair};
 
 /// Busy polls of a wait whose spinning would take the CPU its progress needs: then it
 /// sleeps without yielding.
@@ -17,6 +17,9 @@ pub(crate) const CONTENDED_SPIN: u32 = 100;
 /// Longest sleep of such a wait, unless configured lower: a message that lands
 /// mid-sleep waits this long at most.
 const CONTENDED_SLEEP_MAX: Duration = Duration::from_micros(50);
+/// Longest block of a wait on wakes: bounds what no wake announces (the peer's
+/// death seen by rdma_cm, a deadline), and the rare wake another thread took.
+const WAKE_BLOCK_MAX: Duration = Duration::from_millis(1);
 
 /// The CPUs this process may run on (its affinity mask and CPU quota).
 pub(crate) fn available_cpus() -> usize {
@@ -62,6 +65,8 @@ pub struct Backoff {
     sleep_max: Duration,
     step: u32,
     sleep: Duration,
+    /// The token of a wake armed by the last step (see `snooze_on`).
+    armed: Option<u64>,
 }
 
 impl Backoff {
@@ -79,6 +84,7 @@ impl Backoff {
             sleep_max,
             step: 0,
             sleep: Duration::from_micros(1),
+            armed: None,
         }
     }
 
@@ -91,6 +97,24 @@ impl Backoff {
         } else {
             std::thread::sleep(self.sleep.min(self.sleep_max));
             self.sleep = (self.sleep * 2).min(self.sleep_max.max(Duration::from_micros(1)));
+        }
+        self.step = self.step.saturating_add(1);
+    }
+
+    /// As [`snooze`](Self::snooze), but where it would sleep, waits for a wake of
+    /// `qp` instead: one step arms it ([`QueuePair::arm_wake`]) and returns at once,
+    /// so that the caller looks once more; the next blocks until something arrives
+    /// ([`QueuePair::block_wake`]). A queue pair that takes no wakes sleeps.
+    pub(crate) fn snooze_on<Q: QueuePair>(&mut self, qp: &Q) {
+        if self.step < self.spins.saturating_add(self.yields) {
+            return self.snooze();
+        }
+        match self.armed.take() {
+            None => match qp.arm_wake() {
+                Some(token) => self.armed = Some(token),
+                None => return self.snooze(),
+            },
+            Some(token) => qp.block_wake(token, WAKE_BLOCK_MAX),
         }
         self.step = self.step.saturating_add(1);
     }
@@ -109,6 +133,7 @@ impl Backoff {
     pub fn reset(&mut self) {
         self.step = 0;
         self.sleep = Duration::from_micros(1);
+        self.armed = None;
     }
 }
 

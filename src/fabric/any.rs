@@ -531,6 +531,18 @@ impl QueuePair for AnyQp {
     fn error_reason(&self) -> Option<String> {
         forward!(self, AnyQp, q => q.error_reason())
     }
+
+    fn send_wakes(&self) {
+        forward!(self, AnyQp, q => q.send_wakes())
+    }
+
+    fn arm_wake(&self) -> Option<u64> {
+        forward!(self, AnyQp, q => q.arm_wake())
+    }
+
+    fn block_wake(&self, token: u64, timeout: std::time::Duration) {
+        forward!(self, AnyQp, q => q.block_wake(token, timeout))
+    }
 }
 
 /// A queue pair of an [`AnyFabric`] that is not connected yet.
@@ -558,6 +570,10 @@ impl PendingQp for AnyPending {
 
     fn card(&self) -> io::Result<Card> {
         forward!(self, AnyPending, p => p.card())
+    }
+
+    fn accept_wakes(&mut self) -> io::Result<bool> {
+        forward!(self, AnyPending, p => p.accept_wakes())
     }
 
     /// Connects to `peer`, which must be a card of the same fabric.

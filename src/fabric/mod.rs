@@ -472,6 +472,30 @@ pub trait QueuePair: Send + Sync {
     fn loopback(&self) -> bool {
         false
     }
+
+    /// From now on every RDMA WRITE also *wakes* the peer, which asked for that
+    /// ([`PendingQp::accept_wakes`] returned true there): on verbs it carries
+    /// immediate data, which completes a receive of the peer's. Called before the
+    /// first post. A fabric without wakes ignores it.
+    fn send_wakes(&self) {}
+
+    /// The first half of a blocking wait, on an end that accepts wakes: asks to be
+    /// told of the next write of the peer's or completion of ours, and returns a
+    /// token for [`block_wake`](Self::block_wake). The caller must look for what it
+    /// waits for once more before blocking (what landed before the arm raises no
+    /// event). `None` where this end takes no wakes: then the caller sleeps.
+    fn arm_wake(&self) -> Option<u64> {
+        None
+    }
+
+    /// The second half: blocks until something arrives after the
+    /// [`arm_wake`](Self::arm_wake) that returned `token`, or `timeout` passes
+    /// (which bounds what the wake cannot see: a peer's death, a deadline). Returns
+    /// at once when another thread took the event meanwhile.
+    fn block_wake(&self, token: u64, timeout: std::time::Duration) {
+        let _ = token;
+        std::thread::sleep(timeout);
+    }
 }
 
 /// Zero-copy thresholds per kind of memory, because the cost of the peer's read is:
@@ -519,6 +543,18 @@ pub trait PendingQp: Send {
     ///
     /// A malformed card, a peer that is gone, or a device failure.
     fn connect(self, peer: Card) -> io::Result<Self::Qp>;
+
+    /// Prepares this end to be woken by the peer's writes (see
+    /// [`QueuePair::arm_wake`]); call before sending the card. True when the fabric
+    /// does wakes for this queue pair (the peer must then be told to
+    /// [`send_wakes`](QueuePair::send_wakes)), false where it does not.
+    ///
+    /// # Errors
+    ///
+    /// The fabric's failure to prepare (posting receives).
+    fn accept_wakes(&mut self) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// A protection domain on some fabric: registers memory and makes queue pairs.

@@ -1,5 +1,5 @@
 //! RAII wrappers of the device-level verbs objects: [`Context`] (an open device),
-//! [`ProtectionDomain`] and [`CompletionQueue`].
+//! [`ProtectionDomain`], [`CompChannel`] and [`CompletionQueue`].
 
 use super::error::{check, last_verb_error, verb_error};
 use rdma_sys as sys;
@@ -448,11 +448,119 @@ impl Drop for ProtectionDomain {
     }
 }
 
-/// A completion queue (`ibv_cq`) without a completion channel (it is polled).
-/// Destroyed on drop, after the queue pair using it.
+/// A completion channel (`ibv_comp_channel`): the descriptor through which armed
+/// completion queues announce a new completion, so that a waiter can sleep in
+/// `poll(2)` until the device has something for it instead of on a timer. Its
+/// descriptor is non-blocking. Destroyed on drop, after every completion queue
+/// attached to it (each holds an `Arc` of it).
+pub struct CompChannel {
+    ch: NonNull<sys::ibv_comp_channel>,
+    ctx: std::sync::Arc<Context>,
+}
+
+// SAFETY: the channel is a descriptor; reading events from it is thread-safe (each
+// event goes to one reader) and the pointer is only used through verbs.
+unsafe impl Send for CompChannel {}
+// SAFETY: as above.
+unsafe impl Sync for CompChannel {}
+
+impl std::fmt::Debug for CompChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompChannel")
+            .field("device", &self.ctx.name)
+            .field("fd", &self.fd())
+            .finish()
+    }
+}
+
+impl CompChannel {
+    /// `ibv_create_comp_channel`, with its descriptor made non-blocking.
+    ///
+    /// # Errors
+    ///
+    /// The verb's or `fcntl`'s failure with its errno.
+    pub fn new(ctx: std::sync::Arc<Context>) -> io::Result<CompChannel> {
+        // SAFETY: valid context.
+        let ch = NonNull::new(unsafe { sys::ibv_create_comp_channel(ctx.as_ptr()) })
+            .ok_or_else(|| last_verb_error("ibv_create_comp_channel"))?;
+        let me = CompChannel { ch, ctx };
+        let fd = me.fd();
+        // SAFETY: fcntl on the channel's own open descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(last_verb_error("fcntl(O_NONBLOCK) on a completion channel"));
+        }
+        Ok(me)
+    }
+
+    /// The channel's descriptor (readable when an armed queue has a completion).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        // SAFETY: a valid channel; `fd` is set at creation and never changes.
+        unsafe { (*self.ch.as_ptr()).fd }
+    }
+
+    /// Waits up to `timeout` for an event of an armed completion queue, then takes
+    /// and acknowledges it (the queue is then disarmed until armed again). Returns
+    /// whether an event was taken: false on timeout, and when another thread took
+    /// the event first.
+    ///
+    /// # Errors
+    ///
+    /// `poll(2)`'s failure (but `EINTR`, which counts as a timeout).
+    pub fn wait(&self, timeout: std::time::Duration) -> io::Result<bool> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // Round up, so that a short wait still blocks instead of spinning on 0 ms.
+        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd for the duration of the call.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(false);
+            }
+            return Err(io::Error::new(
+                e.kind(),
+                format!("poll on a completion channel: {e}"),
+            ));
+        }
+        if r == 0 {
+            return Ok(false);
+        }
+        let mut cq: *mut sys::ibv_cq = std::ptr::null_mut();
+        let mut cq_ctx: *mut libc::c_void = std::ptr::null_mut();
+        // SAFETY: valid channel; the descriptor is non-blocking, so this returns -1
+        // (EAGAIN) at once when another reader took the event first.
+        if unsafe { sys::ibv_get_cq_event(self.ch.as_ptr(), &mut cq, &mut cq_ctx) } != 0 {
+            return Ok(false);
+        }
+        // SAFETY: `cq` is the queue the event was for, alive (it is destroyed only
+        // after all its events are acknowledged, which this does at once).
+        unsafe { sys::ibv_ack_cq_events(cq, 1) };
+        Ok(true)
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: no completion queue uses the channel any more (each holds an Arc).
+        let r = unsafe { sys::ibv_destroy_comp_channel(self.ch.as_ptr()) };
+        debug_assert_eq!(r, 0, "ibv_destroy_comp_channel failed");
+    }
+}
+
+/// A completion queue (`ibv_cq`), polled, and optionally attached to a
+/// [`CompChannel`] so that a waiter can be told of its next completion
+/// ([`arm`](Self::arm)). Destroyed on drop, after the queue pair using it.
 pub struct CompletionQueue {
     cq: NonNull<sys::ibv_cq>,
     ctx: std::sync::Arc<Context>,
+    /// Dropped after the queue is destroyed (fields drop after `Drop::drop`).
+    channel: Option<std::sync::Arc<CompChannel>>,
 }
 
 // SAFETY: a CQ may be polled from any thread; providers lock internally.
@@ -464,6 +572,7 @@ impl std::fmt::Debug for CompletionQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CompletionQueue")
             .field("device", &self.ctx.name)
+            .field("channel", &self.channel.is_some())
             .finish()
     }
 }
@@ -475,19 +584,49 @@ impl CompletionQueue {
     ///
     /// The verb's failure with its errno.
     pub fn new(ctx: std::sync::Arc<Context>, entries: u32) -> io::Result<CompletionQueue> {
+        Self::with_channel(ctx, entries, None)
+    }
+
+    /// As [`new`](Self::new), attached to `channel` when there is one.
+    ///
+    /// # Errors
+    ///
+    /// The verb's failure with its errno.
+    pub fn with_channel(
+        ctx: std::sync::Arc<Context>,
+        entries: u32,
+        channel: Option<std::sync::Arc<CompChannel>>,
+    ) -> io::Result<CompletionQueue> {
         let n = i32::try_from(entries).map_err(|_| verb_error("ibv_create_cq", libc::EINVAL))?;
-        // SAFETY: valid context; no user context, channel or vector.
+        let ch = channel
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |c| c.ch.as_ptr());
+        // SAFETY: valid context; `ch` is null or a channel of the same context that
+        // outlives the queue (held in `channel`); no user context, vector 0.
         let cq = NonNull::new(unsafe {
-            sys::ibv_create_cq(
-                ctx.as_ptr(),
-                n,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
+            sys::ibv_create_cq(ctx.as_ptr(), n, std::ptr::null_mut(), ch, 0)
         })
         .ok_or_else(|| last_verb_error("ibv_create_cq"))?;
-        Ok(CompletionQueue { cq, ctx })
+        Ok(CompletionQueue { cq, ctx, channel })
+    }
+
+    /// Asks for an event on the channel at the next completion
+    /// (`ibv_req_notify_cq`, every completion, not only solicited ones).
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` for a queue without a channel; the verb's failure.
+    pub fn arm(&self) -> io::Result<()> {
+        if self.channel.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "ibv_req_notify_cq: the completion queue has no channel",
+            ));
+        }
+        // SAFETY: a valid CQ attached to a live channel.
+        check("ibv_req_notify_cq", unsafe {
+            sys::ibv_req_notify_cq(self.cq.as_ptr(), 0)
+        })
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_cq {

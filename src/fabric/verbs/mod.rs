@@ -88,7 +88,7 @@ mod mr;
 mod qp;
 
 pub use device::{
-    device_names, software_device_present, CompletionQueue, Context, ProtectionDomain,
+    device_names, software_device_present, CompChannel, CompletionQueue, Context, ProtectionDomain,
 };
 pub use mr::VerbsRegion;
 pub use qp::{RcQueuePair, VerbsPending, VerbsQp, MAX_SGE};
@@ -134,6 +134,14 @@ pub struct VerbsConfig {
     /// zero-length RDMA WRITE), so that a process that only reads still learns of a
     /// dead peer or link (`RCH_IB_KEEPALIVE_MS`; 0 turns keepalives off).
     pub keepalive: std::time::Duration,
+    /// Whether queue pairs accept *wakes* (`RCH_IB_WAKE`: `1`, `0`, or unset for
+    /// automatic): the peer writes with immediate data, so a waiter that found
+    /// nothing can block on a completion channel until something lands instead of
+    /// polling or sleeping on a timer. `None` turns it on where the device's work
+    /// runs on this host's CPUs and the process has only one of them (a one-CPU VM
+    /// on Soft-RoCE), where polling takes the CPU from the device and a timer adds
+    /// its period to every message that lands mid-sleep.
+    pub wake: Option<bool>,
 }
 
 impl Default for VerbsConfig {
@@ -149,6 +157,7 @@ impl Default for VerbsConfig {
             retry_count: 6,
             rnr_retry: 7,
             keepalive: std::time::Duration::from_millis(1000),
+            wake: None,
         }
     }
 }
@@ -168,7 +177,8 @@ fn env_number<T: std::str::FromStr>(name: &str) -> io::Result<Option<T>> {
 impl VerbsConfig {
     /// The defaults, overridden by `RCH_IB_DEVICE`, `RCH_IB_PORT`,
     /// `RCH_IB_GID_INDEX` (or, without it, `SOFTROCE_GID_INDEX`), `RCH_IB_TIMEOUT`
-    /// (the ACK timeout exponent) and `RCH_IB_KEEPALIVE_MS`.
+    /// (the ACK timeout exponent), `RCH_IB_KEEPALIVE_MS` and `RCH_IB_WAKE` (`1`,
+    /// `0`, `auto`).
     ///
     /// ```
     /// let cfg = rdma_channel::fabric::verbs::VerbsConfig::from_env()?;
@@ -199,6 +209,17 @@ impl VerbsConfig {
         if let Some(ms) = env_number::<u64>("RCH_IB_KEEPALIVE_MS")? {
             cfg.keepalive = std::time::Duration::from_millis(ms);
         }
+        cfg.wake = match std::env::var("RCH_IB_WAKE").as_deref().map(str::trim) {
+            Err(_) | Ok("") | Ok("auto") => None,
+            Ok("1") => Some(true),
+            Ok("0") => Some(false),
+            Ok(v) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("RCH_IB_WAKE={v:?} is neither 1, 0 nor auto"),
+                ))
+            }
+        };
         Ok(cfg)
     }
 }
@@ -383,6 +404,11 @@ impl VerbsFabric {
             send_wr: cfg.send_queue_depth.clamp(2, max_wr),
             send_sge: cfg.max_sge.clamp(1, MAX_SGE as u32).min(max_sge),
             inline: cfg.max_inline,
+            recv_wr: if wakes_by_default(&cfg, ctx.name()) {
+                qp::WAKE_RECEIVES.min(max_wr)
+            } else {
+                0
+            },
         };
         let probe = RcQueuePair::create(pd.clone(), request)?;
         let granted = probe.cap();
@@ -392,6 +418,7 @@ impl VerbsFabric {
             send_wr: request.send_wr,
             send_sge: granted.max_send_sge.min(request.send_sge.max(1)),
             inline: granted.max_inline_data,
+            recv_wr: request.recv_wr,
         };
         let caps = Caps {
             max_inline: granted.max_inline_data as usize,
@@ -584,6 +611,15 @@ impl Fabric for VerbsFabric {
             100
         }
     }
+}
+
+/// Whether queue pairs accept wakes under `cfg` on device `name` (see
+/// [`VerbsConfig::wake`]).
+fn wakes_by_default(cfg: &VerbsConfig, name: &str) -> bool {
+    cfg.wake.unwrap_or_else(|| {
+        device::is_software_device(name)
+            && std::thread::available_parallelism().map_or(1, |n| n.get()) == 1
+    })
 }
 
 /// Smallest buffer sent zero-copy by default on verbs to a peer elsewhere.

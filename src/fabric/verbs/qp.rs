@@ -3,7 +3,7 @@
 
 use super::card::{QpCard, CM_CARD, LINK_LAYER_ETHERNET};
 use super::cm::{CmEventKind, CmId};
-use super::device::{CompletionQueue, Context, ProtectionDomain};
+use super::device::{CompChannel, CompletionQueue, Context, ProtectionDomain};
 use super::error::{check, errno_of, last_verb_error, verb_error};
 use crate::fabric::{
     Caps, Card, CompletedOp, Completion, CompletionStatus, FabricError, Opcode, PendingQp, QpState,
@@ -14,7 +14,7 @@ use std::ffi::CStr;
 use std::io;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Most gather/scatter entries one work request may carry (the stack array in
@@ -28,12 +28,24 @@ const POLL_BATCH: usize = 16;
 const STATE_CHECK_NS: u64 = 1_000_000;
 
 /// Send queue entries beyond the engine's depth, for the queue pair's own requests:
-/// one keepalive and one linger marker (see [`VerbsQp`]).
-const RESERVED_WR: u32 = 2;
+/// one keepalive, one linger marker and one wake report (see [`VerbsQp`]).
+const RESERVED_WR: u32 = 3;
 /// `wr_id` of a keepalive write; never returned by [`VerbsQp::poll`].
 const KEEPALIVE_WR_ID: u64 = u64::MAX - 1;
 /// `wr_id` of the linger marker posted on drop.
 const LINGER_WR_ID: u64 = u64::MAX - 2;
+/// `wr_id` of the zero-length receives that take the peer's wakes.
+const WAKE_RECV_WR_ID: u64 = u64::MAX - 3;
+/// `wr_id` of a wake report (a zero-length write with immediate data).
+const REPORT_WR_ID: u64 = u64::MAX - 4;
+/// Receives the peer may not be sure are posted again: our wakes in flight or not
+/// yet reaped there stay below the peer's receive queue depth by this much, which
+/// covers posts that race past the budget check, and the report.
+const WAKE_MARGIN: u32 = 64;
+/// Receives a queue pair that accepts wakes keeps posted (both ends post this
+/// many, so each knows the other's depth). They are posted again as their
+/// completions are reaped: at every poll of the queue pair and every wait.
+pub(crate) const WAKE_RECEIVES: u32 = 1024;
 /// How long a dropped queue pair waits for its last writes to be acknowledged.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -43,6 +55,9 @@ pub(crate) struct QpRequest {
     pub send_wr: u32,
     pub send_sge: u32,
     pub inline: u32,
+    /// Receive queue depth for wakes (see `VerbsConfig::wake`); 0: the queue pair
+    /// accepts no wakes, and has no completion channel.
+    pub recv_wr: u32,
 }
 
 /// Where and how a queue pair talks: the port and address of this end, plus the
@@ -69,14 +84,20 @@ pub(crate) struct Endpoint {
     pub keepalive: std::time::Duration,
 }
 
-/// An RC queue pair (`ibv_qp`) with its own completion queue (send and receive).
-/// Dropping it destroys the queue pair, then the completion queue.
+/// An RC queue pair (`ibv_qp`) with its own completion queue, and, where it accepts
+/// wakes, a second one for its receives, both on a completion channel of its own.
+/// Dropping it destroys the queue pair, then the completion queues, then the channel.
 pub struct RcQueuePair {
     qp: NonNull<sys::ibv_qp>,
     qpn: u32,
     cap: sys::ibv_qp_cap,
     /// Dropped after `qp` is destroyed (in `Drop`).
     cq: CompletionQueue,
+    /// The receive queue's completions (wakes), when the queue pair takes them.
+    recv_cq: Option<CompletionQueue>,
+    /// The channel both queues signal (dropped after them: it is declared later and
+    /// each queue holds an `Arc` of it).
+    channel: Option<Arc<CompChannel>>,
     pd: Arc<ProtectionDomain>,
     /// The rdma_cm id the queue pair was made on (`rdma_create_qp`), which then
     /// destroys it (`rdma_destroy_qp`) and outlives it.
@@ -134,18 +155,36 @@ impl RcQueuePair {
     ) -> io::Result<RcQueuePair> {
         // Room for one completion per send queue entry, twice over: flushed requests
         // after an error and signalled completions never overflow it.
-        let cq = CompletionQueue::new(pd.context().clone(), req.send_wr.saturating_mul(2) + 16)?;
+        let channel = if req.recv_wr > 0 {
+            Some(Arc::new(CompChannel::new(pd.context().clone())?))
+        } else {
+            None
+        };
+        let cq = CompletionQueue::with_channel(
+            pd.context().clone(),
+            req.send_wr.saturating_mul(2) + 16,
+            channel.clone(),
+        )?;
+        // As above: every posted receive completes once, successfully or flushed.
+        let recv_cq = match &channel {
+            Some(ch) => Some(CompletionQueue::with_channel(
+                pd.context().clone(),
+                req.recv_wr.saturating_mul(2) + 16,
+                Some(ch.clone()),
+            )?),
+            None => None,
+        };
         let mut inline = req.inline;
         loop {
             // SAFETY: ibv_qp_init_attr is plain C data; all-zero is valid.
             let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
             init.send_cq = cq.as_ptr();
-            init.recv_cq = cq.as_ptr();
+            init.recv_cq = recv_cq.as_ref().unwrap_or(&cq).as_ptr();
             init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
             init.sq_sig_all = 0;
             init.cap = sys::ibv_qp_cap {
                 max_send_wr: req.send_wr + RESERVED_WR,
-                max_recv_wr: 1,
+                max_recv_wr: req.recv_wr.max(1),
                 max_send_sge: req.send_sge,
                 max_recv_sge: 1,
                 max_inline_data: inline,
@@ -177,6 +216,8 @@ impl RcQueuePair {
                         qpn,
                         cap,
                         cq,
+                        recv_cq,
+                        channel,
                         pd,
                         cm,
                     });
@@ -201,6 +242,34 @@ impl RcQueuePair {
     /// The queue pair number.
     pub fn qpn(&self) -> u32 {
         self.qpn
+    }
+
+    /// Posts one zero-length receive, which takes one write with immediate data of
+    /// the peer's (a wake).
+    fn post_wake_receive(&self) -> io::Result<()> {
+        let mut wr = sys::ibv_recv_wr {
+            wr_id: WAKE_RECV_WR_ID,
+            next: std::ptr::null_mut(),
+            sg_list: std::ptr::null_mut(),
+            num_sge: 0,
+        };
+        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: valid QP; the request lives on our stack for the call and names no
+        // memory (zero scatter entries), so nothing outlives the call.
+        let r = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(verb_error("ibv_post_recv", errno_of(r)))
+        }
+    }
+
+    /// Sets the receiver-not-ready delay this end announces (RTS to RTS).
+    fn set_min_rnr_timer(&self, code: u8) -> io::Result<()> {
+        // SAFETY: ibv_qp_attr is plain C data; all-zero is valid.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.min_rnr_timer = code;
+        self.modify(&mut a, sys::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER)
     }
 
     /// The capabilities the device granted (`ibv_qp_init_attr.cap` after creation).
@@ -408,6 +477,8 @@ pub struct VerbsPending {
     me: Endpoint,
     psn: u32,
     caps: Caps,
+    /// Receives are posted for the peer's wakes ([`PendingQp::accept_wakes`]).
+    wakes: bool,
 }
 
 impl VerbsPending {
@@ -450,6 +521,7 @@ impl VerbsPending {
             me,
             psn: random_psn(),
             caps,
+            wakes: false,
         }
     }
 
@@ -466,6 +538,20 @@ impl VerbsPending {
 
 impl PendingQp for VerbsPending {
     type Qp = VerbsQp;
+
+    /// Fills the receive queue with zero-length receives, one per write with
+    /// immediate data of the peer's until they are reaped, when the fabric gave the
+    /// queue pair a completion channel ([`VerbsConfig::wake`](super::VerbsConfig::wake)).
+    fn accept_wakes(&mut self) -> io::Result<bool> {
+        if self.qp.recv_cq.is_none() || self.qp.cap.max_recv_wr < WAKE_RECEIVES || self.wakes {
+            return Ok(self.wakes);
+        }
+        for _ in 0..WAKE_RECEIVES {
+            self.qp.post_wake_receive()?;
+        }
+        self.wakes = true;
+        Ok(true)
+    }
 
     fn card(&self) -> io::Result<Card> {
         if self.qp.cm.is_some() {
@@ -526,6 +612,13 @@ impl PendingQp for VerbsPending {
         };
         // A failed query only costs the loopback defaults.
         let loopback = self.qp.peer_is(&self.me).unwrap_or(false);
+        if self.wakes && self.qp.cm.is_some() {
+            // The connection manager leaves the receiver-not-ready delay we announce
+            // at 0, which means 655 ms: should the peer's wakes ever outrun our
+            // receives, its write is to be retried as soon as they are reposted (the
+            // manual path sets 12, 0.64 ms). Best effort: a refusal only costs time.
+            let _ = self.qp.set_min_rnr_timer(12);
+        }
         let ctx = self.qp.context().clone();
         let port_errors_at = ctx.port_errors();
         let caps = Caps {
@@ -535,6 +628,15 @@ impl PendingQp for VerbsPending {
         Ok(VerbsQp {
             caps,
             loopback,
+            wakes: self.wakes,
+            sends_wakes: AtomicBool::new(false),
+            wake_events: AtomicU64::new(0),
+            wake_budget: WAKE_RECEIVES - WAKE_MARGIN,
+            wakes_sent: AtomicU32::new(0),
+            wakes_reaped: AtomicU32::new(0),
+            reaped_told: AtomicU32::new(0),
+            peer_reaped: AtomicU32::new(0),
+            report_in_flight: AtomicBool::new(false),
             posted: AtomicBool::new(false),
             qp: self.qp,
             ctx,
@@ -577,6 +679,13 @@ fn link_layer_name(l: u8) -> &'static str {
 /// end of stream) are not flushed by the disconnect, then disconnects, which the peer
 /// sees at once. (A queue pair connected by card exchange is destroyed at once, as
 /// before; its users close by protocol before they drop it.)
+///
+/// *Wakes*: where both ends agreed ([`PendingQp::accept_wakes`] here,
+/// [`QueuePair::send_wakes`] there), every RDMA WRITE of the peer's carries
+/// immediate data, which takes one of our zero-length receives and so makes a
+/// completion; a waiter arms both completion queues ([`QueuePair::arm_wake`]),
+/// looks once more, and blocks on their channel ([`QueuePair::block_wake`]) until
+/// the peer writes or one of our own signalled requests completes.
 pub struct VerbsQp {
     /// Set by every post of the engine's, cleared by the keepalive's look: whether
     /// the send queue was silent since (a plain store on the data path, no lock).
@@ -596,6 +705,30 @@ pub struct VerbsQp {
     quiet: Mutex<Quiet>,
     keepalive_in_flight: AtomicBool,
     linger_done: AtomicBool,
+    /// This end takes wakes: its receive queue holds receives for them.
+    wakes: bool,
+    /// Our writes carry immediate data, to wake the peer.
+    sends_wakes: AtomicBool,
+    /// Channel events taken so far: a waiter that armed at one count and finds
+    /// another knows that the event it armed for may have been taken by another
+    /// thread, and looks again instead of blocking.
+    wake_events: AtomicU64,
+    /// The wake budget: writes of ours with immediate data in flight or not yet
+    /// reaped by the peer, that is `wakes_sent - peer_reaped`, stay below this (its
+    /// receive queue depth less [`WAKE_MARGIN`]), so a wake never finds the peer's
+    /// receive queue empty; past it our writes go without immediate data.
+    wake_budget: u32,
+    /// Our writes with immediate data so far (wrapping).
+    wakes_sent: AtomicU32,
+    /// The peer's wakes reaped here so far (wrapping): the immediate data of each
+    /// write of ours, so the peer learns how far it may go.
+    wakes_reaped: AtomicU32,
+    /// `wakes_reaped` as last carried to the peer.
+    reaped_told: AtomicU32,
+    /// The newest count of our wakes the peer said it reaped.
+    peer_reaped: AtomicU32,
+    /// A wake report is in flight (one at a time, in its reserved entry).
+    report_in_flight: AtomicBool,
 }
 
 /// Since when the send queue has been silent (for keepalives).
@@ -691,6 +824,106 @@ impl VerbsQp {
         self.keepalive_tick();
     }
 
+    /// Polls the receive queue's completions (the peer's wakes, which carry no data)
+    /// and posts a receive back for each.
+    fn reap_wakes(&self) {
+        let Some(rcq) = &self.qp.recv_cq else {
+            return;
+        };
+        let mut wcs = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_BATCH];
+        loop {
+            let n = match rcq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.set_error(e.to_string());
+                    return;
+                }
+            };
+            for w in &wcs[..n] {
+                // SAFETY: ibv_poll_cq initialised the first `n` entries.
+                let w = unsafe { w.assume_init_ref() };
+                match w.status {
+                    sys::ibv_wc_status::IBV_WC_SUCCESS => {
+                        if let Err(e) = self.qp.post_wake_receive() {
+                            self.set_error(format!("reposting a receive for wakes: {e}"));
+                        }
+                        // Relaxed: counters of the budget protocol only; posting
+                        // orders nothing by them.
+                        self.wakes_reaped.fetch_add(1, Ordering::Relaxed);
+                        // SAFETY: a write with immediate data completed this receive,
+                        // so the union holds the immediate data.
+                        let told =
+                            u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data });
+                        let _ = self.peer_reaped.fetch_update(
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                            // Newer counts only (two posting threads may carry them
+                            // out of order); the counts wrap.
+                            |old| ((told.wrapping_sub(old) as i32) > 0).then_some(told),
+                        );
+                    }
+                    // Flushed: the queue pair failed, which its send side reports.
+                    sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR => {}
+                    status => self.set_error(format!(
+                        "a receive for wakes completed with {} (vendor error {:#x})",
+                        wc_status_str(status),
+                        w.vendor_err
+                    )),
+                }
+            }
+            if n < wcs.len() {
+                return;
+            }
+        }
+    }
+
+    /// Whether the write being posted may carry immediate data: the peer asked for
+    /// wakes, and the budget has room (then it is counted).
+    #[inline]
+    fn take_wake(&self) -> bool {
+        // Relaxed: `sends_wakes` is set once before the engine's first post, by the
+        // thread that connects; the counters order nothing (a race past the check
+        // costs one of the margin's receives).
+        if !self.sends_wakes.load(Ordering::Relaxed) {
+            return false;
+        }
+        let sent = self.wakes_sent.load(Ordering::Relaxed);
+        let reaped = self.peer_reaped.load(Ordering::Relaxed);
+        if sent.wrapping_sub(reaped) >= self.wake_budget {
+            return false;
+        }
+        self.wakes_sent.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// The immediate data of a wake: how many of the peer's wakes we reaped.
+    #[inline]
+    fn tell_reaped(&self) -> u32 {
+        // Relaxed: see take_wake.
+        let reaped = self.wakes_reaped.load(Ordering::Relaxed);
+        self.reaped_told.store(reaped, Ordering::Relaxed);
+        reaped
+    }
+
+    /// Before a wait blocks: if we reaped a quarter of the peer's budget since we
+    /// last told it, tell it now (a zero-length write with immediate data), so that
+    /// a peer that ran out of budget wakes us with its next write.
+    fn report_reaped(&self) {
+        // Relaxed: see take_wake; the flag only limits reports to one in flight.
+        let reaped = self.wakes_reaped.load(Ordering::Relaxed);
+        if !self.sends_wakes.load(Ordering::Relaxed)
+            || reaped.wrapping_sub(self.reaped_told.load(Ordering::Relaxed)) < self.wake_budget / 4
+            || self.report_in_flight.swap(true, Ordering::Relaxed)
+        {
+            return;
+        }
+        self.wakes_sent.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.post_own_with(REPORT_WR_ID, Some(self.tell_reaped())) {
+            self.report_in_flight.store(false, Ordering::Relaxed);
+            self.set_error(format!("posting a wake report: {e}"));
+        }
+    }
+
     /// Reads the events of our rdma_cm id (it has a channel of its own once
     /// connected): a disconnect or a device removal fails the queue pair.
     fn check_cm_events(&self) {
@@ -749,11 +982,20 @@ impl VerbsQp {
     /// (no memory is touched, and the responder checks no key for zero bytes), into
     /// the send queue entries reserved for it.
     fn post_own(&self, wr_id: u64) -> io::Result<()> {
+        self.post_own_with(wr_id, None)
+    }
+
+    /// As [`post_own`](Self::post_own), with immediate data when `imm` is set.
+    fn post_own_with(&self, wr_id: u64, imm: Option<u32>) -> io::Result<()> {
         // SAFETY: ibv_send_wr is plain C data; all-zero is valid (null `next`, no
         // gather list).
         let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
         wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+        if let Some(imm) = imm {
+            wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+            wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        }
         wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: valid QP; the request lives on our stack for the call and describes
@@ -781,7 +1023,11 @@ impl QueuePair for VerbsQp {
                 inline,
             } => (
                 local,
-                sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                if self.take_wake() {
+                    sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
+                } else {
+                    sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE
+                },
                 remote_addr,
                 rkey,
                 inline,
@@ -835,6 +1081,9 @@ impl QueuePair for VerbsQp {
         req.opcode = opcode;
         req.send_flags = flags;
         req.wr.rdma = sys::rdma_t { remote_addr, rkey };
+        if opcode == sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM {
+            req.imm_data_invalidated_rkey_union.imm_data = self.tell_reaped().to_be();
+        }
         // Relaxed: a hint for the keepalive (see `posted`); it publishes nothing.
         self.posted.store(true, Ordering::Relaxed);
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
@@ -854,6 +1103,9 @@ impl QueuePair for VerbsQp {
     }
 
     fn poll(&self, out: &mut [Completion]) -> usize {
+        if self.wakes {
+            self.reap_wakes();
+        }
         let mut wcs = [const { MaybeUninit::<sys::ibv_wc>::uninit() }; POLL_BATCH];
         let mut filled = 0;
         while filled < out.len() {
@@ -880,6 +1132,7 @@ impl QueuePair for VerbsQp {
                     let what = match w.wr_id {
                         KEEPALIVE_WR_ID => "a keepalive".to_string(),
                         LINGER_WR_ID => "the linger marker".to_string(),
+                        REPORT_WR_ID => "a wake report".to_string(),
                         id => format!("work request {id}"),
                     };
                     self.set_error(format!(
@@ -898,6 +1151,11 @@ impl QueuePair for VerbsQp {
                     LINGER_WR_ID => {
                         // Release: pairs with the lingering drop's Acquire loop.
                         self.linger_done.store(true, Ordering::Release);
+                        continue;
+                    }
+                    REPORT_WR_ID => {
+                        // Relaxed: as in report_reaped.
+                        self.report_in_flight.store(false, Ordering::Relaxed);
                         continue;
                     }
                     _ => {}
@@ -946,6 +1204,51 @@ impl QueuePair for VerbsQp {
 
     fn loopback(&self) -> bool {
         self.loopback
+    }
+
+    fn send_wakes(&self) {
+        // Relaxed: see `post`.
+        self.sends_wakes.store(true, Ordering::Relaxed);
+    }
+
+    fn arm_wake(&self) -> Option<u64> {
+        if !self.wakes || self.qp.channel.is_none() {
+            return None;
+        }
+        // Acquire: pairs with block_wake's Release increment; read before arming, so
+        // an event taken after this point changes it.
+        let token = self.wake_events.load(Ordering::Acquire);
+        // Arm first, reap after: a completion that lands after the arm raises an
+        // event, one before it is seen by the caller's next look.
+        let armed = self
+            .qp
+            .cq
+            .arm()
+            .and_then(|()| self.qp.recv_cq.as_ref().map_or(Ok(()), |c| c.arm()));
+        if let Err(e) = armed {
+            self.set_error(e.to_string());
+            return None;
+        }
+        self.reap_wakes();
+        self.report_reaped();
+        Some(token)
+    }
+
+    fn block_wake(&self, token: u64, timeout: std::time::Duration) {
+        let Some(ch) = &self.qp.channel else {
+            std::thread::sleep(timeout);
+            return;
+        };
+        // Acquire: as in arm_wake.
+        if self.wake_events.load(Ordering::Acquire) == token {
+            match ch.wait(timeout) {
+                // Release: the count says an event was consumed (see wake_events).
+                Ok(true) => drop(self.wake_events.fetch_add(1, Ordering::Release)),
+                Ok(false) => {}
+                Err(e) => self.set_error(e.to_string()),
+            }
+        }
+        self.reap_wakes();
     }
 
     fn error_reason(&self) -> Option<String> {

@@ -408,6 +408,16 @@ fn main() -> io::Result<()> {
             cfg.chunk_size(),
             cfg.tail_threshold()
         );
+        let ch = s.channel();
+        let (policy, wakes) = (ch.receiver().wait_policy(), ch.sender().wakes());
+        println!(
+            "# waits: {}; spin {}, yields {}, then {} (up to {:?})",
+            if wait == Wait::Spin { "busy polling" } else { "the connection's policy" },
+            policy.spin,
+            policy.yields,
+            if wakes { "block until the peer writes (wakes)" } else { "sleep" },
+            policy.sleep_max
+        );
         println!(
             "{:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9}",
             "size",

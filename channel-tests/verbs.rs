@@ -440,6 +440,167 @@ fn engine_end_to_end() {
     );
 }
 
+/// Opens the fabric with wakes on, whatever the machine's CPU count.
+fn fabric_with_wakes() -> VerbsFabric {
+    VerbsFabric::open_with(VerbsConfig {
+        wake: true,
+        ..VerbsConfig::from_env().unwrap()
+    })
+    .unwrap()
+}
+
+/// Wakes at the fabric: a waiter that armed and blocks is woken by the peer's write
+/// (not by its timeout, which is far longer), and a flood of writes that nobody
+/// reaps stays within the receive queue's budget: none fails, none is lost.
+#[test]
+fn wakes_wake_a_blocked_waiter_and_a_flood_stays_within_budget() {
+    let _ = fabric_or_skip!();
+    let (a, b) = (fabric_with_wakes(), fabric_with_wakes());
+    let (mut pa, mut pb) = (a.create_qp().unwrap(), b.create_qp().unwrap());
+    assert!(pa.accept_wakes().unwrap() && pb.accept_wakes().unwrap());
+    let (ca, cb) = (pa.card().unwrap(), pb.card().unwrap());
+    let (qa, qb) = (pa.connect(cb).unwrap(), pb.connect(ca).unwrap());
+    qa.send_wakes();
+    qb.send_wakes();
+    let src = a.alloc_region(4096, Access::LOCAL_WRITE).unwrap();
+    fill(&src, 3);
+    let target = b.alloc_region(64 << 10, Access::REMOTE_WRITE).unwrap();
+
+    // 1. Blocked until a write lands 200 ms later, well before the 30 s timeout.
+    let token = qb.arm_wake().expect("b takes wakes");
+    let sges = [sge_of(&src, 0, 64)];
+    let waited = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            // SAFETY: `src` outlives the request (it is waited for below).
+            unsafe { qa.post(&write_wr(1, &sges, &target, 0, false)) }.unwrap();
+        });
+        let start = Instant::now();
+        qb.block_wake(token, Duration::from_secs(30));
+        start.elapsed()
+    });
+    assert!(
+        waited < Duration::from_secs(20),
+        "the write did not wake the waiter ({waited:?})"
+    );
+    assert_eq!(qb.wakes_taken(), 1);
+    assert_eq!(wait_one(&qa).status, CompletionStatus::Success);
+    assert_eq!(&bytes(&target)[..64], &bytes(&src)[..64]);
+
+    // 2. 5000 writes (five times b's receives) while b reaps none: past the budget
+    // they go without immediate data, so none waits for a receive.
+    const FLOOD: u64 = 5000;
+    for i in 0..FLOOD {
+        let sges = [sge_of(&src, (i % 64) as usize * 64, 64)];
+        let signaled = i % 64 == 63;
+        let wr = WorkRequest {
+            signaled,
+            ..write_wr(100 + i, &sges, &target, (i % 1024) * 64, true)
+        };
+        loop {
+            // SAFETY: inline: the memory need only be valid during the call.
+            match unsafe { qa.post(&wr) } {
+                Ok(()) => break,
+                Err(FabricError::QueueFull) => {
+                    let mut out = [EMPTY; 16];
+                    let n = qa.poll(&mut out);
+                    assert!(out[..n].iter().all(|c| c.status == CompletionStatus::Success));
+                }
+                Err(e) => panic!("post {i}: {e}"),
+            }
+        }
+    }
+    let sent = qa.wakes_sent();
+    assert!(
+        (1..1024).contains(&sent),
+        "{sent} of {FLOOD} writes carried wakes; the budget is below 1024"
+    );
+    // b reaps (its waits and polls do), tells a, and a's wakes flow again.
+    let token = qb.arm_wake().unwrap();
+    qb.block_wake(token, Duration::from_millis(1));
+    let mut out = [EMPTY; 16];
+    let start = Instant::now();
+    while qa.wakes_sent() == sent {
+        // SAFETY: inline.
+        let _ = unsafe { qa.post(&write_wr(9, &[sge_of(&src, 0, 8)], &target, 0, true)) };
+        let _ = qa.poll(&mut out);
+        let t = qb.arm_wake().unwrap();
+        qb.block_wake(t, Duration::from_millis(1));
+        assert!(start.elapsed() < DEADLINE, "the budget never refilled");
+    }
+    assert_eq!(qa.state(), QpState::ReadyToSend, "{:?}", qa.last_error());
+    assert_eq!(qb.state(), QpState::ReadyToSend, "{:?}", qb.last_error());
+}
+
+/// The engine on wakes: both ends wait by blocking (one poll, then the channel),
+/// in both directions at once, messages with pauses between them and bursts past
+/// the wake budget; every byte arrives in order.
+#[test]
+fn engine_waits_block_on_wakes() {
+    let _ = fabric_or_skip!();
+    let policy = rdma_channel::config::WaitPolicy {
+        spin: 1,
+        yields: 0,
+        sleep_max: Duration::from_millis(1),
+    };
+    let cfg = Config::default()
+        .with_ring_size(64 << 10)
+        .with_chunk_size(4 << 10)
+        .with_wait_policy(policy);
+    let a = Prepared::new(fabric_with_wakes(), cfg.clone()).unwrap();
+    let b = Prepared::new(fabric_with_wakes(), cfg).unwrap();
+    let (card_a, card_b) = (a.card().unwrap(), b.card().unwrap());
+    let (mut a, mut b) = (a.connect(card_b).unwrap(), b.connect(card_a).unwrap());
+    assert!(a.sender().wakes() && b.sender().wakes());
+    // a -> b and b -> a at once, each end's writer and reader in its own thread.
+    let run = |tx: &mut rdma_channel::Sender<VerbsFabric>,
+               rx: &mut rdma_channel::Receiver<VerbsFabric>,
+               seed: u64| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut rng = Rng::new(seed);
+                let mut pos = 0u64;
+                for m in 0..300u64 {
+                    let n = if m % 50 < 40 { 8 } else { rng.log_uniform(1, 20_000) };
+                    let buf: Vec<u8> = (pos..pos + n as u64).map(stream_byte).collect();
+                    let mut off = 0;
+                    while off < n {
+                        off += tx.put(&[IoSlice::new(&buf[off..])]).unwrap();
+                        if off < n {
+                            tx.wait_writable().unwrap();
+                        }
+                    }
+                    pos += n as u64;
+                    if m % 50 == 49 {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+                tx.close().unwrap();
+            });
+            let mut pos = 0u64;
+            let mut buf = vec![0u8; 8192];
+            loop {
+                match rx.wait_readable() {
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
+                    r => r.unwrap(),
+                }
+                let got = rx.get(&mut [IoSliceMut::new(&mut buf)]).unwrap();
+                for (k, &x) in buf[..got].iter().enumerate() {
+                    assert_eq!(x, stream_byte(pos + k as u64), "byte {}", pos + k as u64);
+                }
+                pos += got as u64;
+            }
+            assert!(pos > 0);
+        })
+    };
+    let (mut arx, mut atx) = a.split();
+    let (mut brx, mut btx) = b.split();
+    std::thread::scope(|s| {
+        s.spawn(|| run(&mut atx, &mut brx, 1));
+        s.spawn(|| run(&mut btx, &mut arx, 2));
+    });
+}
+
 #[test]
 fn stream_handshake_over_unix_socket() {
     let f = fabric_or_skip!();

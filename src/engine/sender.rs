@@ -185,12 +185,11 @@ impl<F: Fabric> Sender<F> {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn snooze(&self, backoff: &mut Backoff) {
-        self.link.snooze(backoff);
+        self.link.snooze(backoff, None);
     }
 
     /// True when this end's waits block until the peer writes, instead of sleeping
-    /// (the fabric does wakes here: `RCH_IB_WAKE`, on by default for Soft-RoCE in a
-    /// one-CPU process).
+    /// (the fabric does wakes here: on verbs with `RCH_IB_WAKE=1`).
     pub fn wakes(&self) -> bool {
         self.link.wakes
     }
@@ -213,7 +212,7 @@ impl<F: Fabric> Sender<F> {
                 return Ok(());
             }
             self.link.serve_credit()?;
-            self.link.snooze(&mut b);
+            self.link.snooze(&mut b, None);
         }
         Ok(())
     }
@@ -697,7 +696,7 @@ impl<F: Fabric> Sender<F> {
                 return Ok(());
             }
             past(deadline, "write")?;
-            self.link.snooze(&mut b);
+            self.link.snooze(&mut b, None);
         }
     }
 }

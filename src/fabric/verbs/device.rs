@@ -500,10 +500,10 @@ impl CompChannel {
         unsafe { (*self.ch.as_ptr()).fd }
     }
 
-    /// Waits up to `timeout` for an event of an armed completion queue, then takes
-    /// and acknowledges it (the queue is then disarmed until armed again). Returns
-    /// whether an event was taken: false on timeout, and when another thread took
-    /// the event first.
+    /// Waits up to `timeout` for an event of an armed completion queue, without
+    /// taking it (see [`take_event`](Self::take_event)): true when there is one. The
+    /// event is left for later because taking it is a system call more, which a
+    /// waiter woken for its message should not pay before it reads the message.
     ///
     /// # Errors
     ///
@@ -523,25 +523,26 @@ impl CompChannel {
             if e.kind() == io::ErrorKind::Interrupted {
                 return Ok(false);
             }
-            return Err(io::Error::new(
-                e.kind(),
-                format!("poll on a completion channel: {e}"),
-            ));
+            return Err(io::Error::new(e.kind(), format!("poll on a completion channel: {e}")));
         }
-        if r == 0 {
-            return Ok(false);
-        }
+        Ok(r > 0)
+    }
+
+    /// Takes and acknowledges one event, if there is one (the queue it was for is
+    /// then disarmed until armed again); false when there is none, or another
+    /// thread took it first.
+    pub fn take_event(&self) -> bool {
         let mut cq: *mut sys::ibv_cq = std::ptr::null_mut();
         let mut cq_ctx: *mut libc::c_void = std::ptr::null_mut();
         // SAFETY: valid channel; the descriptor is non-blocking, so this returns -1
-        // (EAGAIN) at once when another reader took the event first.
+        // (EAGAIN) at once when there is no event.
         if unsafe { sys::ibv_get_cq_event(self.ch.as_ptr(), &mut cq, &mut cq_ctx) } != 0 {
-            return Ok(false);
+            return false;
         }
         // SAFETY: `cq` is the queue the event was for, alive (it is destroyed only
         // after all its events are acknowledged, which this does at once).
         unsafe { sys::ibv_ack_cq_events(cq, 1) };
-        Ok(true)
+        true
     }
 }
 

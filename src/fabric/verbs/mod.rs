@@ -134,14 +134,15 @@ pub struct VerbsConfig {
     /// zero-length RDMA WRITE), so that a process that only reads still learns of a
     /// dead peer or link (`RCH_IB_KEEPALIVE_MS`; 0 turns keepalives off).
     pub keepalive: std::time::Duration,
-    /// Whether queue pairs accept *wakes* (`RCH_IB_WAKE`: `1`, `0`, or unset for
-    /// automatic): the peer writes with immediate data, so a waiter that found
-    /// nothing can block on a completion channel until something lands instead of
-    /// polling or sleeping on a timer. `None` turns it on where the device's work
-    /// runs on this host's CPUs and the process has only one of them (a one-CPU VM
-    /// on Soft-RoCE), where polling takes the CPU from the device and a timer adds
-    /// its period to every message that lands mid-sleep.
-    pub wake: Option<bool>,
+    /// Whether queue pairs accept *wakes* (`RCH_IB_WAKE=1`; off by default): the
+    /// peer writes with immediate data, so a wait that found nothing blocks on a
+    /// completion channel until something lands, instead of sleeping on a timer.
+    /// That frees the CPU entirely while a process waits. It is off by default
+    /// because between two one-CPU Soft-RoCE VMs it was slower than the timer
+    /// (2 B latency 434-720 us against 376-497 sleeping, in five boots,
+    /// bench/README.md, 2026-11-26): there a blocked guest CPU is a descheduled
+    /// host thread, slow to wake.
+    pub wake: bool,
 }
 
 impl Default for VerbsConfig {
@@ -157,7 +158,7 @@ impl Default for VerbsConfig {
             retry_count: 6,
             rnr_retry: 7,
             keepalive: std::time::Duration::from_millis(1000),
-            wake: None,
+            wake: false,
         }
     }
 }
@@ -177,8 +178,8 @@ fn env_number<T: std::str::FromStr>(name: &str) -> io::Result<Option<T>> {
 impl VerbsConfig {
     /// The defaults, overridden by `RCH_IB_DEVICE`, `RCH_IB_PORT`,
     /// `RCH_IB_GID_INDEX` (or, without it, `SOFTROCE_GID_INDEX`), `RCH_IB_TIMEOUT`
-    /// (the ACK timeout exponent), `RCH_IB_KEEPALIVE_MS` and `RCH_IB_WAKE` (`1`,
-    /// `0`, `auto`).
+    /// (the ACK timeout exponent), `RCH_IB_KEEPALIVE_MS` and `RCH_IB_WAKE` (`1` or
+    /// `0`).
     ///
     /// ```
     /// let cfg = rdma_channel::fabric::verbs::VerbsConfig::from_env()?;
@@ -210,13 +211,12 @@ impl VerbsConfig {
             cfg.keepalive = std::time::Duration::from_millis(ms);
         }
         cfg.wake = match std::env::var("RCH_IB_WAKE").as_deref().map(str::trim) {
-            Err(_) | Ok("") | Ok("auto") => None,
-            Ok("1") => Some(true),
-            Ok("0") => Some(false),
+            Err(_) | Ok("") | Ok("0") => false,
+            Ok("1") => true,
             Ok(v) => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
-                    format!("RCH_IB_WAKE={v:?} is neither 1, 0 nor auto"),
+                    format!("RCH_IB_WAKE={v:?} is neither 1 nor 0"),
                 ))
             }
         };
@@ -404,7 +404,7 @@ impl VerbsFabric {
             send_wr: cfg.send_queue_depth.clamp(2, max_wr),
             send_sge: cfg.max_sge.clamp(1, MAX_SGE as u32).min(max_sge),
             inline: cfg.max_inline,
-            recv_wr: if wakes_by_default(&cfg, ctx.name()) {
+            recv_wr: if cfg.wake {
                 qp::WAKE_RECEIVES.min(max_wr)
             } else {
                 0
@@ -611,15 +611,6 @@ impl Fabric for VerbsFabric {
             100
         }
     }
-}
-
-/// Whether queue pairs accept wakes under `cfg` on device `name` (see
-/// [`VerbsConfig::wake`]).
-fn wakes_by_default(cfg: &VerbsConfig, name: &str) -> bool {
-    cfg.wake.unwrap_or_else(|| {
-        device::is_software_device(name)
-            && std::thread::available_parallelism().map_or(1, |n| n.get()) == 1
-    })
 }
 
 /// Smallest buffer sent zero-copy by default on verbs to a peer elsewhere.

@@ -637,6 +637,7 @@ impl PendingQp for VerbsPending {
             reaped_told: AtomicU32::new(0),
             peer_reaped: AtomicU32::new(0),
             report_in_flight: AtomicBool::new(false),
+            event_seen: AtomicBool::new(false),
             posted: AtomicBool::new(false),
             qp: self.qp,
             ctx,
@@ -729,6 +730,8 @@ pub struct VerbsQp {
     peer_reaped: AtomicU32,
     /// A wake report is in flight (one at a time, in its reserved entry).
     report_in_flight: AtomicBool,
+    /// A wait saw an event on the channel and left it there (see `block_wake`).
+    event_seen: AtomicBool,
 }
 
 /// Since when the send queue has been silent (for keepalives).
@@ -781,6 +784,21 @@ impl VerbsQp {
     /// The underlying verbs queue pair (e.g. for [`RcQueuePair::query_state`]).
     pub fn queue_pair(&self) -> &RcQueuePair {
         &self.qp
+    }
+
+    /// How many wakes a blocked wait of this end has taken from its completion
+    /// channel so far (see [`QueuePair::block_wake`]).
+    pub fn wakes_taken(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.wake_events.load(Ordering::Relaxed)
+    }
+
+    /// How many of our writes carried immediate data to wake the peer so far (the
+    /// rest went without: the peer had not said it wants wakes, or the budget of
+    /// its receive queue was spent).
+    pub fn wakes_sent(&self) -> u32 {
+        // Relaxed: a statistic.
+        self.wakes_sent.load(Ordering::Relaxed)
     }
 
     /// Why the queue pair is in the error state, in words (`None` while it is not).
@@ -1220,6 +1238,14 @@ impl QueuePair for VerbsQp {
         let token = self.wake_events.load(Ordering::Acquire);
         // Arm first, reap after: a completion that lands after the arm raises an
         // event, one before it is seen by the caller's next look.
+        // An event a wait saw but left (see block_wake) is taken now, before the
+        // arm: its queue is disarmed until then, and the channel stays readable.
+        // Relaxed: the flag only saves a system call when there is nothing to take.
+        if self.event_seen.swap(false, Ordering::Relaxed) {
+            if let Some(ch) = &self.qp.channel {
+                ch.take_event();
+            }
+        }
         let armed = self
             .qp
             .cq
@@ -1242,8 +1268,12 @@ impl QueuePair for VerbsQp {
         // Acquire: as in arm_wake.
         if self.wake_events.load(Ordering::Acquire) == token {
             match ch.wait(timeout) {
-                // Release: the count says an event was consumed (see wake_events).
-                Ok(true) => drop(self.wake_events.fetch_add(1, Ordering::Release)),
+                Ok(true) => {
+                    // Relaxed: see arm_wake.
+                    self.event_seen.store(true, Ordering::Relaxed);
+                    // Release: the count says an event arrived (see wake_events).
+                    self.wake_events.fetch_add(1, Ordering::Release);
+                }
                 Ok(false) => {}
                 Err(e) => self.set_error(e.to_string()),
             }

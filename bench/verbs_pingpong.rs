@@ -412,10 +412,18 @@ fn main() -> io::Result<()> {
         let (policy, wakes) = (ch.receiver().wait_policy(), ch.sender().wakes());
         println!(
             "# waits: {}; spin {}, yields {}, then {} (up to {:?})",
-            if wait == Wait::Spin { "busy polling" } else { "the connection's policy" },
+            if wait == Wait::Spin {
+                "busy polling"
+            } else {
+                "the connection's policy"
+            },
             policy.spin,
             policy.yields,
-            if wakes { "block until the peer writes (wakes)" } else { "sleep" },
+            if wakes {
+                "block until the peer writes (wakes)"
+            } else {
+                "sleep"
+            },
             policy.sleep_max
         );
         println!(

@@ -504,7 +504,9 @@ fn wakes_wake_a_blocked_waiter_and_a_flood_stays_within_budget() {
                 Err(FabricError::QueueFull) => {
                     let mut out = [EMPTY; 16];
                     let n = qa.poll(&mut out);
-                    assert!(out[..n].iter().all(|c| c.status == CompletionStatus::Success));
+                    assert!(out[..n]
+                        .iter()
+                        .all(|c| c.status == CompletionStatus::Success));
                 }
                 Err(e) => panic!("post {i}: {e}"),
             }
@@ -561,7 +563,11 @@ fn engine_waits_block_on_wakes() {
                 let mut rng = Rng::new(seed);
                 let mut pos = 0u64;
                 for m in 0..300u64 {
-                    let n = if m % 50 < 40 { 8 } else { rng.log_uniform(1, 20_000) };
+                    let n = if m % 50 < 40 {
+                        8
+                    } else {
+                        rng.log_uniform(1, 20_000)
+                    };
                     let buf: Vec<u8> = (pos..pos + n as u64).map(stream_byte).collect();
                     let mut off = 0;
                     while off < n {

@@ -9,7 +9,7 @@ use super::card::{ConnCard, CTRL_SIZE};
 use super::link::{Link, SendQueue};
 use super::receiver::Receiver;
 use super::sender::{Sender, MAX_SGE};
-use super::wait::{contended, wait_policy_for, WaitHistory};
+use super::wait::wait_policy_for;
 use super::Channel;
 use crate::config::Config;
 use crate::fabric::{
@@ -176,8 +176,6 @@ impl<F: Fabric> Prepared<F> {
             rcache: registration_cache(&self.fabric, &self.cfg),
             wait: wait_policy_for(&self.fabric, &self.cfg),
             wakes: self.wakes,
-            adaptive: contended(&self.fabric, &self.cfg),
-            rx_waits: WaitHistory::default(),
             cfg: self.cfg,
             fabric: self.fabric,
         });

@@ -6,7 +6,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::wait::{Backoff, WaitHistory};
+use super::wait::Backoff;
 use crate::config::{Config, WaitPolicy};
 use crate::fabric::{
     CompletedOp, Completion, CompletionStatus, Fabric, FabricError, GatherList, QpState, QueuePair,
@@ -67,10 +67,6 @@ pub(crate) struct Link<F: Fabric> {
     /// The queue pair takes wakes: a wait past its busy polls blocks until the peer
     /// writes (`QueuePair::arm_wake`) instead of sleeping on a timer.
     pub(crate) wakes: bool,
-    /// Waits are contended, and those for data spin adaptively by `rx_waits`
-    /// (`wait::WaitHistory`), which the receiver keeps.
-    pub(crate) adaptive: bool,
-    pub(crate) rx_waits: WaitHistory,
     pub(crate) fabric: F,
 }
 
@@ -371,18 +367,11 @@ impl<F: Fabric> Link<F> {
         }
     }
 
-    /// One step of a wait that found nothing: `b.snooze()`, except that a contended
-    /// wait of a kind with a `history` first busy-polls within its spin budget, and
-    /// that where the queue pair takes wakes a wait past its polls and yields
-    /// blocks until the peer writes (or a completion of ours arrives) instead of
-    /// sleeping.
+    /// One step of a wait that found nothing: `b.snooze()`, except that where the
+    /// queue pair takes wakes a wait past its polls and yields blocks until the peer
+    /// writes (or a completion of ours arrives) instead of sleeping.
     #[inline]
-    pub(crate) fn snooze(&self, b: &mut Backoff, history: Option<&WaitHistory>) {
-        if let Some(h) = history.filter(|_| self.adaptive) {
-            if b.spin_adaptively(h) {
-                return;
-            }
-        }
+    pub(crate) fn snooze(&self, b: &mut Backoff) {
         if self.wakes {
             b.snooze_on(&self.qp);
         } else {

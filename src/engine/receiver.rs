@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::link::{Link, HEALTH_EVERY};
-use super::wait::{past, Backoff, WaitHistory};
+use super::wait::{past, Backoff};
 use crate::fabric::Fabric;
 use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory};
@@ -40,11 +40,6 @@ pub struct Receiver<F: Fabric> {
     cur_left: usize,
     cur_cells: usize,
     in_packet: bool,
-    /// The last poll found a packet's header at the read position and not yet its
-    /// trailer: the packet is landing.
-    landing: bool,
-    /// Since when polls have found nothing, on an adaptive link (`Link::rx_waits`).
-    idle_since: Option<Instant>,
     empty_polls: u32,
     /// The zero-copy transfer being read, if the stream is at one.
     pub(crate) zc: Option<ZcRecv>,
@@ -104,8 +99,6 @@ impl<F: Fabric> Receiver<F> {
             cur_left: 0,
             cur_cells: 0,
             in_packet: false,
-            landing: false,
-            idle_since: None,
             empty_polls: 0,
             zc: None,
             zc_expected_id: 1,
@@ -130,7 +123,6 @@ impl<F: Fabric> Receiver<F> {
             let mut hbytes = [0u8; HEADER_LEN];
             hbytes[..8].copy_from_slice(&first.to_le_bytes());
             if !Header::new_unchecked(&hbytes[..]).is_at(self.read_pos) {
-                self.landing = false;
                 return Ok(false);
             }
             let len = Header::new_unchecked(&hbytes[..]).len() as usize;
@@ -147,12 +139,7 @@ impl<F: Fabric> Receiver<F> {
             // Acquire pairs with the fabric's Release store of the last word of the
             // write: once the trailer is visible, so is every byte before it.
             if self.load_word(end - 8, Ordering::Acquire) != trailer_word(end) {
-                self.landing = true;
                 return Ok(false);
-            }
-            self.landing = false;
-            if let Some(t) = self.idle_since.take() {
-                self.link.rx_waits.learn(t.elapsed());
             }
             // Re-read the header now that the whole packet is visible; a first read that
             // raced with the write (and so pointed us at a wrong trailer) shows up here.
@@ -313,7 +300,7 @@ impl<F: Fabric> Receiver<F> {
         let mut b = Backoff::with_policy(self.link.wait);
         while self.link.ctrl.lend_landed() < number {
             self.check_lend(number)?;
-            self.link.snooze(&mut b, None);
+            self.link.snooze(&mut b);
         }
         Ok(())
     }
@@ -433,19 +420,10 @@ impl<F: Fabric> Receiver<F> {
     }
 
     /// One step of a caller's own wait loop (as [`Sender::snooze`](crate::Sender::snooze)):
-    /// on a contended connection a wait for a message not yet begun busy-polls
-    /// while waits have been short; on one that takes wakes, a wait past its busy
-    /// polls blocks until the peer writes or a read of ours completes.
+    /// on a connection that takes wakes, a wait past its busy polls blocks until
+    /// the peer writes or a read of ours completes.
     pub fn snooze(&self, backoff: &mut Backoff) {
-        self.link.snooze(backoff, self.idle_waits());
-    }
-
-    /// The history an adaptive wait for data learns from and spins by, unless a
-    /// packet is landing: its header is here and its trailer not, so the rest is
-    /// being moved, by the device (on this CPU, for a software one), not awaited
-    /// from the peer, and spinning would only slow it.
-    fn idle_waits(&self) -> Option<&WaitHistory> {
-        (!self.landing).then_some(&self.link.rx_waits)
+        self.link.snooze(backoff);
     }
 
     /// Parts of zero-copy transfers lent to the peer to push so far (see
@@ -593,9 +571,6 @@ impl<F: Fabric> Receiver<F> {
                 "the peer closed the connection",
             ));
         }
-        if self.link.adaptive && self.idle_since.is_none() {
-            self.idle_since = Some(Instant::now());
-        }
         // Our sending side may be blocked on this end's reading while the peer
         // waits for it to push.
         self.link.serve_lend()?;
@@ -647,7 +622,7 @@ impl<F: Fabric> Receiver<F> {
             self.maintain()?;
             self.idle()?;
             past(deadline, "read")?;
-            self.link.snooze(&mut b, self.idle_waits());
+            self.link.snooze(&mut b);
         }
     }
 

@@ -185,7 +185,7 @@ impl<F: Fabric> Sender<F> {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn snooze(&self, backoff: &mut Backoff) {
-        self.link.snooze(backoff, None);
+        self.link.snooze(backoff);
     }
 
     /// True when this end's waits block until the peer writes, instead of sleeping
@@ -212,7 +212,7 @@ impl<F: Fabric> Sender<F> {
                 return Ok(());
             }
             self.link.serve_credit()?;
-            self.link.snooze(&mut b, None);
+            self.link.snooze(&mut b);
         }
         Ok(())
     }
@@ -696,7 +696,7 @@ impl<F: Fabric> Sender<F> {
                 return Ok(());
             }
             past(deadline, "write")?;
-            self.link.snooze(&mut b, None);
+            self.link.snooze(&mut b);
         }
     }
 }

@@ -6,8 +6,7 @@
 //! Panda, *High Performance RDMA-Based MPI Implementation over InfiniBand*, ICS 2003,
 //! sec. 4.7 discusses the same trade-off for polling sets).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::config::{Config, WaitPolicy};
 use crate::fabric::{Fabric, QueuePair};
@@ -27,18 +26,6 @@ pub(crate) fn available_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Longest typical wait for which a contended wait spins (see [`WaitHistory`]):
-/// beyond it the peer is busy with something long (a window of large messages),
-/// and a spinning waiter would only take the CPU that moves it.
-const ADAPTIVE_SPIN_MAX: Duration = Duration::from_millis(3);
-
-/// Whether a connection on `fabric` waits as a contended one: its fabric's work runs
-/// on this host's CPUs, this process has only one of them, and the user chose no
-/// policy. Such waits poll briefly and sleep, and spin adaptively ([`WaitHistory`]).
-pub(crate) fn contended<F: Fabric>(fabric: &F, cfg: &Config) -> bool {
-    !cfg.wait_policy_is_set() && fabric.uses_host_cpus() && available_cpus() == 1
-}
-
 /// The wait policy a connection on `fabric` uses: the configured one, except where
 /// the fabric's work runs on this host's CPUs and this process has only one (a
 /// one-CPU VM on Soft-RoCE): a spinning waiter would take it from the device, so it
@@ -48,55 +35,13 @@ pub(crate) fn contended<F: Fabric>(fabric: &F, cfg: &Config) -> bool {
 /// 2026-11-25).
 pub(crate) fn wait_policy_for<F: Fabric>(fabric: &F, cfg: &Config) -> WaitPolicy {
     let p = cfg.wait_policy();
-    if !contended(fabric, cfg) {
+    if cfg.wait_policy_is_set() || !fabric.uses_host_cpus() || available_cpus() > 1 {
         return p;
     }
     WaitPolicy {
         spin: p.spin.min(CONTENDED_SPIN),
         yields: 0,
         sleep_max: p.sleep_max.min(CONTENDED_SLEEP_MAX),
-    }
-}
-
-/// How long a connection's receiver waited for data lately, from the first poll that
-/// found nothing to the packet: an average over the last few waits (weight 1/8 for
-/// the newest).
-///
-/// A contended waiter (one CPU shared with a software RDMA device) sleeps after a
-/// few polls, so that the device gets the CPU, and so notices a message only when
-/// its sleep ends. But where the waits are short, as in a request and its reply,
-/// what it waits for is a message on the wire, not work on this CPU: there it
-/// busy-polls up to twice its typical wait before it sleeps, as the block layer's
-/// hybrid polling does. Between two one-CPU Soft-RoCE VMs this took 2 B latency
-/// from 511 to 427 us and kept 64 KiB messages at 17.2 MB/s against 17.7 asleep and
-/// 13.1 spinning (bench/README.md, 2026-11-26).
-#[derive(Debug, Default)]
-pub(crate) struct WaitHistory {
-    /// Nanoseconds; 0 before the first wait.
-    typical_ns: AtomicU64,
-}
-
-impl WaitHistory {
-    /// Counts one finished wait.
-    pub(crate) fn learn(&self, waited: Duration) {
-        let w = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
-        // Relaxed: a heuristic; a lost update between two waiters of one kind only
-        // drops one sample.
-        let t = self.typical_ns.load(Ordering::Relaxed);
-        let next = if t == 0 { w } else { t - t / 8 + w / 8 };
-        self.typical_ns.store(next.max(1), Ordering::Relaxed);
-    }
-
-    /// How long a wait may busy-poll before its policy's sleeps: twice the typical
-    /// wait where that is shorter than [`ADAPTIVE_SPIN_MAX`], else not at all.
-    pub(crate) fn spin_budget(&self) -> Duration {
-        // Relaxed: as in learn.
-        let t = Duration::from_nanos(self.typical_ns.load(Ordering::Relaxed));
-        if t < ADAPTIVE_SPIN_MAX {
-            t * 2
-        } else {
-            Duration::ZERO
-        }
     }
 }
 
@@ -122,8 +67,6 @@ pub struct Backoff {
     sleep: Duration,
     /// The token of a wake armed by the last step (see `snooze_on`).
     armed: Option<u64>,
-    /// When the adaptive part of this wait began (see `spin_adaptively`).
-    started: Option<Instant>,
 }
 
 impl Backoff {
@@ -142,7 +85,6 @@ impl Backoff {
             step: 0,
             sleep: Duration::from_micros(1),
             armed: None,
-            started: None,
         }
     }
 
@@ -192,21 +134,7 @@ impl Backoff {
         self.step = 0;
         self.sleep = Duration::from_micros(1);
         self.armed = None;
-        self.started = None;
     }
-
-    /// One step of an adaptive wait (see [`WaitHistory`]): busy-polls once and
-    /// returns true while this wait is within `history`'s spin budget; false when
-    /// the caller should snooze as usual.
-    pub(crate) fn spin_adaptively(&mut self, history: &WaitHistory) -> bool {
-        let start = *self.started.get_or_insert_with(Instant::now);
-        if start.elapsed() < history.spin_budget() {
-            std::hint::spin_loop();
-            return true;
-        }
-        false
-    }
-
 }
 
 /// `TimedOut` ("`what` timed out") once `deadline` has passed; `Ok` without one.

@@ -523,7 +523,10 @@ impl CompChannel {
             if e.kind() == io::ErrorKind::Interrupted {
                 return Ok(false);
             }
-            return Err(io::Error::new(e.kind(), format!("poll on a completion channel: {e}")));
+            return Err(io::Error::new(
+                e.kind(),
+                format!("poll on a completion channel: {e}"),
+            ));
         }
         Ok(r > 0)
     }

@@ -139,7 +139,7 @@ pub struct VerbsConfig {
     /// completion channel until something lands, instead of sleeping on a timer.
     /// That frees the CPU entirely while a process waits. It is off by default
     /// because between two one-CPU Soft-RoCE VMs it was slower than the timer
-    /// (2 B latency 434-720 us against 376-497 sleeping, in five boots,
+    /// (2 B latency 434-720 us against 376-497 sleeping, in four one-boot A/Bs,
     /// bench/README.md, 2026-11-26): there a blocked guest CPU is a descheduled
     /// host thread, slow to wake.
     pub wake: bool,

@@ -189,7 +189,8 @@ impl ConnCard<&[u8]> {
 mod tests {
     use super::*;
 
-    fn good() -> Vec<u8> {
+    /// A 4 MiB ring and a control region, both valid.
+    fn regions() -> (RemoteRegion, RemoteRegion) {
         let ring = RemoteRegion {
             addr: 1 << 20,
             len: 1 << 22,
@@ -200,6 +201,11 @@ mod tests {
             len: CTRL_SIZE as u64,
             rkey: 0xccdd,
         };
+        (ring, ctrl)
+    }
+
+    fn good() -> Vec<u8> {
+        let (ring, ctrl) = regions();
         ConnCard::encode(ring, ctrl, b"RCHVcm").unwrap()
     }
 
@@ -217,20 +223,11 @@ mod tests {
 
     #[test]
     fn carries_the_wakes_flag() {
-        let ring = RemoteRegion {
-            addr: 1 << 20,
-            len: 1 << 16,
-            rkey: 1,
-        };
-        let ctrl = RemoteRegion {
-            addr: 2 << 20,
-            len: CTRL_SIZE as u64,
-            rkey: 2,
-        };
+        let (ring, ctrl) = regions();
         let b = ConnCard::encode_with(ring, ctrl, true, b"x").unwrap();
         let c = ConnCard::new_checked(&b[..]).unwrap();
         assert!(c.wakes());
-        assert_eq!(c.ring().len, 1 << 16);
+        assert_eq!((c.ring(), c.ctrl()), (ring, ctrl));
     }
 
     #[test]

@@ -674,8 +674,8 @@ fn link_layer_name(l: u8) -> &'static str {
 /// has been silent for [`VerbsConfig::keepalive`](super::VerbsConfig::keepalive): a
 /// vanished peer or a dead link then exhausts the transport retries (7 tries of
 /// 4.096 µs × 2^timeout each, about 0.5 s with the defaults) and the queue pair fails.
-/// Two send queue entries beyond [`Caps::max_send_wr`] are reserved for it and for the
-/// *linger* marker: dropping a queue pair that rdma_cm connected first waits (up to
+/// Three send queue entries beyond [`Caps::max_send_wr`] are reserved: for it, for the
+/// wake report (below) and for the *linger* marker: dropping a queue pair that rdma_cm connected first waits (up to
 /// 2 s) until everything posted before was acknowledged, so that the last writes (the
 /// end of stream) are not flushed by the disconnect, then disconnects, which the peer
 /// sees at once. (A queue pair connected by card exchange is destroyed at once, as

@@ -8,7 +8,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use rdma_channel::fabric::Fabric;
-use rdma_channel::{RdmaListener, RdmaStream};
+use rdma_channel::{Peeked, RdmaListener, RdmaStream};
 
 const SOCKET_VAR: &str = "RCH_PEER_SOCKET";
 
@@ -103,6 +103,34 @@ pub fn recv_all<F: Fabric>(s: &mut RdmaStream<F>, buf: &mut [u8]) -> io::Result<
     Ok(())
 }
 
+/// Gets `buf.len()` bytes the way `ucx_perftest`'s am test receives a message:
+/// looked at where they landed ([`Receiver::peek`](rdma_channel::Receiver::peek))
+/// and consumed without being copied or read. A zero-copy transfer, which is not in
+/// the ring, is read into `buf` as [`recv_all`] does.
+pub fn recv_in_place<F: Fabric>(s: &mut RdmaStream<F>, buf: &mut [u8]) -> io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        let rx = s.channel().receiver();
+        let n = match rx.peek()? {
+            Peeked::Bytes(lent) => lent.len().min(buf.len() - at),
+            Peeked::Nothing => continue,
+            Peeked::ZeroCopy { .. } => {
+                at += rx.get(&mut [IoSliceMut::new(&mut buf[at..])])?;
+                continue;
+            }
+        };
+        rx.consume(n)?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// True when the command line asks for `--in-place`: messages are received with
+/// [`recv_in_place`] instead of copied into the receive buffer.
+pub fn in_place() -> bool {
+    std::env::args().any(|a| a == "--in-place")
+}
+
 /// True when the command line asks for `--alloc`: message buffers then come from
 /// `alloc_mem` (as OSU's `MPI_Alloc_mem` option), else from the heap.
 pub fn alloc_buffers() -> bool {
@@ -152,6 +180,7 @@ pub fn latency_with<F: Fabric>(
     iters: usize,
     send: &mut SendFn<F>,
 ) -> io::Result<Duration> {
+    let recv = receive_fn::<F>();
     let warm = (iters / 10).max(10);
     let mut start = Instant::now();
     for i in 0..warm + iters {
@@ -160,9 +189,9 @@ pub fn latency_with<F: Fabric>(
         }
         if matches!(side, Side::Parent(_)) {
             send(s, sbuf)?;
-            recv_all(s, rbuf)?;
+            recv(s, rbuf)?;
         } else {
-            recv_all(s, rbuf)?;
+            recv(s, rbuf)?;
             send(s, sbuf)?;
         }
     }
@@ -186,8 +215,18 @@ pub fn bandwidth<F: Fabric>(
         (&sbuf, &mut rbuf),
         window,
         iters,
-        (&mut send_all, &mut recv_all),
+        (&mut send_all, &mut receive_fn::<F>()),
     )
+}
+
+/// How the benchmarks receive a message: [`recv_in_place`] under `--in-place`, else
+/// [`recv_all`].
+fn receive_fn<F: Fabric>() -> fn(&mut RdmaStream<F>, &mut [u8]) -> io::Result<()> {
+    if in_place() {
+        recv_in_place
+    } else {
+        recv_all
+    }
 }
 
 /// [`bandwidth`] with given buffers (send, receive) and given ways of sending and

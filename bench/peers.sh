@@ -13,6 +13,10 @@
 #   rdma-channel-alloc  the same with `--alloc` (alloc_mem buffers): informational, not
 #                       a peer; the ratio compares the heap column, as an MPI
 #                       application's buffers are
+#   rdma-channel-inplace
+#                       the same with `--in-place`: heap buffers, received in place
+#                       (Receiver::peek and consume, bytes not read), the way ucx-am
+#                       receives; informational, not a peer
 #   mpich-ucx           Debian's MPICH (ch4:ucx); UCX's default transports here are
 #                       the same as UCX_TLS=sm,self (sysv shared memory + CMA single
 #                       copy), so that setting has no column of its own
@@ -100,13 +104,14 @@ mpich_v=$(version mpich) ompi_v=$(version openmpi-bin) ucx_v=$(version ucx-utils
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ours=rdma-channel
-systems=(rdma-channel rdma-channel-alloc mpich-ucx mpich-ucx-mm ompi-vader-cma
-    ompi-vader-copy ompi-ucx ucx-tag ucx-stream ucx-am)
-peers=("${systems[@]:2}")
+systems=(rdma-channel rdma-channel-alloc rdma-channel-inplace mpich-ucx mpich-ucx-mm
+    ompi-vader-cma ompi-vader-copy ompi-ucx ucx-tag ucx-stream ucx-am)
+peers=("${systems[@]:3}")
 # Labels go into the CSV unquoted: no commas.
 declare -A label=(
     [rdma-channel]="rdma-channel (heap)"
     [rdma-channel-alloc]="rdma-channel (alloc_mem)"
+    [rdma-channel-inplace]="rdma-channel (heap; in place)"
     [mpich-ucx]="MPICH $mpich_v ch4:ucx"
     [mpich-ucx-mm]="MPICH $mpich_v ch4:ucx UCX_TLS=mm+self"
     [ompi-vader-cma]="Open MPI $ompi_v ob1+vader (CMA)"
@@ -173,6 +178,7 @@ run() {
     case "$1" in
         rdma-channel) cargo bench -q --bench pingpong -- --sizes "$sizes" 2>/dev/null ;;
         rdma-channel-alloc) cargo bench -q --bench pingpong -- --sizes "$sizes" --alloc 2>/dev/null ;;
+        rdma-channel-inplace) cargo bench -q --bench pingpong -- --sizes "$sizes" --in-place 2>/dev/null ;;
         mpich-ucx) mpiexec.mpich -n 2 "$work/osu_mpich" --sizes "$sizes" ;;
         mpich-ucx-mm) UCX_TLS=mm,self mpiexec.mpich -n 2 "$work/osu_mpich" --sizes "$sizes" ;;
         ompi-vader-cma)
@@ -208,7 +214,7 @@ rm -f "$work"/*.round"$kept"
 table() {
     local field=$1 best=$2 title=$3 z s
     echo
-    echo "$title, medians of $kept round(s); CPUs 0 and 1, heap buffers (but rdma-channel (alloc_mem))"
+    echo "$title, medians of $kept round(s); CPUs 0 and 1, heap buffers (but rdma-channel (alloc_mem)); ours / best compares rdma-channel (heap)"
     echo
     table_head "best peer" "ours / best"
     for z in ${sizes//,/ }; do
@@ -235,7 +241,7 @@ table 3 max "Bandwidth (GB/s, 64 messages in flight)"
 {
     # The first line is the plot's caption: when, how many rounds, how strict, where.
     echo "# bench/peers.sh $(date -u +%Y-%m-%d): medians of $kept round(s), probe max $probe_max ns, $(nproc) CPUs: $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
-    echo "# latency = half the mean round trip (us); bandwidth = 64 in flight (GB/s = 1e9 B/s); two processes or ranks on CPUs 0 and 1, heap buffers but rdma-channel-alloc"
+    echo "# latency = half the mean round trip (us); bandwidth = 64 in flight (GB/s = 1e9 B/s); two processes or ranks on CPUs 0 and 1, heap buffers but rdma-channel-alloc; rdma-channel-inplace receives in place"
     echo "system,label,size,latency_us,bw_GBps"
     for s in "${systems[@]}"; do
         for z in ${sizes//,/ }; do

@@ -6,6 +6,7 @@
 //! cargo bench --bench pingpong                       # full table
 //! cargo bench --bench pingpong -- --sizes 8,65536    # chosen sizes
 //! cargo bench --bench pingpong -- --alloc            # buffers from alloc_mem
+//! cargo bench --bench pingpong -- --in-place         # receive in place (Receiver::peek)
 //! cargo bench --bench pingpong -- --csv t.csv         # the table as CSV too
 //! RCH_RING_SIZE=1m RCH_CHUNK_SIZE=32k cargo bench --bench pingpong -- --sizes 1048576
 //! ```
@@ -71,10 +72,11 @@ fn main() -> io::Result<()> {
     let (mut s, side) = connect_pair("bench")?;
     let parent = matches!(side, Side::Parent(_));
     let cfg = s.config().clone();
-    let buffers = if peer::alloc_buffers() {
-        "alloc_mem"
-    } else {
-        "heap"
+    let buffers = match (peer::alloc_buffers(), peer::in_place()) {
+        (false, false) => "heap",
+        (true, false) => "alloc_mem",
+        (false, true) => "heap, in place",
+        (true, true) => "alloc_mem, in place",
     };
     let comments = [
         format!(
@@ -94,6 +96,14 @@ fn main() -> io::Result<()> {
         format!(
             "# buffers: {} (separate send and receive buffers, as osu_latency/osu_bw); default zero-copy thresholds",
             if peer::alloc_buffers() { "alloc_mem (like MPI_Alloc_mem)" } else { "heap" }
+        ),
+        format!(
+            "# receive: {}",
+            if peer::in_place() {
+                "in place (Receiver::peek and consume; the bytes are not read, as ucx_perftest's am test)"
+            } else {
+                "copied into the receive buffer (get)"
+            }
         ),
     ];
     // The rows of --csv: ours, then memcpy's (its latency column empty).

@@ -6,13 +6,13 @@
 
 mod common;
 
-use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::io::{ErrorKind, IoSlice, IoSliceMut, Read, Write};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use rdma_channel::fabric::AnyFabric;
 use rdma_channel::rcache::WatchMode;
-use rdma_channel::{Channel, Config, Prepared, RdmaStream};
+use rdma_channel::{Channel, Config, Peeked, Prepared, RdmaStream};
 
 use common::zc::{run_zc_model, send_from_remapped_buffer, ZcCase};
 use common::{ioe, join, stream_check, stream_fill, watched, Rng, SETTLE};
@@ -337,6 +337,88 @@ fn buffered_get_stops_before_a_zero_copy_transfer() {
     // SAFETY: as above.
     let n = unsafe { a.sender().put_nocopy(&[IoSlice::new(&big)]) }.unwrap();
     assert_eq!(n, 100_000, "counted once read");
+}
+
+/// `peek` lends ring bytes and says when a zero-copy transfer is next, which only a
+/// `get` reads; a consume past what was lent is refused; bytes after the transfer are
+/// lent again.
+#[test]
+fn peek_lends_ring_bytes_and_stops_at_a_zero_copy_transfer() {
+    let (mut a, mut b) = chan_pair(zc_config(1 << 16, 1 << 14, 1024, 1024));
+    let small = [7u8; 10];
+    let big: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(a.put(&[IoSlice::new(&small)]).unwrap(), 10);
+    // SAFETY: `big` outlives every call below and is not modified.
+    let n = unsafe { a.sender().put_nocopy(&[IoSlice::new(&big)]) }.unwrap();
+    assert_eq!(n, 0, "announced, not copied");
+    let start = Instant::now();
+    let rx = b.receiver();
+    let lent = loop {
+        assert!(start.elapsed() < SETTLE, "the small bytes never arrived");
+        if let Peeked::Bytes(bytes) = rx.peek().unwrap() {
+            break bytes.to_vec();
+        }
+    };
+    assert_eq!(lent, small);
+    assert_eq!(rx.consume(11).unwrap_err().kind(), ErrorKind::InvalidInput);
+    rx.consume(10).unwrap();
+    let left = loop {
+        assert!(start.elapsed() < SETTLE, "the announcement never arrived");
+        match rx.peek().unwrap() {
+            Peeked::ZeroCopy { left } => break left,
+            Peeked::Nothing => {}
+            Peeked::Bytes(bytes) => panic!("lent {} bytes of a zero-copy transfer", bytes.len()),
+        }
+    };
+    assert_eq!(left, 100_000);
+    assert_eq!(rx.consume(1).unwrap_err().kind(), ErrorKind::InvalidInput);
+    let mut dst = vec![0u8; 60_000];
+    let mut at = 0;
+    while at < dst.len() {
+        assert!(start.elapsed() < SETTLE, "the transfer never landed");
+        at += rx.get(&mut [IoSliceMut::new(&mut dst[at..])]).unwrap();
+    }
+    assert_eq!(dst, big[..60_000]);
+    assert!(matches!(
+        rx.peek().unwrap(),
+        Peeked::ZeroCopy { left: 40_000 }
+    ));
+    let mut at = 0;
+    while at < 40_000 {
+        assert!(start.elapsed() < SETTLE, "the transfer never finished");
+        at += rx
+            .get(&mut [IoSliceMut::new(&mut dst[at..40_000])])
+            .unwrap();
+    }
+    assert_eq!(dst[..40_000], big[60_000..]);
+    assert!(matches!(rx.peek().unwrap(), Peeked::Nothing));
+    // SAFETY: as above.
+    let n = unsafe { a.sender().put_nocopy(&[IoSlice::new(&big)]) }.unwrap();
+    assert_eq!(n, 100_000, "counted once read");
+    assert_eq!(a.put(&[IoSlice::new(b"after")]).unwrap(), 5);
+    let rx = b.receiver();
+    let bytes = loop {
+        assert!(
+            start.elapsed() < SETTLE,
+            "the bytes after the transfer never came"
+        );
+        if let Peeked::Bytes(bytes) = rx.peek().unwrap() {
+            break bytes;
+        }
+    };
+    assert_eq!(bytes, b"after");
+    rx.consume(5).unwrap();
+    assert!(matches!(rx.peek().unwrap(), Peeked::Nothing));
+    a.sender().close().unwrap();
+    let start = Instant::now();
+    let e = loop {
+        assert!(start.elapsed() < SETTLE, "end of stream never came");
+        match b.receiver().peek() {
+            Err(e) => break e,
+            Ok(p) => assert!(matches!(p, Peeked::Nothing), "{p:?}"),
+        }
+    };
+    assert_eq!(e.kind(), ErrorKind::UnexpectedEof);
 }
 
 /// A receiver that goes away while a transfer is announced gives the sender an

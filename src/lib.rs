@@ -56,5 +56,5 @@ pub mod wire;
 mod zerocopy;
 
 pub use config::Config;
-pub use engine::{Channel, Prepared, RdmaBuf, Receiver, Sender};
+pub use engine::{Channel, Peeked, Prepared, RdmaBuf, Receiver, Sender};
 pub use stream::{Address, RdmaListener, RdmaStream, ReadHalf, ToAddress, WriteHalf};

@@ -54,7 +54,7 @@ use proptest::test_runner::TestCaseError;
 use common::Rng;
 use common::*;
 use rdma_channel::ring::wire::{header_match, trailer_word, CELL, ONE_CELL_PAYLOAD};
-use rdma_channel::{Config, RdmaStream};
+use rdma_channel::{Config, Peeked, RdmaStream};
 
 use model::*;
 use single_threaded::*;

@@ -257,6 +257,11 @@ pub(crate) enum Op {
         dir: Dir,
         shape: Vec<usize>,
     },
+    /// `peek`, then `consume` of at most `take` of the lent bytes.
+    Peek {
+        dir: Dir,
+        take: usize,
+    },
 }
 
 /// How a single-threaded case ends.
@@ -293,7 +298,12 @@ pub(crate) fn op_strategy(t: &Tun, bidir: bool) -> BoxedStrategy<Op> {
         });
     let get =
         (dir_strategy(bidir), shape_strategy(t)).prop_map(|(dir, shape)| Op::Get { dir, shape });
-    prop_oneof![put, get].boxed()
+    let peek = (
+        dir_strategy(bidir),
+        prop_oneof![0usize..=70, Just(usize::MAX)],
+    )
+        .prop_map(|(dir, take)| Op::Peek { dir, take });
+    prop_oneof![4 => put, 3 => get, 1 => peek].boxed()
 }
 
 pub(crate) fn end_strategy(bidir: bool) -> BoxedStrategy<End> {

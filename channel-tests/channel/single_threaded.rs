@@ -189,6 +189,74 @@ impl SingleState {
         Ok(m)
     }
 
+    /// Peeks at `dir`'s stream, checks the lent bytes against the model, and consumes
+    /// at most `take` of them (a refused over-long consume first).
+    pub(crate) fn peek(&mut self, dir: Dir, take: usize) -> Result<usize, String> {
+        let (_, r) = dir.ends();
+        let d = dir.idx();
+        let err = |what: &str, e: io::Error| format!("{what}({dir:?}) failed: {}", ioe(&e));
+        // Out of `self` while the stream is borrowed (errors end the case anyway).
+        let mut model = std::mem::take(&mut self.model[d]);
+        let start = Instant::now();
+        let mut polls = 0;
+        let (lent, taken) = loop {
+            polls += 1;
+            let rx = self.stream(r).channel().receiver();
+            match rx.peek().map_err(|e| err("peek", e))? {
+                Peeked::Bytes(bytes) => {
+                    if bytes.is_empty() || bytes.len() > model.len() {
+                        return Err(format!(
+                            "peek({dir:?}) lent {} bytes; {} were put and not yet read",
+                            bytes.len(),
+                            model.len()
+                        ));
+                    }
+                    let copy = bytes.to_vec();
+                    // Peeking consumes nothing: compare with a copy of the model.
+                    check_against_model(&mut model.clone(), &copy, "peek")?;
+                    let len = copy.len();
+                    match rx.consume(len + 1) {
+                        Err(e) if e.kind() == io::ErrorKind::InvalidInput => {}
+                        other => return Err(format!(
+                            "consume({}) after a peek of {len}: {other:?} (expected InvalidInput)",
+                            len + 1
+                        )),
+                    }
+                    let n = take.min(len);
+                    rx.consume(n).map_err(|e| err("consume", e))?;
+                    check_against_model(&mut model, &copy[..n], "consume")?;
+                    break (len, n);
+                }
+                Peeked::Nothing if model.is_empty() => break (0, 0),
+                Peeked::Nothing if lands_later() && start.elapsed() < SETTLE => {}
+                Peeked::Nothing => {
+                    return Err(format!(
+                        "peek({dir:?}) lent nothing; {} bytes were put and not yet read",
+                        model.len()
+                    ))
+                }
+                Peeked::ZeroCopy { left } => {
+                    return Err(format!(
+                        "peek({dir:?}) found a zero-copy transfer of {left} bytes; puts here copy"
+                    ))
+                }
+            }
+        };
+        self.model[d] = model;
+        self.log.push(format!(
+            "peek {dir:?} -> {lent}, consumed {taken}{}",
+            if polls > 1 {
+                format!(" ({polls} polls)")
+            } else {
+                String::new()
+            }
+        ));
+        if taken > 0 && self.stall[d] == Stall::Short {
+            self.stall[d] = Stall::Polled;
+        }
+        Ok(taken)
+    }
+
     /// Reads until the model of `dir` is empty.
     pub(crate) fn drain(&mut self, dir: Dir, rng: &mut Rng) -> Result<(), String> {
         let mut iters = 0;
@@ -376,6 +444,9 @@ pub(crate) fn run_single_inner(st: &mut SingleState, ops: &[Op], end: End) -> Re
             }
             Op::Get { dir, shape } => {
                 st.get(*dir, shape)?;
+            }
+            Op::Peek { dir, take } => {
+                st.peek(*dir, *take)?;
             }
         }
     }

@@ -55,6 +55,21 @@ pub struct Receiver<F: Fabric> {
     lend_polls: u32,
 }
 
+/// What [`Receiver::peek`] found at the head of the stream.
+#[derive(Debug)]
+pub enum Peeked<'a> {
+    /// Bytes in the ring, lent in place (never empty).
+    Bytes(&'a [u8]),
+    /// Nothing has arrived yet.
+    Nothing,
+    /// A zero-copy transfer with `left` bytes still to read is next: only
+    /// [`Receiver::get`] reads it, into the caller's buffer.
+    ZeroCopy {
+        /// Bytes of the transfer not read yet.
+        left: u64,
+    },
+}
+
 /// One step of a zero-copy transfer into a caller's buffer, not yet seen complete:
 /// RDMA READs of its first part, and the rest lent to the peer to push.
 pub(crate) struct ReadsInFlight<R> {
@@ -390,6 +405,102 @@ impl<F: Fabric> Receiver<F> {
     /// `InvalidData` if the ring holds something no correct peer writes.
     pub fn get(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         self.get_inner(iov, GetMode::Wait)
+    }
+
+    /// Lends the next bytes of the stream in place, where the peer wrote them into
+    /// this end's ring: no copy. Read them, then call [`consume`](Self::consume) with
+    /// how many are done; until then the same bytes are lent again. One call lends at
+    /// most the rest of one packet (up to a chunk), so a message may come in parts.
+    ///
+    /// This is for a caller that looks at a message where it lies (a header it
+    /// decodes, a value it adds up) instead of wanting it in a buffer of its own: it
+    /// saves the copy, and the cache lines of payload it never touches stay with the
+    /// sender. A zero-copy transfer (a large registered or heap buffer the peer
+    /// announced) is not in the ring: [`Peeked::ZeroCopy`] says that one is next,
+    /// and only [`get`](Self::get) reads it, into the caller's buffer.
+    ///
+    /// The bytes are the peer's to write, as in any RDMA receive buffer: a peer that
+    /// breaks the protocol could change them while they are lent. Treat them as input
+    /// from the network, and copy what must not change under a check.
+    ///
+    /// ```
+    /// use std::io::IoSlice;
+    /// use rdma_channel::Peeked;
+    /// let (mut a, mut b) = rdma_channel::RdmaStream::pair()?;
+    /// let rx = b.channel().receiver();
+    /// assert!(matches!(rx.peek()?, Peeked::Nothing));
+    /// a.put(&[IoSlice::new(b"hello")])?;
+    /// let Peeked::Bytes(bytes) = rx.peek()? else { unreachable!() };
+    /// assert_eq!(bytes, b"hello");
+    /// rx.consume(2)?; // "he" is done; "llo" is lent next
+    /// let Peeked::Bytes(bytes) = rx.peek()? else { unreachable!() };
+    /// assert_eq!(bytes, b"llo");
+    /// rx.consume(3)?;
+    /// assert!(matches!(rx.peek()?, Peeked::Nothing));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get); `InvalidInput` while reads started by `get_nowait`
+    /// are in flight (finish them with `get_nowait` first).
+    pub fn peek(&mut self) -> io::Result<Peeked<'_>> {
+        if self.reads.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "zero-copy reads are in flight: finish them with get_nowait first",
+            ));
+        }
+        if let Some(e) = self.link.error() {
+            return Err(e);
+        }
+        if self.zc.is_none() && !self.in_packet && !self.next_packet()? {
+            // Nothing new: the same upkeep as an empty get (tail, credit, end of
+            // stream, health).
+            self.after_get(0)?;
+            return Ok(Peeked::Nothing);
+        }
+        if let Some(zc) = &self.zc {
+            return Ok(Peeked::ZeroCopy {
+                left: zc.total - zc.done,
+            });
+        }
+        Ok(Peeked::Bytes(
+            self.ring.lend(self.cur_off as u64, self.cur_left),
+        ))
+    }
+
+    /// Marks the first `n` bytes [`peek`](Self::peek) lent as read; the ring space
+    /// they held goes back to the peer as after a [`get`](Self::get). `consume(0)`
+    /// does nothing.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput`, with nothing consumed, when `n` is more than the last `peek`
+    /// lent (or it lent none); otherwise as [`get`](Self::get).
+    pub fn consume(&mut self, n: usize) -> io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        if self.zc.is_some() || !self.in_packet || n > self.cur_left {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "consume({n}) past the {} bytes peek lends",
+                    if self.zc.is_none() && self.in_packet {
+                        self.cur_left
+                    } else {
+                        0
+                    }
+                ),
+            ));
+        }
+        self.cur_off += n;
+        self.cur_left -= n;
+        if self.cur_left == 0 {
+            self.finish_packet();
+        }
+        self.after_get(n)
     }
 
     /// As [`get_nowait`](Self::get_nowait), but copies only bytes that are in the

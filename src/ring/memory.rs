@@ -205,6 +205,28 @@ impl<R: MemoryRegion> RingMemory<R> {
             std::ptr::copy_nonoverlapping(self.base.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
         };
     }
+
+    /// Lends `len` bytes starting at position `pos` in place, for a reader that looks
+    /// at them without copying them out ([`Receiver::peek`](crate::Receiver::peek)).
+    ///
+    /// # Panics
+    ///
+    /// If the range runs past the ring's physical end (packets never do).
+    #[inline]
+    pub fn lend(&self, pos: u64, len: usize) -> &[u8] {
+        let off = self.offset(pos);
+        assert!(
+            len <= self.size() as usize - off,
+            "lend of {len} bytes at ring offset {off} runs past the end"
+        );
+        // SAFETY: [off, off + len) lies inside the region (checked above), which lives
+        // as long as `self`. The engine lends only the payload of a packet whose trailer
+        // it has seen, and frees those cells only through `&mut` access that ends this
+        // borrow, so a peer that keeps to the protocol does not write them meanwhile.
+        // The region is the peer's to write, like any receive buffer of RDMA: a peer
+        // that breaks the protocol can change these bytes, but cannot move or free them.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(off), len) }
+    }
 }
 
 /// A word of the control region, each written only by the peer.

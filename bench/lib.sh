@@ -44,8 +44,9 @@ col() {
 # Runs rounds until $rounds are kept: the cache-line hand-off probe
 # (bench/c/handoff_probe.c) runs before and after each round, and a round where it
 # read above $probe_max ns (the shared host sometimes slows from ~35 to ~200 ns for
-# seconds) or where other processes used more than 10% of a CPU is run again. The
-# order of systems rotates every round. Sets kept.
+# seconds) or where other processes used more than 10% of a CPU is run again
+# (run_round brackets each system with probes too: see probed). The order of
+# systems rotates every round. Sets kept.
 keep_rounds() {
     local name=$1 attempts=0 l0 l1 p0 p1 i
     cc -O2 -pthread -o "$work/probe" bench/c/handoff_probe.c
@@ -78,6 +79,27 @@ keep_rounds() {
     done
 }
 
+# Runs "$@" (one system's turn in a round) between two probes, and again (at most
+# four times in all) while either probe read above $probe_max ns: the slow phases of
+# the shared host come and go within seconds, so the probes around a whole round
+# miss those inside it, and one system of the round would carry them alone. Prints
+# the output of the last try; sets round_ok=0 when every try was slow or the command
+# failed.
+probed() {
+    local try p0 p1 out
+    for ((try = 1; try <= 4; try++)); do
+        p0=$("$work/probe")
+        out=$("$@") || { round_ok=0; return 1; }
+        p1=$("$work/probe")
+        if awk -v a="$p0" -v b="$p1" -v m="$probe_max" 'BEGIN { exit (a > m || b > m) }'; then
+            printf '%s\n' "$out"
+            return 0
+        fi
+        echo "  $* run again (hand-off probe $p0 / $p1 ns > $probe_max)" >&2
+    done
+    printf '%s\n' "$out"
+    round_ok=0
+}
 # The heading of a markdown table of the host drivers (bench/peers.sh,
 # bench/mpich-compare.sh): "size", a column per system in "${systems[@]}" named by
 # "${label[system]}", then one column per argument.

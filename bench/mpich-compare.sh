@@ -56,7 +56,7 @@ run() {
 run_round() {
     local s
     for s in "${order[@]}"; do
-        run "$s" > "$work/$s.round$kept" || { echo "mpich-compare: $s failed" >&2; round_ok=0; }
+        probed run "$s" > "$work/$s.round$kept" || echo "mpich-compare: $s failed" >&2
     done
 }
 keep_rounds mpich-compare

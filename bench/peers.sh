@@ -52,10 +52,12 @@
 # namespace (only its loopback) when `unshare -rn` is allowed.
 #
 # A round runs every system once, in a different order each round; the cache-line
-# hand-off probe (bench/c/handoff_probe.c) runs before and after each round, and a
-# round where it read above --probe-max ns (default 80; the shared host sometimes
-# slows to ~200 ns for seconds) or where another process used more than 10% of a CPU
-# is thrown away and run again (bench/lib.sh). Figures are medians of the kept
+# hand-off probe (bench/c/handoff_probe.c) runs before and after each system's turn,
+# which is run again (up to four tries) when it read above --probe-max ns (default
+# 80; the shared host slows to ~200 ns for seconds at a time, often several times a
+# minute), and before and after each round, which is thrown away and run again when
+# the probe read too high or another process used more than 10% of a CPU
+# (bench/lib.sh). Figures are medians of the kept
 # rounds. "best peer" is the best of the peer columns per size (all but ours):
 # lowest latency, highest bandwidth; "ours / best" is rdma-channel (heap) over it:
 # latency at or below 1 and bandwidth at or above 1 are ours ahead.
@@ -196,7 +198,7 @@ run() {
 run_round() {
     local s
     for s in "${order[@]}"; do
-        run "$s" > "$work/$s.round$kept" || { echo "peers: $s failed" >&2; round_ok=0; }
+        probed run "$s" > "$work/$s.round$kept" || echo "peers: $s failed" >&2
         # A system that printed fewer sizes than asked failed too.
         if [ "$(wc -l < "$work/$s.round$kept")" -ne "$(tr , '\n' <<< "$sizes" | wc -l)" ]; then
             echo "peers: $s gave $(wc -l < "$work/$s.round$kept") of the sizes" >&2

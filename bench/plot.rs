@@ -104,8 +104,9 @@ fn number(v: f64) -> String {
     format!("{v:.decimals$}")
 }
 
-/// Distinguishable on white (Tableau 10).
-const COLOURS: [RGBColor; 10] = [
+/// Distinguishable on white: Tableau 10, then black and a light orange (peers.sh
+/// draws eleven systems).
+const COLOURS: [RGBColor; 12] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -116,6 +117,8 @@ const COLOURS: [RGBColor; 10] = [
     RGBColor(127, 127, 127),
     RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
+    RGBColor(0, 0, 0),
+    RGBColor(255, 187, 120),
 ];
 
 /// One panel: `value` of every series against size, with a legend of the series it

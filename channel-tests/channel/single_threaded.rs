@@ -217,10 +217,12 @@ impl SingleState {
                     let len = copy.len();
                     match rx.consume(len + 1) {
                         Err(e) if e.kind() == io::ErrorKind::InvalidInput => {}
-                        other => return Err(format!(
+                        other => {
+                            return Err(format!(
                             "consume({}) after a peek of {len}: {other:?} (expected InvalidInput)",
                             len + 1
-                        )),
+                        ))
+                        }
                     }
                     let n = take.min(len);
                     rx.consume(n).map_err(|e| err("consume", e))?;

@@ -660,6 +660,30 @@ mod tests {
     }
 
     #[test]
+    fn lend_shows_the_bytes_at_a_position_in_place() {
+        let region = HeapRegion::new(4096, 0);
+        let addr = region.addr();
+        let ring = RingMemory::new(region).unwrap();
+        poke(addr, 64, u64::from_le_bytes(*b"ABCDEFGH"));
+        let lent = ring.lend(4096 + 66, 6);
+        assert_eq!(lent, b"CDEFGH");
+        assert_eq!(
+            lent.as_ptr(),
+            addr.wrapping_add(66).cast_const(),
+            "in place, not a copy"
+        );
+        assert!(ring.lend(4096 - 8, 8).iter().all(|&b| b == 0));
+        assert!(ring.lend(4096, 0).is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "runs past the end")]
+    fn lend_past_the_end_panics() {
+        let ring = RingMemory::new(HeapRegion::new(4096, 0)).unwrap();
+        ring.lend(4096 - 8, 9);
+    }
+
+    #[test]
     fn regions_of_the_wrong_shape_are_refused() {
         assert!(RingMemory::new(HeapRegion::new(4000, 0)).is_err());
         assert!(RingMemory::new(HeapRegion::new(4096, 8)).is_err());

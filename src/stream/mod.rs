@@ -51,7 +51,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::engine::{Channel, Prepared, RdmaBuf, Receiver, Sender};
+use crate::engine::{Channel, Peeked, Prepared, RdmaBuf, Receiver, Sender};
 use crate::fabric::{AnyFabric, Fabric};
 use crate::handshake::unix;
 use crate::rcache::{CacheStats, RegCache};
@@ -381,6 +381,38 @@ impl<F: Fabric> RdmaStream<F> {
         self.chan.get(iov)
     }
 
+    /// Non-blocking: the next bytes of the stream in place, where the peer wrote
+    /// them, without a copy; give them back with [`consume`](Self::consume). See
+    /// [`Receiver::peek`] (zero-copy transfers are read with `get`).
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// use rdma_channel::Peeked;
+    /// let (mut a, mut b) = rdma_channel::RdmaStream::pair()?;
+    /// a.write_all(b"hello")?;
+    /// let Peeked::Bytes(bytes) = b.peek()? else { unreachable!() };
+    /// assert_eq!(bytes, b"hello");
+    /// b.consume(5)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Receiver::peek`].
+    pub fn peek(&mut self) -> io::Result<Peeked<'_>> {
+        self.chan.receiver().peek()
+    }
+
+    /// Gives back the first `n` bytes [`peek`](Self::peek) lent: see
+    /// [`Receiver::consume`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Receiver::consume`].
+    pub fn consume(&mut self, n: usize) -> io::Result<()> {
+        self.chan.receiver().consume(n)
+    }
+
     /// Splits into halves that can be used from different threads.
     ///
     /// ```
@@ -614,6 +646,25 @@ impl<F: Fabric> ReadHalf<F> {
     /// As [`RdmaStream::get`].
     pub fn get(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         self.rx.get(iov)
+    }
+
+    /// The next bytes in place, without a copy: see [`Receiver::peek`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Receiver::peek`].
+    pub fn peek(&mut self) -> io::Result<Peeked<'_>> {
+        self.rx.peek()
+    }
+
+    /// Gives back the first `n` bytes [`peek`](Self::peek) lent: see
+    /// [`Receiver::consume`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Receiver::consume`].
+    pub fn consume(&mut self, n: usize) -> io::Result<()> {
+        self.rx.consume(n)
     }
 }
 

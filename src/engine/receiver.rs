@@ -53,6 +53,17 @@ pub struct Receiver<F: Fabric> {
     pub(crate) lends_sent: u64,
     /// Polls of an unlanded lend since the last health check.
     lend_polls: u32,
+    /// Pauses of the stream backoff (`Config::with_stream_backoff`).
+    backoff_pauses: u32,
+    /// Two or more gets found data since this end last sent, the last of them
+    /// after the last empty poll: the next empty poll backs off.
+    backoff_armed: bool,
+    /// The piggybacked tail (`Link::rx_piggy`) when data last arrived, and how many
+    /// gets in a row found data with it unchanged (that is, without a send between).
+    backoff_piggy: u64,
+    backoff_streak: u32,
+    /// Stream backoffs taken so far.
+    backoffs: u64,
 }
 
 /// What [`Receiver::peek`] found at the head of the stream.
@@ -108,6 +119,7 @@ impl<F: Fabric> Receiver<F> {
             ring: link.ring.clone(),
             ring_size: link.ring.size(),
             threshold: link.cfg.tail_threshold() as u64,
+            backoff_pauses: link.cfg.stream_backoff(),
             link,
             read_pos: 0,
             cur_off: 0,
@@ -121,6 +133,10 @@ impl<F: Fabric> Receiver<F> {
             reads: None,
             lends_sent: 0,
             lend_polls: 0,
+            backoff_armed: false,
+            backoff_piggy: u64::MAX,
+            backoff_streak: 0,
+            backoffs: 0,
         }
     }
 
@@ -695,10 +711,57 @@ impl<F: Fabric> Receiver<F> {
 
     fn after_get(&mut self, done: usize) -> io::Result<()> {
         self.maintain()?;
-        if done == 0 && !self.in_packet && self.zc.is_none() {
+        if done != 0 {
+            self.arm_stream_backoff();
+        } else if !self.in_packet && self.zc.is_none() {
             self.idle()?;
+            self.stream_backoff();
         }
         Ok(())
+    }
+
+    /// Data arrived: arms the stream backoff when this is the second get or more
+    /// with data since this end last sent. The sending half stores the tail it
+    /// piggybacks on every packet (`Link::rx_piggy`), so an unchanged value means
+    /// nothing went out in between. One reply per message (a ping-pong, a request
+    /// and its response) never arms it, even when the program polls once more
+    /// before it replies.
+    #[inline]
+    fn arm_stream_backoff(&mut self) {
+        // Relaxed: a hint, written by this connection's sending half; a stale value
+        // only decides one pause wrongly.
+        let piggy = self.link.rx_piggy.load(Ordering::Relaxed);
+        if piggy == self.backoff_piggy {
+            self.backoff_streak = self.backoff_streak.saturating_add(1);
+        } else {
+            self.backoff_piggy = piggy;
+            self.backoff_streak = 1;
+        }
+        self.backoff_armed = self.backoff_streak >= 2;
+    }
+
+    /// The stream backoff (`Config::with_stream_backoff`): on the first empty poll
+    /// after data arrived to an end that is only receiving (armed above, and still
+    /// nothing sent), pause before the caller polls the ring again, so the sender
+    /// can write the next packets without our polls taking their cache lines away.
+    #[inline]
+    fn stream_backoff(&mut self) {
+        // Relaxed: as in arm_stream_backoff.
+        if self.backoff_pauses != 0
+            && std::mem::take(&mut self.backoff_armed)
+            && self.link.rx_piggy.load(Ordering::Relaxed) == self.backoff_piggy
+        {
+            self.backoffs += 1;
+            for _ in 0..self.backoff_pauses {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Stream backoffs taken so far (see
+    /// [`Config::with_stream_backoff`](crate::Config::with_stream_backoff)).
+    pub fn stream_backoffs(&self) -> u64 {
+        self.backoffs
     }
 
     /// True when a `get` would return data now.

@@ -582,64 +582,39 @@ fn stream_backoff_only_for_a_receiver_that_only_receives_and_once_per_message() 
     bounded("stream_backoff", || {
         let cfg = || Config::from_env().unwrap();
         let (mut a, mut b) = RdmaStream::pair_with(cfg()).unwrap();
-        let mut buf = [0u8; 8];
-        // A ping-pong: each end replies to what it got, so neither backs off.
+        // `from` sends 4 bytes, `to` reads them and then polls its empty ring
+        // `empty_polls` times; returns `to`'s backoffs so far.
+        let send_one = |from: &mut RdmaStream, to: &mut RdmaStream, empty_polls: usize| {
+            let mut buf = [0u8; 8];
+            from.put(&[IoSlice::new(b"data")]).unwrap();
+            await_data(to);
+            assert_eq!(get_settled(to, &mut buf, 4).unwrap(), 4);
+            for _ in 0..empty_polls {
+                assert_eq!(to.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+            }
+            to.channel().receiver().stream_backoffs()
+        };
+        // A ping-pong: each end replies to what it got, so neither backs off, though
+        // each polls once more before replying.
         for _ in 0..50 {
-            a.put(&[IoSlice::new(b"ping")]).unwrap();
-            await_data(&mut b);
-            assert_eq!(get_settled(&mut b, &mut buf, 4).unwrap(), 4);
-            assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
-            b.put(&[IoSlice::new(b"pong")]).unwrap();
-            await_data(&mut a);
-            assert_eq!(get_settled(&mut a, &mut buf, 4).unwrap(), 4);
-            assert_eq!(a.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+            assert_eq!(send_one(&mut a, &mut b, 1), 0);
+            assert_eq!(send_one(&mut b, &mut a, 1), 0);
         }
-        assert_eq!(a.channel().receiver().stream_backoffs(), 0);
-        assert_eq!(b.channel().receiver().stream_backoffs(), 0);
         // A stream: b only receives. From its second message on, each message and
-        // then an empty poll: one backoff per message; more empty polls of an idle
+        // then empty polls: one backoff per message; more empty polls of an idle
         // connection cost nothing more.
         for i in 0..20 {
-            a.put(&[IoSlice::new(b"data")]).unwrap();
-            await_data(&mut b);
-            assert_eq!(get_settled(&mut b, &mut buf, 4).unwrap(), 4);
-            for _ in 0..3 {
-                assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
-            }
-            assert_eq!(b.channel().receiver().stream_backoffs(), i, "message {i}");
+            assert_eq!(send_one(&mut a, &mut b, 3), i, "message {i}");
         }
-        for _ in 0..1000 {
-            assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
-        }
-        assert_eq!(b.channel().receiver().stream_backoffs(), 19);
-        // Once b sends, it is a replying end again.
+        assert_eq!(send_one(&mut a, &mut b, 1000), 20, "the 21st message");
+        // Once b sends, it is a replying end again: one message since is no stream.
         b.put(&[IoSlice::new(b"ack")]).unwrap();
-        a.put(&[IoSlice::new(b"more")]).unwrap();
-        await_data(&mut b);
-        assert_eq!(get_settled(&mut b, &mut buf, 4).unwrap(), 4);
-        assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
-        assert_eq!(
-            b.channel().receiver().stream_backoffs(),
-            19,
-            "one message since the ack"
-        );
-        a.put(&[IoSlice::new(b"more")]).unwrap();
-        await_data(&mut b);
-        assert_eq!(get_settled(&mut b, &mut buf, 4).unwrap(), 4);
-        assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
-        assert_eq!(
-            b.channel().receiver().stream_backoffs(),
-            20,
-            "two since the ack"
-        );
+        assert_eq!(send_one(&mut a, &mut b, 1), 20, "one message since the ack");
+        assert_eq!(send_one(&mut a, &mut b, 1), 21, "two since the ack");
         // Turned off: no backoff at all.
         let (mut a, mut b) = RdmaStream::pair_with(cfg().with_stream_backoff(0)).unwrap();
         for _ in 0..10 {
-            a.put(&[IoSlice::new(b"data")]).unwrap();
-            await_data(&mut b);
-            assert_eq!(get_settled(&mut b, &mut buf, 4).unwrap(), 4);
-            assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+            assert_eq!(send_one(&mut a, &mut b, 1), 0);
         }
-        assert_eq!(b.channel().receiver().stream_backoffs(), 0);
     });
 }

@@ -225,13 +225,8 @@ impl Config {
             c.wait.sleep_max = Duration::from_micros(num("RCH_SLEEP_MAX_US", v)?);
         }
         if let Some(v) = var("RCH_STREAM_BACKOFF") {
-            let pauses = num("RCH_STREAM_BACKOFF", v)?;
-            if pauses > MAX_STREAM_BACKOFF as u64 {
-                return Err(bad(format!(
-                    "RCH_STREAM_BACKOFF: {pauses} pauses is more than {MAX_STREAM_BACKOFF}"
-                )));
-            }
-            c.stream_backoff = pauses as u32;
+            c.stream_backoff = num("RCH_STREAM_BACKOFF", v)?.min(u32::MAX as u64) as u32;
+            check(&c, "RCH_STREAM_BACKOFF")?;
         }
         let threshold = |name: &str, v: String| {
             if v.trim().eq_ignore_ascii_case("off") {

@@ -1,5 +1,7 @@
 //! What this machine allows, with no channel at all: the one-way cross-core hand-off of
-//! one cache line, and the bandwidth of a minimal two-copy ring (a producer thread
+//! one cache line, the one-way latency of a minimal ring with the channel's one-cell
+//! packet format (header, payload, trailer; the reader zeroes header and trailer),
+//! and the bandwidth of a minimal two-copy ring (a producer thread
 //! copies into a shared ring and publishes a head index, a consumer on the other core
 //! copies out and publishes a tail). Any ring-based channel is bounded by these.
 //!
@@ -108,11 +110,105 @@ fn two_copy_gbs(ring: usize, chunk: usize, total: usize) -> f64 {
     total as f64 / start.elapsed().as_secs_f64() / 1e9
 }
 
+/// One direction of the minimal cell ring: 64-byte cells, each packet one cell with
+/// a header word (position and length), the payload, and a trailer word; the reader
+/// copies the payload out and zeroes both words before it moves on. The format of
+/// the channel's own one-cell packets, with nothing else around it.
+#[repr(align(128))]
+struct CellRing {
+    words: Vec<AtomicU64>,
+}
+
+const RING_CELLS: u64 = 4096;
+
+impl CellRing {
+    fn new() -> CellRing {
+        CellRing {
+            words: (0..RING_CELLS * 8).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn write(&self, pos: u64, payload: u64) {
+        let w = ((pos % RING_CELLS) * 8) as usize;
+        // Relaxed: the trailer's Release below orders these before it.
+        self.words[w].store(pos << 8 | 8, Ordering::Relaxed);
+        self.words[w + 2].store(payload, Ordering::Relaxed);
+        // Release: the reader sees header and payload once it sees the trailer.
+        self.words[w + 7].store(!pos, Ordering::Release);
+    }
+
+    fn read(&self, pos: u64) -> Option<u64> {
+        let w = ((pos % RING_CELLS) * 8) as usize;
+        if self.words[w].load(Ordering::Relaxed) != pos << 8 | 8 {
+            return None;
+        }
+        // Acquire: pairs with the writer's Release of the trailer.
+        if self.words[w + 7].load(Ordering::Acquire) != !pos {
+            return None;
+        }
+        Some(self.words[w + 2].load(Ordering::Relaxed))
+    }
+
+    /// Zeroes the header and trailer of the cell at `pos` (the reader's part before
+    /// the writer may reuse it). Relaxed: in this ping-pong the writer comes back to
+    /// the cell only a lap later, after many replies that order it.
+    fn clear(&self, pos: u64) {
+        let w = ((pos % RING_CELLS) * 8) as usize;
+        self.words[w].store(0, Ordering::Relaxed);
+        self.words[w + 7].store(0, Ordering::Relaxed);
+    }
+
+    /// Waits for the packet at `pos`; clears it at once, or leaves that to the next
+    /// call (`deferred`, as the channel's `Receiver::release_read` does).
+    fn take(&self, pos: u64, deferred: bool) -> u64 {
+        if deferred && pos > 0 {
+            self.clear(pos - 1);
+        }
+        let v = loop {
+            if let Some(v) = self.read(pos) {
+                break v;
+            }
+        };
+        if !deferred {
+            self.clear(pos);
+        }
+        v
+    }
+}
+
+/// One-way latency of an 8-byte message through two minimal cell rings (one per
+/// direction): the floor for any channel with this packet format on this machine.
+fn cell_ring_pingpong_ns(rounds: u64, deferred: bool) -> f64 {
+    let rings = Arc::new((CellRing::new(), CellRing::new()));
+    let other = rings.clone();
+    let t = std::thread::spawn(move || {
+        peer::pin_to_cpu(1);
+        for pos in 0..rounds {
+            let v = other.0.take(pos, deferred);
+            other.1.write(pos, v + 1);
+        }
+    });
+    peer::pin_to_cpu(0);
+    let start = Instant::now();
+    for pos in 0..rounds {
+        rings.0.write(pos, pos);
+        assert_eq!(rings.1.take(pos, deferred), pos + 1);
+    }
+    t.join().unwrap();
+    start.elapsed().as_nanos() as f64 / rounds as f64 / 2.0
+}
+
 fn main() {
     println!(
         "# cross-core one-way hand-off: {:.1} ns",
         handoff_ns(1_000_000)
     );
+    for (deferred, when) in [(false, "at once"), (true, "one step later")] {
+        println!(
+            "# 8 B one-way through a minimal ring of one-cell packets, cells cleared {when}: {:.1} ns",
+            cell_ring_pingpong_ns(1_000_000, deferred)
+        );
+    }
     println!("{:>10} {:>10} {:>14}", "ring", "chunk", "two-copy GB/s");
     for (ring, chunk) in [
         (64 << 10, 16 << 10),

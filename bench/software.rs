@@ -7,7 +7,7 @@
 //! ```text
 //! cargo bench --bench software                      # ns per put + get
 //! cargo bench --bench software --no-run             # then, for instructions:
-//! valgrind --tool=callgrind target/release/deps/software-* --sizes 8 --iters 100000
+//! valgrind --tool=callgrind target/release/deps/software-* --sizes 8 --iters 100000 --empty-iters 0
 //! ```
 //!
 //! Instructions per put + get = callgrind's total / (3 rounds * the `n` column), less
@@ -55,5 +55,23 @@ fn main() -> io::Result<()> {
         assert_eq!(rbuf, sbuf, "bytes changed in transit");
         println!("{size:>10} {n:>10} {best:>12.1}");
     }
+    // An empty poll: what a receiver spinning on an idle connection pays per try,
+    // and so about half of it is added to every message's latency on average.
+    let mut rbuf = [0u8; 8];
+    let n: usize = args
+        .iter()
+        .position(|a| a == "--empty-iters")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse().expect("--empty-iters N"))
+        .unwrap_or(iters * 4);
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        for _ in 0..n {
+            assert_eq!(b.get(&mut [IoSliceMut::new(&mut rbuf)])?, 0);
+        }
+        best = best.min(t.elapsed().as_nanos() as f64 / n as f64);
+    }
+    println!("{:>10} {n:>10} {best:>12.1}", "empty get");
     Ok(())
 }

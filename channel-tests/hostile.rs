@@ -374,6 +374,9 @@ fn a_wrap_packet_moves_the_reader_to_the_next_lap_and_one_with_payload_is_a_prot
     h.packet(64, PacketKind::Wrap, b"", 0);
     // Bait where the reader would look if it ignored the wrap.
     h.packet(128, PacketKind::Data, b"bait", 0);
+    // The reader gives "one" back (zeroes its cell) at this get, skips the lap, and
+    // finds nothing at RING: as a sender must, we write there only after that.
+    assert_eq!(h.get(&mut buf).unwrap(), 0, "the bait is not read");
     h.packet(RING as u64, PacketKind::Data, b"two", 0);
     assert_eq!(
         h.get(&mut buf).unwrap(),

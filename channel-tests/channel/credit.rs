@@ -106,6 +106,8 @@ fn credit_answered_by_an_empty_put_does_not_strand_the_sender() {
         // A -> B 1 byte, read; B -> A 1 byte (ack 64), read: A knows tail 64.
         assert_eq!(a.put(&[IoSlice::new(&data[..1])]).unwrap(), 1);
         assert_eq!(get_settled(&mut b, &mut buf[..1], 1).unwrap(), 1);
+        // An empty get gives the packet back (Receiver::release_read), so the ack is 64.
+        assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
         assert_eq!(b.put(&[IoSlice::new(b"y")]).unwrap(), 1);
         assert_eq!(get_settled(&mut a, &mut buf[..1], 1).unwrap(), 1);
         // A fills the ring: 3928 of 4031 bytes, head 4160, credit requested.
@@ -117,6 +119,7 @@ fn credit_answered_by_an_empty_put_does_not_strand_the_sender() {
         // B reads 2232 bytes, piggybacks its tail (2368) on a packet A never reads,
         // then reads the rest (tail 4160; 4160 - 2368 < threshold 2432: no update).
         assert_eq!(get_settled(&mut b, &mut buf[..2232], 2232).unwrap(), 2232);
+        assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf[..0])]).unwrap(), 0);
         assert_eq!(b.put(&[IoSlice::new(b"z")]).unwrap(), 1);
         assert_eq!(get_settled(&mut b, &mut buf[..1696], 1696).unwrap(), 1696);
         for _ in 0..10 {
@@ -157,4 +160,50 @@ fn blocking_writer_with_unread_incoming_data_finishes() {
         let _a = writer.join().unwrap().unwrap();
         drop(r);
     });
+}
+
+/// The receiver gives the packet it read last back one step later
+/// (`Receiver::release_read`): at its next `get`, or when it waits. A receiver that
+/// read a packet and then only waited must have given it back, so the tail its next
+/// packet piggybacks frees the whole ring.
+#[test]
+fn a_receiver_that_waits_gives_back_the_packet_it_read_last() {
+    bounded(
+        "a_receiver_that_waits_gives_back_the_packet_it_read_last",
+        || {
+            // One packet is half the ring; no threshold update.
+            let t = Tun::new(4096, 2048).threshold(4096 - 64);
+            let (mut a, mut b) = t.pair();
+            let data = Rng::new(7).bytes(8192);
+            let mut buf = vec![0u8; 8192];
+            let payload = 2048 - 64;
+            for round in 0..2 {
+                assert_eq!(a.put(&[IoSlice::new(&data[..payload])]).unwrap(), payload);
+                assert_eq!(get_settled(&mut b, &mut buf, payload).unwrap(), payload);
+                // B waits for more: nothing comes.
+                if round == 0 {
+                    assert!(!b.channel().receiver().poll_readable().unwrap());
+                } else {
+                    let soon = Instant::now() + Duration::from_millis(1);
+                    let e = b
+                        .channel()
+                        .receiver()
+                        .wait_readable_until(Some(soon))
+                        .unwrap_err();
+                    assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+                }
+                // B's reply piggybacks its tail; once A has read it, A knows the ring is empty.
+                assert_eq!(b.put(&[IoSlice::new(b"x")]).unwrap(), 1);
+                assert_eq!(get_settled(&mut a, &mut buf[..1], 1).unwrap(), 1);
+                // So A's next put takes more than the half ring that packet would leave.
+                let n = a.put(&[IoSlice::new(&data)]).unwrap();
+                assert!(
+                    n > 2048,
+                    "round {round}: the packet read last was not given back ({n})"
+                );
+                assert_eq!(get_settled(&mut b, &mut buf, n).unwrap(), n);
+                assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+            }
+        },
+    );
 }

@@ -34,6 +34,10 @@ pub struct Receiver<F: Fabric> {
     threshold: u64,
     /// Start of the packet being read (or of the next one).
     read_pos: u64,
+    /// End of the cells given back to the sender (cleared, and stored in
+    /// `Link::rx_tail`). The packet read last stays held until the next `get` or
+    /// packet: see [`release_read`](Self::release_read).
+    released_pos: u64,
     /// Ring offset of the next unread payload byte of the current packet.
     cur_off: usize,
     /// Unread payload bytes of the current packet.
@@ -122,6 +126,7 @@ impl<F: Fabric> Receiver<F> {
             backoff_pauses: link.cfg.stream_backoff(),
             link,
             read_pos: 0,
+            released_pos: 0,
             cur_off: 0,
             cur_left: 0,
             cur_cells: 0,
@@ -210,10 +215,12 @@ impl<F: Fabric> Receiver<F> {
                         ));
                     }
                     self.finish_packet();
+                    self.release_read();
                     // The rest of the lap holds no packet: its boundary words were
                     // zeroed when it was last consumed and the sender wrote none since.
                     self.read_pos = self.read_pos.next_multiple_of(self.ring_size);
-                    // Release: as in finish_packet (nothing more was read since).
+                    self.released_pos = self.read_pos;
+                    // Release: as in release_read (nothing more was read since).
                     self.link.rx_tail.store(self.read_pos, Ordering::Release);
                 }
                 PacketKind::Rendezvous => {
@@ -379,15 +386,42 @@ impl<F: Fabric> Receiver<F> {
         Ok(())
     }
 
+    /// The current packet is read: the next one starts after it. Its cells are given
+    /// back later, by [`release_read`](Self::release_read).
+    #[inline]
     fn finish_packet(&mut self) {
-        // Zero the words where a later header or trailer may stand, before the tail
-        // below lets the sender reuse these cells (ring module docs).
-        let start = (self.read_pos & (self.ring_size - 1)) as usize;
-        // The sender does not touch these cells until it sees the tail stored below,
-        // whose Release orders the clearing stores.
-        self.ring.clear_boundaries(start, self.cur_cells);
+        self.release_read();
         self.read_pos += (self.cur_cells * CELL) as u64;
         self.in_packet = false;
+    }
+
+    /// Gives the cells of the packet read last back to the sender: zeroes the words
+    /// where a later header or trailer may stand (ring module docs), then moves the
+    /// tail past them.
+    ///
+    /// Called at the start of every `get` and `peek`, when a packet is finished, and
+    /// before a wait serves credit, so a receiver that goes idle has given back all it
+    /// read.
+    ///
+    /// Why not at once, when the packet is read: the zeroing stores take the cache
+    /// line back from the sender's core, and on x86 a later store cannot become
+    /// visible before them. A reply sent right after a `get` would wait behind that
+    /// ownership transfer. Done here, at the start of the next `get` (or when the
+    /// next packet is finished), the stores overlap the wait for the next message.
+    /// The sender learns of the space one packet later, which costs nothing: it
+    /// already learns through piggybacked or threshold-delayed tails.
+    #[inline]
+    fn release_read(&mut self) {
+        if self.released_pos == self.read_pos {
+            return;
+        }
+        // Never more than one packet, which never runs past the ring's end.
+        let start = (self.released_pos & (self.ring_size - 1)) as usize;
+        let cells = ((self.read_pos - self.released_pos) / CELL as u64) as usize;
+        // The sender does not touch these cells until it sees the tail stored below,
+        // whose Release orders the clearing stores.
+        self.ring.clear_boundaries(start, cells);
+        self.released_pos = self.read_pos;
         // Release: our copies out of the packet happen before anyone who reads this tail
         // (the sender half piggybacking it, or publish_tail) lets the peer reuse it.
         self.link.rx_tail.store(self.read_pos, Ordering::Release);
@@ -470,6 +504,7 @@ impl<F: Fabric> Receiver<F> {
         if let Some(e) = self.link.error() {
             return Err(e);
         }
+        self.release_read();
         if self.zc.is_none() && !self.in_packet && !self.next_packet()? {
             // Nothing new: the same upkeep as an empty get (tail, credit, end of
             // stream, health).
@@ -582,6 +617,8 @@ impl<F: Fabric> Receiver<F> {
                 return Err(e);
             }
         }
+        // The packet the last call read goes back to the sender now (see release_read).
+        self.release_read();
         if let Some(r) = self.reads.take() {
             // Reads in flight: the caller must offer their buffer first.
             let first = iov.iter().find(|b| !b.is_empty());
@@ -673,7 +710,7 @@ impl<F: Fabric> Receiver<F> {
             .rx_explicit
             .load(Ordering::Relaxed)
             .max(link.rx_piggy.load(Ordering::Relaxed));
-        if self.read_pos.saturating_sub(told) >= self.threshold {
+        if self.released_pos.saturating_sub(told) >= self.threshold {
             link.publish_tail()?;
         }
         link.serve_credit()
@@ -793,6 +830,8 @@ impl<F: Fabric> Receiver<F> {
             if self.can_get()? {
                 return Ok(());
             }
+            // The packet read last goes back before a credit request is answered.
+            self.release_read();
             self.maintain()?;
             self.idle()?;
             past(deadline, "read")?;
@@ -818,6 +857,7 @@ impl<F: Fabric> Receiver<F> {
         if self.can_get()? {
             return Ok(true);
         }
+        self.release_read();
         self.maintain()?;
         self.idle()?;
         Ok(false)

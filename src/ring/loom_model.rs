@@ -55,7 +55,7 @@ struct Orderings {
     fabric_last_word: Ordering,
     /// `Receiver::next_packet`'s load of the trailer.
     trailer_load: Ordering,
-    /// `Receiver::finish_packet`'s store of `rx_tail`.
+    /// `Receiver::release_read`'s store of `rx_tail`.
     rx_tail_store: Ordering,
     /// `Link::serve_credit` / `Link::publish_tail`'s load of `rx_tail`.
     rx_tail_load: Ordering,
@@ -169,7 +169,7 @@ fn consume(sh: &Shared, o: Orderings) {
         // trailer's Acquire promises, and what is checked).
         let got = cell.payload.with(|p| unsafe { *p });
         assert_eq!(got, payload_of(i), "packet {i}: stale or torn payload");
-        // Receiver::finish_packet: clear the boundary words (RingMemory::clear_boundaries,
+        // Receiver::release_read: clear the boundary words (RingMemory::clear_boundaries,
         // Relaxed), then publish the tail.
         cell.header.store(0, Ordering::Relaxed);
         cell.trailer.store(0, Ordering::Relaxed);
@@ -253,7 +253,7 @@ fn loom_ring_relaxed_trailer_load_is_caught() {
     });
 }
 
-/// `Receiver::finish_packet` publishing its tail without Release: the publisher's
+/// `Receiver::release_read` publishing its tail without Release: the publisher's
 /// Acquire gains nothing, and the producer's next write into the cell races with the
 /// consumer's copy out of it.
 #[test]

@@ -283,8 +283,8 @@ impl<F: Fabric> Link<F> {
 
     /// Numbers and posts one request through `post(wr_id, signaled)`, keeping a
     /// finite send queue within its depth ([`SendQueue::post_numbered`]): while it is
-    /// full, drains completions (checking the connection's health) and backs off.
-    /// Returns the request's number.
+    /// full, drains completions, and while that frees nothing, checks the
+    /// connection's health and backs off. Returns the request's number.
     pub(crate) fn post_numbered(
         &self,
         read: bool,
@@ -294,6 +294,13 @@ impl<F: Fabric> Link<F> {
         self.sq.post_numbered(
             read,
             || {
+                // Completions already there free slots without a health verdict: a
+                // peer that closed and left after our last request completed must
+                // not fail a post that has room once they are counted.
+                self.drain_completions()?;
+                if !self.sq.is_full() {
+                    return Ok(());
+                }
                 self.check_health()?;
                 backoff.snooze();
                 Ok(())

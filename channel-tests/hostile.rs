@@ -22,7 +22,8 @@ use rdma_channel::fabric::{
 };
 use rdma_channel::ring::memory::{CtrlWord, Lend, LEND_SLOT};
 use rdma_channel::ring::wire::{
-    cells_for, header_match, header_word, trailer_word, PacketKind, Rendezvous, RndvSeg, CELL,
+    cells_for, header_match, header_word, trailer_word, write_len, PacketKind, Rendezvous, RndvSeg,
+    CELL, SHORT_WRITE,
 };
 use rdma_channel::{Channel, Config, Prepared, RdmaStream};
 
@@ -138,7 +139,8 @@ impl Hostile {
     /// `pos % RING`), its header word as given, trailer last.
     fn packet_with_word(&self, pos: u64, word: u64, payload: &[u8], ack: u64) {
         let cells = cells_for(payload.len());
-        let mut p = vec![0u8; cells * CELL];
+        // As a correct sender writes it: a short packet only up to its trailer.
+        let mut p = vec![0u8; write_len(payload.len())];
         p[0..8].copy_from_slice(&word.to_le_bytes());
         p[8..16].copy_from_slice(&ack.to_le_bytes());
         p[16..16 + payload.len()].copy_from_slice(payload);
@@ -422,6 +424,46 @@ fn a_replayed_packet_from_an_earlier_lap_is_never_delivered_again() {
     h.packet(lap * CELL as u64, PacketKind::Data, b"new", 0);
     assert_eq!(h.get(&mut buf).unwrap(), 3);
     assert_eq!(&buf[..3], b"new");
+}
+
+/// A short packet's trailer stands in its cell's fourth word, which an earlier lap's
+/// payload may have filled with exactly the trailer this packet will carry. The
+/// receiver zeroes that word when it frees the cell, so a header that landed before
+/// its trailer is not read with the stale one.
+#[test]
+fn a_short_packet_is_not_read_before_its_trailer_lands_over_flag_payload() {
+    if skip_on_verbs() {
+        return;
+    }
+    let mut h = Hostile::new();
+    let ring = RING as u64;
+    // Lap 0: four 1000-byte packets fill the ring. The first one's payload bytes 8..16
+    // land on cell 0's fourth word and hold the trailer of a short packet at `ring`.
+    let mut evil = vec![0x5au8; 1000];
+    evil[8..16].copy_from_slice(&trailer_word(ring + CELL as u64).to_le_bytes());
+    let mut buf = vec![0u8; RING];
+    for k in 0..4u64 {
+        h.packet(k * 1024, PacketKind::Data, &evil, 0);
+        assert_eq!(h.get(&mut buf).unwrap(), 1000);
+        assert_eq!(buf[..1000], evil[..]);
+    }
+    // Lap 1: only the header and ack of a 5-byte short packet have landed.
+    let mut p = [0u8; SHORT_WRITE];
+    p[..8].copy_from_slice(&header_word(ring, PacketKind::Data, 5).to_le_bytes());
+    p[16..21].copy_from_slice(b"short");
+    p[24..].copy_from_slice(&trailer_word(ring + CELL as u64).to_le_bytes());
+    h.write(0, &p[..16]);
+    for _ in 0..10 {
+        assert_eq!(
+            h.get(&mut buf).unwrap(),
+            0,
+            "a short packet was read before its trailer landed"
+        );
+    }
+    // Then its payload and trailer: delivered exactly.
+    h.write(16, &p[16..]);
+    assert_eq!(h.get(&mut buf).unwrap(), 5);
+    assert_eq!(&buf[..5], b"short");
 }
 
 #[test]

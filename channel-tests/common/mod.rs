@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rdma_channel::fabric::FabricKind;
-use rdma_channel::ring::wire::{header_match, trailer_word, CELL};
+use rdma_channel::ring::wire::{header_match, trailer_word, CELL, SHORT_TRAILER_OFFSET};
 
 // ---------------------------------------------------------------------------------
 // The fabric under test and the size of the run
@@ -344,7 +344,8 @@ pub fn cut_chain(
 
 /// A payload laid out for a sender that writes it as one uncut packet from `head`:
 /// every word that would land on a cell boundary holds the header of `lap` laps later,
-/// and every word that would land just before a boundary holds that lap's trailer.
+/// and every word that would land just before a boundary, or in a cell's fourth word
+/// (a short packet's trailer), holds that lap's trailer.
 pub fn aligned_flags(
     rng: &mut Rng,
     head: u64,
@@ -366,6 +367,10 @@ pub fn aligned_flags(
             v[o..o + 8].copy_from_slice(&w.to_le_bytes());
         } else if in_cell == CELL as u64 - 8 && flags != Flags::Header {
             v[o..o + 8].copy_from_slice(&trailer_word(abs + 8 + lap * ring).to_le_bytes());
+        } else if in_cell == SHORT_TRAILER_OFFSET as u64 && flags != Flags::Header {
+            // Where a short packet's trailer stands: the end of this word's cell.
+            let end = abs - in_cell + CELL as u64;
+            v[o..o + 8].copy_from_slice(&trailer_word(end + lap * ring).to_le_bytes());
         }
         o += 8;
     }

@@ -30,7 +30,8 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(fabric.len(), usize::from(announced));
     assert_eq!(data.len(), HEADER_LEN + fabric.len());
     assert_eq!(fabric, &data[HEADER_LEN..]);
-    let again = ConnCard::encode_with(ring, ctrl, card.wakes(), fabric).expect("an accepted card re-encodes");
+    let again = ConnCard::encode_with(ring, ctrl, card.wakes(), fabric)
+        .expect("an accepted card re-encodes");
     assert_eq!(again, data);
     assert!(ConnCard::new_checked(&data[..data.len() - 1]).is_err());
     let mut longer = data.to_vec();

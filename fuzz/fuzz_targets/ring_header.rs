@@ -12,8 +12,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use rdma_channel::ring::wire::{
-    cells_for, header_match, header_word, Header, WireError, CELL, HEADER_LEN, HEADER_MATCH_MASK,
-    MAX_PAYLOAD, OVERHEAD,
+    cells_for, header_match, header_word, trailer_offset, Header, WireError, CELL, HEADER_LEN,
+    HEADER_MATCH_MASK, MAX_PAYLOAD, OVERHEAD,
 };
 use rdma_channel::ring::{max_payload_now, packet_cells};
 
@@ -80,10 +80,15 @@ fuzz_target!(|data: &[u8]| {
             let bytes = (cells * CELL) as u64;
             assert!(len as usize + OVERHEAD <= cells * CELL);
             assert!(off + bytes <= size, "packet past the ring's end accepted");
-            // The trailer word the receiver polls, and the payload it copies out,
-            // are inside the ring without wrapping.
-            let trailer = pos + bytes - 8;
-            assert_eq!(trailer & (size - 1), off + bytes - 8);
+            // The trailer word the receiver polls (the last word of the write, inside
+            // the packet's cells, before or at their end), and the payload it copies
+            // out, are inside the ring without wrapping, and the payload ends before
+            // the trailer starts.
+            let t_off = trailer_offset(len as usize) as u64;
+            assert!(t_off + 8 <= bytes && t_off % 8 == 0);
+            assert!(HEADER_LEN as u64 + u64::from(len) <= t_off);
+            let trailer = pos + t_off;
+            assert_eq!(trailer & (size - 1), off + t_off);
             assert!(off + HEADER_LEN as u64 + u64::from(len) <= size);
         }
         None => assert!(off + need > size, "packet inside the ring refused"),

@@ -13,7 +13,8 @@ use crate::fabric::Fabric;
 use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory};
 use crate::ring::wire::{
-    trailer_word, Header, PacketKind, Rendezvous, RndvSeg, CELL, HEADER_LEN, MAX_RNDV_SEGS,
+    trailer_offset, trailer_word, Header, PacketKind, Rendezvous, RndvSeg, CELL, HEADER_LEN,
+    MAX_RNDV_SEGS,
 };
 use crate::ring::{packet_cells, PAYLOAD_OFFSET};
 use crate::zerocopy::{serve_all_lends, Lent};
@@ -172,9 +173,10 @@ impl<F: Fabric> Receiver<F> {
                 ));
             };
             let end = self.read_pos + (cells * CELL) as u64;
+            let trailer_at = self.read_pos + trailer_offset(len) as u64;
             // Acquire pairs with the fabric's Release store of the last word of the
             // write: once the trailer is visible, so is every byte before it.
-            if self.load_word(end - 8, Ordering::Acquire) != trailer_word(end) {
+            if self.load_word(trailer_at, Ordering::Acquire) != trailer_word(end) {
                 return Ok(false);
             }
             // Re-read the header now that the whole packet is visible; a first read that

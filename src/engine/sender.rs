@@ -13,8 +13,8 @@ use crate::fabric::{Fabric, GatherList};
 use crate::rcache::{CacheStats, RdmaBuf, RegCache, RegHandle};
 use crate::ring::memory::CtrlWord;
 use crate::ring::wire::{
-    cells_for, trailer_word, Header, PacketKind, RndvSeg, CELL, HEADER_LEN, MAX_RNDV_SEGS,
-    ONE_CELL_PAYLOAD, OVERHEAD, TRAILER_LEN,
+    cells_for, trailer_word, write_len, Header, PacketKind, RndvSeg, CELL, HEADER_LEN,
+    MAX_RNDV_SEGS, ONE_CELL_PAYLOAD, OVERHEAD, TRAILER_LEN,
 };
 use crate::ring::{max_payload_now, tail_ok, wrap_early};
 use crate::zerocopy::Lent;
@@ -481,9 +481,11 @@ impl<F: Fabric> Sender<F> {
             ack,
         );
         let end = self.head + bytes as u64;
-        cells.0[bytes - TRAILER_LEN..bytes].copy_from_slice(&trailer_word(end).to_le_bytes());
+        // A short packet's write ends after its fourth word (ring::wire docs).
+        let written = write_len(len);
+        cells.0[written - TRAILER_LEN..written].copy_from_slice(&trailer_word(end).to_le_bytes());
         let mut list = GatherList::<1>::new();
-        list.push(&cells.0[..bytes]);
+        list.push(&cells.0[..written]);
         let remote = link.peer_ring.addr + (self.head & (self.ring_size - 1));
         link.post_inline(&list, remote, link.peer_ring.rkey)?;
         self.head = end;
@@ -520,7 +522,8 @@ impl<F: Fabric> Sender<F> {
         let cells = cells_for(len);
         let bytes = cells * CELL;
         let end = self.head + bytes as u64;
-        let pad = bytes - OVERHEAD - len;
+        let written = write_len(len);
+        let pad = written - OVERHEAD - len;
         let mut header = [0u8; HEADER_LEN];
         // Acquire pairs with the receiver's Release after copying out: the value we
         // announce is only ever a position whose bytes were fully consumed.
@@ -545,7 +548,7 @@ impl<F: Fabric> Sender<F> {
         list.push(&trailer);
         let at = (self.head & (self.ring_size - 1)) as usize;
         let remote = link.peer_ring.addr + at as u64;
-        if bytes <= self.inline_limit {
+        if written <= self.inline_limit {
             link.post_inline(&list, remote, link.peer_ring.rkey)?;
         } else {
             // At the offset it will have in the peer's ring: that space is ours until

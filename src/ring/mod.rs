@@ -18,8 +18,9 @@
 //! * a packet never crosses the physical end of the ring (a long message is simply
 //!   cut there and continues in the next packet);
 //! * before the receiver announces a tail that frees a packet's cells, it zeroes the
-//!   two *boundary words* of each of them: the first word of the cell (where a header
-//!   may stand next lap) and the last (where a trailer may stand); see
+//!   three *boundary words* of each of them: the first word of the cell (where a
+//!   header may stand next lap), the fourth (where a short packet's trailer may
+//!   stand) and the last (where any other trailer may stand); see
 //!   [`boundary_offsets`].
 //!
 //! So whenever the sender may write a region, each boundary word in it holds zero or
@@ -30,7 +31,7 @@
 //! their own packet's trailer), cannot fool it. Zero is neither a valid header (its
 //! tag is non-zero) nor a valid trailer.
 //!
-//! Clearing costs the receiver two stores per 64 bytes into lines it has just read;
+//! Clearing costs the receiver three stores per 64 bytes into lines it has just read;
 //! an earlier design had the sender inspect those words in the payload instead, which
 //! took 27% of the sender's time, and the sender is the bottleneck side.
 
@@ -119,18 +120,19 @@ pub const fn after_wrap(size: u64, pos: u64) -> u64 {
 }
 
 /// Ring offsets of the boundary words of `cells` cells starting at ring offset
-/// `start` (a multiple of 64): the first and the last 8-byte word of each cell. The
-/// receiver zeroes them before it frees the cells (see the module docs).
+/// `start` (a multiple of 64): the first, the fourth (a short packet's trailer) and
+/// the last 8-byte word of each cell. The receiver zeroes them before it frees the
+/// cells (see the module docs).
 ///
 /// ```
 /// let words: Vec<usize> = rdma_channel::ring::boundary_offsets(128, 2).collect();
-/// assert_eq!(words, [128, 184, 192, 248]);
+/// assert_eq!(words, [128, 152, 184, 192, 216, 248]);
 /// ```
 pub fn boundary_offsets(start: usize, cells: usize) -> impl Iterator<Item = usize> {
     debug_assert_eq!(start % CELL, 0);
     (0..cells).flat_map(move |c| {
         let cell = start + c * CELL;
-        [cell, cell + CELL - 8]
+        [cell, cell + wire::SHORT_TRAILER_OFFSET, cell + CELL - 8]
     })
 }
 
@@ -178,16 +180,18 @@ mod tests {
     #[test]
     fn boundary_words_are_where_headers_and_trailers_go() {
         // Every packet's header sits on a cell's first word and its trailer on a cell's
-        // last word; clearing those words of every consumed cell covers all of them.
-        for payload in [0usize, 1, 40, 41, 100, 1000, 4000] {
+        // fourth (short packets) or last word; clearing those words of every consumed
+        // cell covers all of them.
+        for payload in [0usize, 1, 8, 9, 40, 41, 100, 1000, 4000] {
             let cells = cells_for(payload);
             let words: Vec<usize> = boundary_offsets(0, cells).collect();
             assert!(words.contains(&0), "header of a {payload}-byte packet");
             assert!(
-                words.contains(&(cells * CELL - 8)),
+                words.contains(&wire::trailer_offset(payload)),
                 "trailer of a {payload}-byte packet"
             );
-            assert_eq!(words.len(), 2 * cells);
+            assert!(wire::write_len(payload) <= cells * CELL);
+            assert_eq!(words.len(), 3 * cells);
         }
     }
 

@@ -16,7 +16,7 @@ use crate::ring::wire::{
     cells_for, trailer_word, write_len, Header, PacketKind, RndvSeg, CELL, HEADER_LEN,
     MAX_RNDV_SEGS, ONE_CELL_PAYLOAD, OVERHEAD, TRAILER_LEN,
 };
-use crate::ring::{max_payload_now, tail_ok, wrap_early};
+use crate::ring::{lap_end, max_payload_now, tail_ok, wrap_early};
 use crate::zerocopy::Lent;
 
 /// Most gather entries one packet uses (header, payload pieces, padding, trailer).
@@ -43,7 +43,8 @@ pub struct Sender<F: Fabric> {
     tail: u64,
     ring_size: u64,
     /// Ring offset past which the sender starts over at offset 0 when it can
-    /// ([`wrap_early`]).
+    /// ([`wrap_early`]), for the largest packets; smaller ones start over sooner
+    /// ([`lap_for`](Self::lap_for)).
     working_set: u64,
     chunk: u64,
     inline_limit: usize,
@@ -152,7 +153,7 @@ impl<F: Fabric> Sender<F> {
             && self.stackable(len)
             && !self.closed
             && self.pending.is_none()
-            && self.head & (self.ring_size - 1) < self.working_set
+            && self.head & (self.ring_size - 1) < self.lap_for(len)
             && max_payload_now(self.ring_size, self.head, self.tail, self.chunk) >= len
     }
 
@@ -330,7 +331,7 @@ impl<F: Fabric> Sender<F> {
                     }
                 }
             }
-            if self.head & (self.ring_size - 1) >= self.working_set {
+            if self.head & (self.ring_size - 1) >= self.lap_for(eager_left) {
                 self.wrap_if_caught_up(eager_left)?;
             }
             let mut room = max_payload_now(self.ring_size, self.head, self.tail, self.chunk);
@@ -431,6 +432,14 @@ impl<F: Fabric> Sender<F> {
                 return Ok(false);
             }
         }
+    }
+
+    /// Ring offset past which the sender starts over at offset 0, when it can,
+    /// before a packet of up to `payload` bytes ([`lap_end`]).
+    #[inline]
+    fn lap_for(&self, payload: usize) -> u64 {
+        let packet = (cells_for(payload.min(self.chunk as usize - OVERHEAD)) * CELL) as u64;
+        lap_end(self.ring_size, self.working_set, packet)
     }
 
     /// True when a packet of `len` payload bytes takes the stacked path
@@ -568,9 +577,10 @@ impl<F: Fabric> Sender<F> {
     /// offset 0 ([`wrap_early`]), so traffic stays in the ring's first, cached, bytes.
     fn wrap_if_caught_up(&mut self, payload: usize) -> io::Result<()> {
         let next = (cells_for(payload.min(self.chunk as usize - OVERHEAD)) * CELL) as u64;
-        if !wrap_early(self.ring_size, self.head, self.tail, next, self.working_set) {
+        let lap = self.lap_for(payload);
+        if !wrap_early(self.ring_size, self.head, self.tail, next, lap) {
             self.update_tail()?;
-            if !wrap_early(self.ring_size, self.head, self.tail, next, self.working_set) {
+            if !wrap_early(self.ring_size, self.head, self.tail, next, lap) {
                 return Ok(());
             }
         }

@@ -618,3 +618,59 @@ fn stream_backoff_only_for_a_receiver_that_only_receives_and_once_per_message() 
         }
     });
 }
+
+/// A ping-pong keeps each ring's traffic in a lap sized to its messages
+/// (`ring::lap_end`): past room for four of its packets, at least 16 KiB, and at
+/// most the working set, the sender starts over at offset 0. Every byte arrives in
+/// order across the wraps, and a working set of the whole ring turns them off.
+#[test]
+fn a_ping_pong_stays_in_a_lap_sized_to_its_messages() {
+    bounded("a_ping_pong_stays_in_a_lap_sized_to_its_messages", || {
+        const RING: u64 = 1 << 20;
+        // (message bytes, working set, round trips, lap end, laps at least)
+        let cases: [(usize, usize, usize, u64, u64); 4] = [
+            // 8 B: one cell each, a 16 KiB lap, so 2000 messages wrap 7 times.
+            (8, 256 << 10, 2000, 16 << 10, 7),
+            // 4 KiB: 4160-byte packets, a lap of four.
+            (4096, 256 << 10, 200, 4 * 4160, 45),
+            // A working set smaller than the shortest lap is the lap.
+            (8, 4 << 10, 1000, 4 << 10, 15),
+            // Working set off: one pass through the ring, no wrap.
+            (8, RING as usize, 2000, RING, 0),
+        ];
+        for (size, ws, trips, lap, min_laps) in cases {
+            let cfg = Config::default()
+                .with_ring_size(RING as usize)
+                .with_working_set(ws);
+            let (mut a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+            let packet = (size + 24).next_multiple_of(64) as u64;
+            let (mut got, mut back) = (vec![0u8; size], vec![0u8; size]);
+            for i in 0..trips {
+                let msg: Vec<u8> = (0..size).map(|k| (i * 31 + k) as u8).collect();
+                a.write_all(&msg).unwrap();
+                b.read_exact(&mut got).unwrap();
+                assert_eq!(got, msg, "{size} B message {i}");
+                b.write_all(&got).unwrap();
+                a.read_exact(&mut back).unwrap();
+                assert_eq!(back, msg, "{size} B reply {i}");
+                for end in [&mut a, &mut b] {
+                    let offset = end.channel().sender().position() % RING;
+                    assert!(
+                        offset < lap + packet,
+                        "{size} B, working set {ws}: offset {offset} after message {i} is past the lap ({lap})"
+                    );
+                }
+            }
+            for end in [&mut a, &mut b] {
+                let laps = end.channel().sender().position() / RING;
+                assert!(
+                    laps >= min_laps,
+                    "{size} B, working set {ws}: {laps} laps in {trips} round trips, want {min_laps} or more"
+                );
+                if min_laps == 0 {
+                    assert_eq!(laps, 0, "working set off: no early wrap");
+                }
+            }
+        }
+    });
+}

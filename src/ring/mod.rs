@@ -109,7 +109,7 @@ pub fn wrap_early(size: u64, head: u64, tail: u64, next: u64, working_set: u64) 
 }
 
 /// The shortest lap: a sender ends a lap early ([`wrap_early`]) no sooner than this
-/// many bytes into the ring.
+/// many bytes into it.
 pub const SHORT_LAP: u64 = 16 << 10;
 
 /// A lap holds at least this many packets of the size being sent.
@@ -122,8 +122,8 @@ pub const LAP_PACKETS: u64 = 4;
 ///
 /// Why it scales with the packet: a ping-pong of 4 KiB messages kept in 16 KiB
 /// reuses lines both cores touched a moment ago, and on the machine this was
-/// measured on its latency drops by a quarter against the same traffic spread over
-/// 256 KiB (bench/README.md, "Laps that fit the messages"). Laps much shorter than
+/// measured on its latency drops 14-32% against the same traffic spread over 256
+/// KiB (bench/README.md, "Laps that fit the messages"). Laps much shorter than
 /// that cost more in wrap packets than they save, and large packets need the
 /// working set's room to stream.
 ///

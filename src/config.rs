@@ -284,7 +284,7 @@ impl Config {
     /// it and the receiver has consumed enough, the sender leaves the rest of the
     /// lap unused and continues at offset 0 (a `Wrap` packet), so that both cores
     /// keep touching the same, cached, lines. Small packets wrap sooner, after room
-    /// for four of them or 16 KiB ([`ring::lap_end`](crate::ring::lap_end)); the
+    /// for two of them or 8 KiB ([`ring::lap_end`](crate::ring::lap_end)); the
     /// working set is the most. The ring size turns this off. The
     /// ring beyond the working set still holds bursts the receiver has not read.
     ///

@@ -110,29 +110,31 @@ pub fn wrap_early(size: u64, head: u64, tail: u64, next: u64, working_set: u64) 
 
 /// The shortest lap: a sender ends a lap early ([`wrap_early`]) no sooner than this
 /// many bytes into it.
-pub const SHORT_LAP: u64 = 16 << 10;
+pub const SHORT_LAP: u64 = 8 << 10;
 
 /// A lap holds at least this many packets of the size being sent.
-pub const LAP_PACKETS: u64 = 4;
+pub const LAP_PACKETS: u64 = 2;
 
 /// The ring offset past which a sender about to write a packet of `packet` bytes
 /// (cells included) ends the lap early when it can ([`wrap_early`]): room for
 /// [`LAP_PACKETS`] such packets, at least [`SHORT_LAP`], at most `working_set`. A
 /// working set of the whole ring turns early wraps off.
 ///
-/// Why it scales with the packet: a ping-pong of 4 KiB messages kept in 16 KiB
-/// reuses lines both cores touched a moment ago, and on the machine this was
-/// measured on its latency drops 14-32% against the same traffic spread over 256
-/// KiB (bench/README.md, "Laps that fit the messages"). Laps much shorter than
-/// that cost more in wrap packets than they save, and large packets need the
-/// working set's room to stream.
+/// Why it scales with the packet: a ping-pong of 1-4 KiB messages kept in a few
+/// packets' room reuses lines both cores touched a moment ago, and on the machine
+/// this was measured on its latency drops by a third against the same traffic
+/// spread over 256 KiB (bench/README.md, "Laps that fit the messages").
+/// Streams of small messages gain too (a window of them lands in the same 8 KiB),
+/// and so do large messages in 64 KiB packets, with laps of 128 KiB. Laps much
+/// shorter cost more in wrap packets than they save.
 ///
 /// ```
 /// use rdma_channel::ring::lap_end;
 /// let ring = 4 << 20;
-/// assert_eq!(lap_end(ring, 256 << 10, 64), 16 << 10); // small packets: the shortest lap
-/// assert_eq!(lap_end(ring, 256 << 10, 4160), 4 * 4160); // four 4 KiB packets
-/// assert_eq!(lap_end(ring, 256 << 10, 65600), 256 << 10); // large ones: the working set
+/// assert_eq!(lap_end(ring, 256 << 10, 64), 8 << 10); // small packets: the shortest lap
+/// assert_eq!(lap_end(ring, 256 << 10, 4160), 2 * 4160); // two 4 KiB packets
+/// assert_eq!(lap_end(ring, 256 << 10, 65600), 2 * 65600); // two 64 KiB packets
+/// assert_eq!(lap_end(ring, 64 << 10, 65600), 64 << 10); // at most the working set
 /// assert_eq!(lap_end(ring, ring, 64), ring); // working set off: never early
 /// ```
 #[inline]

@@ -6,7 +6,7 @@
 //! | --- | --- | --- |
 //! | `RCH_RING_SIZE` | bytes of each receive ring (power of two, 4 KiB ..= 1 GiB) | 4 MiB |
 //! | `RCH_CHUNK_SIZE` | largest packet in bytes (multiple of 64, 128 ..= ring/2) | 64 KiB |
-//! | `RCH_WORKING_SET` | most ring bytes the sender keeps its traffic in while the receiver keeps up (a multiple of 64; smaller packets wrap sooner, `ring::lap_end`; the ring size or more turns it off) | 256 KiB |
+//! | `RCH_WORKING_SET` | most ring bytes the sender keeps its traffic in while the receiver keeps up (a multiple of 64; on the emulated fabric smaller packets wrap sooner, `ring::lap_end`; the ring size or more turns it off) | 256 KiB |
 //! | `RCH_TAIL_THRESHOLD` | consumed bytes before an explicit tail update | the smaller of ring/4 and working set/4 |
 //! | `RCH_MAX_INLINE` | cap on inline writes (smaller forces the staging copy) | fabric's |
 //! | `RCH_SPIN` | busy polls before a blocking wait yields | 2000 (100 in a process group with more ranks on the host than CPUs) |
@@ -283,8 +283,8 @@ impl Config {
     /// Sets the ring's working set: once the sender's position in the ring is past
     /// it and the receiver has consumed enough, the sender leaves the rest of the
     /// lap unused and continues at offset 0 (a `Wrap` packet), so that both cores
-    /// keep touching the same, cached, lines. Small packets wrap sooner, after room
-    /// for two of them or 8 KiB ([`ring::lap_end`](crate::ring::lap_end)); the
+    /// keep touching the same, cached, lines. On the emulated fabric small packets
+    /// wrap sooner, after room for two of them or 8 KiB ([`ring::lap_end`](crate::ring::lap_end)); the
     /// working set is the most. The ring size turns this off. The
     /// ring beyond the working set still holds bursts the receiver has not read.
     ///

@@ -189,6 +189,7 @@ impl<F: Fabric> Prepared<F> {
                 inline_limit,
                 caps.max_sge.min(MAX_SGE) - 3,
                 max_rndv_segs,
+                link.fabric.shares_caches(),
             ),
             rx: Receiver::new(link, caps.max_rd_atomic),
         })

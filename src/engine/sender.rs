@@ -44,8 +44,10 @@ pub struct Sender<F: Fabric> {
     ring_size: u64,
     /// Ring offset past which the sender starts over at offset 0 when it can
     /// ([`wrap_early`]), for the largest packets; smaller ones start over sooner
-    /// ([`lap_for`](Self::lap_for)).
+    /// where the fabric shares caches ([`lap_for`](Self::lap_for)).
     working_set: u64,
+    /// The fabric moves the ring through shared caches ([`Fabric::shares_caches`]).
+    short_laps: bool,
     chunk: u64,
     inline_limit: usize,
     /// Payload entries a gather list may hold (the fabric's limit less three).
@@ -84,10 +86,12 @@ impl<F: Fabric> Sender<F> {
         inline_limit: usize,
         max_pieces: usize,
         max_rndv_segs: usize,
+        short_laps: bool,
     ) -> Sender<F> {
         Sender {
             ring_size: link.peer_ring.len,
             working_set: link.cfg.working_set() as u64,
+            short_laps,
             link,
             head: 0,
             tail: 0,
@@ -435,9 +439,13 @@ impl<F: Fabric> Sender<F> {
     }
 
     /// Ring offset past which the sender starts over at offset 0, when it can,
-    /// before a packet of up to `payload` bytes ([`lap_end`]).
+    /// before a packet of up to `payload` bytes: [`lap_end`] where the fabric shares
+    /// caches, else the working set.
     #[inline]
     fn lap_for(&self, payload: usize) -> u64 {
+        if !self.short_laps {
+            return self.working_set;
+        }
         let packet = (cells_for(payload.min(self.chunk as usize - OVERHEAD)) * CELL) as u64;
         lap_end(self.ring_size, self.working_set, packet)
     }

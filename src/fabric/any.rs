@@ -406,6 +406,10 @@ impl Fabric for AnyFabric {
         forward!(self, AnyFabric, f => f.uses_host_cpus())
     }
 
+    fn shares_caches(&self) -> bool {
+        forward!(self, AnyFabric, f => f.shares_caches())
+    }
+
     fn zero_copy_loopback_defaults(&self) -> ZeroCopyThresholds {
         forward!(self, AnyFabric, f => f.zero_copy_loopback_defaults())
     }

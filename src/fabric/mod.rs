@@ -636,6 +636,15 @@ pub trait Fabric: Send + Sync + Sized + 'static {
         false
     }
 
+    /// True when the ring's bytes move between the two ends' cores through their
+    /// caches, as the emulated fabric's shared memory does: lines both cores touched
+    /// a moment ago move faster, so the sender keeps a ping-pong in short laps
+    /// ([`crate::ring::lap_end`]). False for adapters, whose DMA gains nothing from
+    /// it while every lap costs a `Wrap` packet: they keep the working set.
+    fn shares_caches(&self) -> bool {
+        false
+    }
+
     /// [`zero_copy_defaults`](Self::zero_copy_defaults) for a peer on this same port
     /// ([`QueuePair::loopback`]); the same unless the fabric measured otherwise.
     fn zero_copy_loopback_defaults(&self) -> ZeroCopyThresholds {

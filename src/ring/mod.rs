@@ -116,9 +116,11 @@ pub const SHORT_LAP: u64 = 8 << 10;
 pub const LAP_PACKETS: u64 = 2;
 
 /// The ring offset past which a sender about to write a packet of `packet` bytes
-/// (cells included) ends the lap early when it can ([`wrap_early`]): room for
-/// [`LAP_PACKETS`] such packets, at least [`SHORT_LAP`], at most `working_set`. A
-/// working set of the whole ring turns early wraps off.
+/// (cells included) ends the lap early when it can ([`wrap_early`]), on a fabric
+/// that shares caches ([`Fabric::shares_caches`](crate::fabric::Fabric::shares_caches);
+/// on others the lap is the working set): room for [`LAP_PACKETS`] such packets, at
+/// least [`SHORT_LAP`], at most `working_set`. A working set of the whole ring turns
+/// early wraps off.
 ///
 /// Why it scales with the packet: a ping-pong of 1-4 KiB messages kept in a few
 /// packets' room reuses lines both cores touched a moment ago, and on the machine

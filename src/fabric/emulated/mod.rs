@@ -562,6 +562,12 @@ impl Fabric for EmuFabric {
     type Qp = EmuQp;
     type Pending = EmuPending;
 
+    /// Both ends' processes copy through shared memory: short laps pay (bench/README.md,
+    /// "Laps that fit the messages").
+    fn shares_caches(&self) -> bool {
+        true
+    }
+
     fn alloc_region(&self, len: usize, access: Access) -> io::Result<EmuRegion> {
         if len == 0 {
             return Err(io::Error::new(

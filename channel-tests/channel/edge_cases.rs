@@ -632,9 +632,11 @@ fn a_ping_pong_stays_in_a_lap_sized_to_its_messages() {
         use rdma_channel::fabric::{AnyFabric, Fabric};
         const RING: u64 = 1 << 20;
         let shares = AnyFabric::from_env().unwrap().shares_caches();
-        // (message bytes, working set, round trips, then lap end and laps at least,
-        // with shared caches and without)
-        let cases: [(usize, usize, usize, (u64, u64), (u64, u64)); 4] = [
+        // Lap end, and laps at least.
+        type Expect = (u64, u64);
+        // (message bytes, working set, round trips, then what to expect with shared
+        // caches and without)
+        let cases: [(usize, usize, usize, Expect, Expect); 4] = [
             // 8 B: one cell each, an 8 KiB lap, so 2000 messages wrap 15 times; the
             // 256 KiB working set holds them all.
             (8, 256 << 10, 2000, (8 << 10, 14), (256 << 10, 0)),

@@ -446,8 +446,13 @@ impl<F: Fabric> Sender<F> {
         if !self.short_laps {
             return self.working_set;
         }
-        let packet = (cells_for(payload.min(self.chunk as usize - OVERHEAD)) * CELL) as u64;
-        lap_end(self.ring_size, self.working_set, packet)
+        lap_end(self.ring_size, self.working_set, self.packet_bytes(payload))
+    }
+
+    /// Ring bytes of the next packet for `payload` bytes to send (at most a chunk).
+    #[inline]
+    fn packet_bytes(&self, payload: usize) -> u64 {
+        (cells_for(payload.min(self.chunk as usize - OVERHEAD)) * CELL) as u64
     }
 
     /// True when a packet of `len` payload bytes takes the stacked path
@@ -584,7 +589,7 @@ impl<F: Fabric> Sender<F> {
     /// has consumed enough that the next packet, of up to `payload` bytes, fits at
     /// offset 0 ([`wrap_early`]), so traffic stays in the ring's first, cached, bytes.
     fn wrap_if_caught_up(&mut self, payload: usize) -> io::Result<()> {
-        let next = (cells_for(payload.min(self.chunk as usize - OVERHEAD)) * CELL) as u64;
+        let next = self.packet_bytes(payload);
         let lap = self.lap_for(payload);
         if !wrap_early(self.ring_size, self.head, self.tail, next, lap) {
             self.update_tail()?;

@@ -132,20 +132,37 @@ impl<F: Fabric> Sender<F> {
     /// `BrokenPipe` once the peer stopped reading or after [`close`](Self::close);
     /// `ConnectionReset` when the peer vanished or the fabric failed.
     pub fn put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
-        // The common small message: one buffer that fits a stacked packet, with room
-        // at the head. It takes the same steps as `put_inner` minus its loop and cursor.
-        if let [one] = iov {
-            if self.small_fits_now(one.len()) {
-                let link = &*self.link;
-                if let Some(e) = link.error() {
-                    return Err(e);
-                }
-                link.check_peer_reading()?;
-                link.serve_credit()?;
-                return self.write_small(iov, 0, one.len());
-            }
+        if let Some(r) = self.put_small_now(iov) {
+            return r;
         }
         self.put_inner(iov, None)
+    }
+
+    /// The common small message: one buffer that fits a stacked packet, with room at
+    /// the head, sent with the same steps as `put_inner` minus its loop and cursor;
+    /// `None` when `iov` is not such a message (then `put_inner` sends it).
+    #[inline]
+    pub(crate) fn put_small_now(&mut self, iov: &[IoSlice<'_>]) -> Option<io::Result<usize>> {
+        let [one] = iov else {
+            return None;
+        };
+        if !self.small_fits_now(one.len()) {
+            return None;
+        }
+        Some(self.put_small(iov, one.len()))
+    }
+
+    /// [`put_small_now`](Self::put_small_now) once it knows the `len` bytes of `iov`
+    /// fit.
+    #[inline]
+    fn put_small(&mut self, iov: &[IoSlice<'_>], len: usize) -> io::Result<usize> {
+        let link = &*self.link;
+        if let Some(e) = link.error() {
+            return Err(e);
+        }
+        link.check_peer_reading()?;
+        link.serve_credit()?;
+        self.write_small(iov, 0, len)
     }
 
     /// True when `len` bytes go out as one stacked packet at the head now, with
@@ -276,6 +293,13 @@ impl<F: Fabric> Sender<F> {
                 }
             }
         }
+    }
+
+    /// True when no buffer of `len` bytes goes zero-copy, whatever its memory.
+    #[inline]
+    pub(crate) fn below_zero_copy(&self, len: usize) -> bool {
+        let t = self.link.zc_thresholds;
+        len < t.alloc_mem.min(t.other)
     }
 
     /// True when `buf` should go zero-copy.

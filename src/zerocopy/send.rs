@@ -53,6 +53,13 @@ impl<F: Fabric> Sender<F> {
     /// As [`put`](Sender::put); `InvalidInput` if a transfer is in flight and `iov`
     /// does not start with its buffers.
     pub unsafe fn put_nocopy(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+        // A message below both zero-copy thresholds is copied whatever the memory: the
+        // small-message path of `put`, which never leaves a transfer in flight.
+        if iov.len() == 1 && self.below_zero_copy(iov[0].len()) {
+            if let Some(r) = self.put_small_now(iov) {
+                return r;
+            }
+        }
         let r = self.put_inner(iov, Some(Lent(())));
         if let Err(e) = &r {
             // A mismatched retry leaves the transfer in flight (the caller may retry

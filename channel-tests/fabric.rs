@@ -4,8 +4,8 @@
 
 use rdma_channel::fabric::emulated::{EmuFabric, EmuQp, EmuRegion};
 use rdma_channel::fabric::{
-    Access, CompletedOp, Completion, CompletionStatus, Fabric, FabricError, MemoryRegion, Opcode,
-    PendingQp, QpState, QueuePair, RemoteRegion, Sge, WorkRequest,
+    Access, CompletedOp, Completion, CompletionStatus, Fabric, FabricError, GatherList,
+    MemoryRegion, Opcode, PendingQp, QpState, QueuePair, RemoteRegion, Sge, WorkRequest,
 };
 use rdma_channel::oob;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -297,6 +297,152 @@ fn invalid_requests_are_refused_synchronously() {
         post(&qa, &write_wr(&max, dst.addr() as u64, dst.rkey(), true))[0].byte_len,
         caps.max_sge as u64
     );
+}
+
+/// `QueuePair::write_inline` (the emulated fabric's shortcut for one contiguous
+/// buffer) does what an unsignalled inline post of the same bytes does, in every
+/// case: the bytes land; a bad key, range or permission, or a queue pair already in
+/// error, completes with the same error status and writes nothing; a length beyond
+/// `max_inline` is refused before anything happens.
+#[test]
+fn write_inline_is_an_inline_post() {
+    const PAD: usize = 256;
+    const LEN: usize = 1024;
+    #[derive(Clone, Copy, Debug)]
+    enum Case {
+        Ok { at: usize, len: usize },
+        BadKey,
+        PastEnd,
+        ReadOnly,
+        AfterError,
+        TooLong,
+    }
+    /// What a case leaves behind: the call's result, the completions (status,
+    /// wr_id), the queue pair's state and the whole target buffer.
+    type Outcome = (
+        Result<(), String>,
+        Vec<(CompletionStatus, u64)>,
+        QpState,
+        Vec<u8>,
+    );
+    let run = |case: Case, segment_backed: bool, shortcut: bool| -> Outcome {
+        let (a, b) = (fabric(), fabric());
+        let (qa, _qb) = connect(&a, &b);
+        let backing = b.alloc_region(PAD + LEN + PAD, Access::NONE).unwrap();
+        let mut heap = vec![CANARY; PAD + LEN + PAD];
+        let base = if segment_backed {
+            backing.addr()
+        } else {
+            heap.as_mut_ptr()
+        };
+        // SAFETY: base points PAD + LEN + PAD valid bytes (a live region or the vector).
+        unsafe { base.write_bytes(CANARY, PAD + LEN + PAD) };
+        let reg = |access| {
+            // SAFETY: the middle LEN bytes of the buffer, which outlives the region.
+            unsafe { b.register(base.add(PAD), LEN, access) }.unwrap()
+        };
+        let rw = reg(Access::REMOTE_WRITE);
+        let read_only = reg(Access::REMOTE_READ);
+        let start = rw.addr() as u64;
+        let long = vec![0x33u8; qa.caps().max_inline + 1];
+        let source: Vec<u8> = (0..LEN).map(|i| (i * 7 + 1) as u8).collect();
+        // A first write (of the canary bytes already there) maps the peer's segment,
+        // as a connection's first packets do; the shortcut takes mapped segments only.
+        let mut warm = GatherList::<1>::new();
+        warm.push(&[CANARY; 8]);
+        qa.post_inline_write(0, &warm, start, rw.rkey(), false)
+            .unwrap();
+        let (bytes, addr, rkey) = match case {
+            Case::Ok { at, len } => (&source[..len], start + at as u64, rw.rkey()),
+            Case::BadKey => (&source[..32], start, rw.rkey() ^ 0x10000),
+            Case::PastEnd => (&source[..32], start + LEN as u64 - 24, rw.rkey()),
+            Case::ReadOnly => (&source[..32], start, read_only.rkey()),
+            Case::AfterError => {
+                let mut out = [no_completion(); 4];
+                let bad = [sge_of(&backing, 0, 0)];
+                let wr = write_wr(&bad, start, rw.rkey() ^ 0x10000, false);
+                // SAFETY: a zero-length list; the fabric completes it inside post.
+                unsafe { qa.post(&wr) }.unwrap();
+                assert_eq!(qa.poll(&mut out), 1);
+                (&source[..32], start, rw.rkey())
+            }
+            Case::TooLong => (&long[..], start, rw.rkey()),
+        };
+        let result = if shortcut {
+            qa.write_inline(bytes, addr, rkey)
+        } else {
+            let mut list = GatherList::<1>::new();
+            list.push(bytes);
+            qa.post_inline_write(0, &list, addr, rkey, false)
+        };
+        let mut out = [no_completion(); 4];
+        let n = qa.poll(&mut out);
+        let completions = out[..n].iter().map(|c| (c.status, c.wr_id)).collect();
+        // SAFETY: the whole buffer, live, with no request in flight.
+        let after = unsafe { std::slice::from_raw_parts(base, PAD + LEN + PAD) }.to_vec();
+        drop((rw, read_only, backing));
+        drop(heap);
+        (
+            result.map_err(|e| format!("{e:?}")),
+            completions,
+            qa.state(),
+            after,
+        )
+    };
+    let cases = [
+        Case::Ok { at: 0, len: 32 },
+        Case::Ok { at: 64, len: 64 },
+        Case::Ok { at: 128, len: 8 },
+        Case::Ok { at: 3, len: 13 },
+        Case::Ok { at: 0, len: LEN },
+        Case::BadKey,
+        Case::PastEnd,
+        Case::ReadOnly,
+        Case::AfterError,
+        Case::TooLong,
+    ];
+    for segment_backed in [true, false] {
+        for case in cases {
+            let shortcut = run(case, segment_backed, true);
+            let posted = run(case, segment_backed, false);
+            let first_difference = shortcut.3.iter().zip(&posted.3).position(|(x, y)| x != y);
+            assert!(
+                shortcut == posted,
+                "{case:?}, segment-backed {segment_backed}: write_inline and an inline post \
+                 differ: {:?} against {:?}; bytes first differ at {first_difference:?}",
+                (&shortcut.0, &shortcut.1, shortcut.2),
+                (&posted.0, &posted.1, posted.2),
+            );
+            let (result, completions, state, after) = shortcut;
+            let mut want = vec![CANARY; PAD + LEN + PAD];
+            match case {
+                Case::Ok { at, len } => {
+                    assert_eq!(result, Ok(()));
+                    assert!(completions.is_empty(), "{completions:?}");
+                    assert_eq!(state, QpState::ReadyToSend);
+                    for (i, w) in want[PAD + at..PAD + at + len].iter_mut().enumerate() {
+                        *w = (i * 7 + 1) as u8;
+                    }
+                }
+                Case::TooLong => {
+                    assert!(result.unwrap_err().contains("InvalidRequest"));
+                    assert!(completions.is_empty());
+                    assert_eq!(state, QpState::ReadyToSend);
+                }
+                _ => {
+                    assert_eq!(result, Ok(()), "{case:?}: errors are completions");
+                    assert_eq!(completions.len(), 1, "{case:?}: {completions:?}");
+                    assert_ne!(completions[0].0, CompletionStatus::Success, "{case:?}");
+                    assert_eq!(state, QpState::Error);
+                }
+            }
+            let wrong = after.iter().zip(&want).position(|(x, y)| x != y);
+            assert_eq!(
+                wrong, None,
+                "{case:?}, segment-backed {segment_backed}: wrong byte"
+            );
+        }
+    }
 }
 
 /// A region registered in the middle of a canary-filled buffer, segment-backed or

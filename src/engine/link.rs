@@ -309,6 +309,21 @@ impl<F: Fabric> Link<F> {
         )
     }
 
+    /// [`post_inline`](Self::post_inline) of one contiguous buffer, through
+    /// [`QueuePair::write_inline`] where the send queue needs no accounting.
+    #[inline]
+    pub(crate) fn write_inline(&self, bytes: &[u8], remote_addr: u64, rkey: u32) -> io::Result<()> {
+        if self.sq.is_unbounded() {
+            return self
+                .qp
+                .write_inline(bytes, remote_addr, rkey)
+                .map_err(io::Error::from);
+        }
+        let mut list = GatherList::<1>::new();
+        list.push(bytes);
+        self.post_inline(&list, remote_addr, rkey)
+    }
+
     /// Writes `list` inline to `remote_addr` in the peer's memory.
     #[inline]
     pub(crate) fn post_inline<const N: usize>(

@@ -530,10 +530,8 @@ impl<F: Fabric> Sender<F> {
         // A short packet's write ends after its fourth word (ring::wire docs).
         let written = write_len(len);
         cells.0[written - TRAILER_LEN..written].copy_from_slice(&trailer_word(end).to_le_bytes());
-        let mut list = GatherList::<1>::new();
-        list.push(&cells.0[..written]);
         let remote = link.peer_ring.addr + (self.head & (self.ring_size - 1));
-        link.post_inline(&list, remote, link.peer_ring.rkey)?;
+        link.write_inline(&cells.0[..written], remote, link.peer_ring.rkey)?;
         self.head = end;
         // Relaxed: only this half writes rx_piggy; the receiver reads it as a hint.
         if ack > link.rx_piggy.load(Ordering::Relaxed) {

@@ -514,6 +514,11 @@ impl QueuePair for AnyQp {
     }
 
     #[inline]
+    fn write_inline(&self, bytes: &[u8], remote_addr: u64, rkey: u32) -> Result<(), FabricError> {
+        forward!(self, AnyQp, q => q.write_inline(bytes, remote_addr, rkey))
+    }
+
+    #[inline]
     fn poll(&self, out: &mut [Completion]) -> usize {
         forward!(self, AnyQp, q => q.poll(out))
     }

@@ -449,6 +449,25 @@ pub trait QueuePair: Send + Sync {
         unsafe { self.post(&wr) }
     }
 
+    /// Posts an unsignalled inline RDMA WRITE of one contiguous buffer: the same as
+    /// [`post_inline_write`](Self::post_inline_write) with a one-entry list, work
+    /// request id 0 and no completion. A fabric whose inline writes are plain copies
+    /// overrides it to skip building and decoding a work request (the ring's
+    /// one-cell packets come through here, once per small message).
+    ///
+    /// # Errors
+    ///
+    /// As [`post_inline_write`](Self::post_inline_write).
+    #[inline]
+    fn write_inline(&self, bytes: &[u8], remote_addr: u64, rkey: u32) -> Result<(), FabricError>
+    where
+        Self: Sized,
+    {
+        let mut list = GatherList::<1>::new();
+        list.push(bytes);
+        self.post_inline_write(0, &list, remote_addr, rkey, false)
+    }
+
     /// Moves up to `out.len()` completions into `out` and returns how many.
     fn poll(&self, out: &mut [Completion]) -> usize;
 

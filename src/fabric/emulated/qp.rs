@@ -5,8 +5,8 @@ use super::peer::{Fault, Peer};
 use super::table::NO_SEGMENT;
 use super::{lock, QpSlot, CAPS};
 use crate::fabric::{
-    Access, Caps, CompletedOp, Completion, CompletionStatus, FabricError, Opcode, QpState,
-    QueuePair, Sge, WorkRequest,
+    Access, Caps, CompletedOp, Completion, CompletionStatus, FabricError, GatherList, Opcode,
+    QpState, QueuePair, Sge, WorkRequest,
 };
 use std::collections::VecDeque;
 use std::fmt;
@@ -407,6 +407,35 @@ impl QueuePair for EmuQp {
             slots.posted += 1;
         }
         result
+    }
+
+    #[inline]
+    fn write_inline(&self, bytes: &[u8], remote_addr: u64, rkey: u32) -> Result<(), FabricError> {
+        let n = bytes.len() as u64;
+        // The checks and copy of `fast_write`, straight from the slice; anything it
+        // would not take (a finite send queue, which counts the request, a failed
+        // queue pair, a bad key or range) goes through `post`, which says what failed.
+        // Acquire: as in `execute`.
+        if self.send_slots.is_none()
+            && n <= CAPS.max_inline as u64
+            && n > 0
+            && self.state.load(Ordering::Acquire) == RTS
+        {
+            if let Some(dst) = self.peer.fast_write_target(rkey, remote_addr, n) {
+                let piece = [Sge {
+                    addr: bytes.as_ptr().cast_mut(),
+                    len: n as u32,
+                    lkey: 0,
+                }];
+                // SAFETY: dst..dst + n lies inside our live view of the peer segment
+                // (fast_write_target), and `bytes` is borrowed for this call.
+                unsafe { copy::write_direct(dst, &piece, n) };
+                return Ok(());
+            }
+        }
+        let mut list = GatherList::<1>::new();
+        list.push(bytes);
+        self.post_inline_write(0, &list, remote_addr, rkey, false)
     }
 
     fn poll(&self, out: &mut [Completion]) -> usize {

@@ -196,6 +196,69 @@ fn exact_size_put_into_empty_ring_is_taken_whole() {
     });
 }
 
+/// Gets into a buffer of exactly the next message's length (as a ping-pong or an MPI
+/// receive of a known size does) take that message and nothing after it, in order,
+/// whether it is one packet or several, with laps, wraps and acks both ways; and a
+/// message waiting behind another is left for the next get.
+#[test]
+fn exact_length_gets_take_one_message_at_a_time() {
+    bounded("exact_length_gets_take_one_message_at_a_time", || {
+        let mut rng = Rng::new(13);
+        for t in edge_configs() {
+            let (mut a, mut b) = t.pair();
+            let sizes = [
+                1,
+                8,
+                ONE_CELL_PAYLOAD,
+                ONE_CELL_PAYLOAD + 1,
+                200,
+                t.chunk - 24,
+                t.chunk,
+                3 * t.chunk + 5,
+            ];
+            for round in 0..40 {
+                let n = sizes[round % sizes.len()];
+                // There and back, as a ping-pong, each into an exact-length buffer.
+                for there in [true, false] {
+                    let (tx, rx) = if there {
+                        (&mut a, &mut b)
+                    } else {
+                        (&mut b, &mut a)
+                    };
+                    let data = rng.bytes(n);
+                    let mut got = vec![0u8; n];
+                    let (mut sent, mut at) = (0, 0);
+                    let mut stall = StallCheck::new(1000);
+                    while at < n {
+                        if sent < n {
+                            sent += tx.put(&[IoSlice::new(&data[sent..])]).unwrap();
+                        }
+                        let m = rx.get(&mut [IoSliceMut::new(&mut got[at..])]).unwrap();
+                        at += m;
+                        assert!(!stall.stalled(m > 0), "{t:?}: {n} B stalled at {at}");
+                    }
+                    assert!(got == data, "{t:?}, round {round}: {n} B differ");
+                }
+            }
+            // Two small messages queued: an exact-length get takes the first only.
+            let (first, second) = (rng.bytes(8), rng.bytes(ONE_CELL_PAYLOAD));
+            assert_eq!(a.put(&[IoSlice::new(&first)]).unwrap(), 8);
+            assert_eq!(a.put(&[IoSlice::new(&second)]).unwrap(), second.len());
+            let mut one = [0u8; 8];
+            assert_eq!(get_settled(&mut b, &mut one, 8).unwrap(), 8, "{t:?}");
+            assert_eq!(one[..], first[..], "{t:?}");
+            let mut two = vec![0u8; second.len()];
+            assert_eq!(
+                get_settled(&mut b, &mut two, second.len()).unwrap(),
+                second.len(),
+                "{t:?}"
+            );
+            assert!(two == second, "{t:?}");
+            assert_eq!(b.get(&mut [IoSliceMut::new(&mut one)]).unwrap(), 0, "{t:?}");
+        }
+    });
+}
+
 #[test]
 fn one_byte_gets_walk_through_a_large_message() {
     bounded("one_byte_gets_walk_through_a_large_message", || {

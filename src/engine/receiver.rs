@@ -151,8 +151,15 @@ impl<F: Fabric> Receiver<F> {
         self.ring.load_word(pos, order)
     }
 
-    /// Looks for a complete packet at `read_pos`; true when one is ready to read.
-    fn next_packet(&mut self) -> io::Result<bool> {
+    /// The packet at `read_pos` once it has landed whole: its header (the stamp and
+    /// the piggybacked ack) and the cells it covers; `None` while nothing, or only
+    /// part of it, is there.
+    ///
+    /// # Errors
+    ///
+    /// A header whose length runs past the ring's end (the connection fails).
+    #[inline(always)]
+    fn landed_packet(&self) -> io::Result<Option<([u8; HEADER_LEN], usize)>> {
         loop {
             // Relaxed: the header alone is not trusted; the trailer's Acquire below is
             // what orders the packet's bytes.
@@ -160,7 +167,7 @@ impl<F: Fabric> Receiver<F> {
             let mut hbytes = [0u8; HEADER_LEN];
             hbytes[..8].copy_from_slice(&first.to_le_bytes());
             if !Header::new_unchecked(&hbytes[..]).is_at(self.read_pos) {
-                return Ok(false);
+                return Ok(None);
             }
             let len = Header::new_unchecked(&hbytes[..]).len() as usize;
             let Some(cells) = packet_cells(self.ring_size, self.read_pos, len) else {
@@ -177,7 +184,7 @@ impl<F: Fabric> Receiver<F> {
             // Acquire pairs with the fabric's Release store of the last word of the
             // write: once the trailer is visible, so is every byte before it.
             if self.load_word(trailer_at, Ordering::Acquire) != trailer_word(end) {
-                return Ok(false);
+                return Ok(None);
             }
             // Re-read the header now that the whole packet is visible; a first read that
             // raced with the write (and so pointed us at a wrong trailer) shows up here.
@@ -188,7 +195,18 @@ impl<F: Fabric> Receiver<F> {
             // Relaxed: the trailer's Acquire above already ordered the whole packet.
             let ack = self.load_word(self.read_pos + 8, Ordering::Relaxed);
             hbytes[8..].copy_from_slice(&ack.to_le_bytes());
+            return Ok(Some((hbytes, cells)));
+        }
+    }
+
+    /// Looks for a complete packet at `read_pos`; true when one is ready to read.
+    fn next_packet(&mut self) -> io::Result<bool> {
+        loop {
+            let Some((hbytes, cells)) = self.landed_packet()? else {
+                return Ok(false);
+            };
             let header = Header::new_unchecked(&hbytes[..]);
+            let len = header.len() as usize;
             let kind = header.kind().map_err(|e| {
                 self.link
                     .fail(io::ErrorKind::InvalidData, format!("protocol error: {e}"))
@@ -456,7 +474,49 @@ impl<F: Fabric> Receiver<F> {
     /// has been read; `ConnectionReset` when the peer vanished or the fabric failed;
     /// `InvalidData` if the ring holds something no correct peer writes.
     pub fn get(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        if let [buf] = iov {
+            if let Some(n) = self.get_whole_packet(buf)? {
+                return Ok(n);
+            }
+        }
         self.get_inner(iov, GetMode::Wait)
+    }
+
+    /// The common message of a ping-pong or request-response: a whole data packet
+    /// waiting at the read position, with nothing in progress before it, copied into
+    /// one buffer of its exact length. It takes the same steps as `get_inner` minus
+    /// its loops and cursor; `None` when that is not the case (then `get_inner`
+    /// reads, or finds nothing).
+    #[inline]
+    fn get_whole_packet(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if self.reads.is_some() || self.zc.is_some() || self.in_packet {
+            return Ok(None);
+        }
+        if let Some(e) = self.link.error() {
+            return Err(e);
+        }
+        // As in get_inner: the packet the last call read goes back to the sender now.
+        self.release_read();
+        let Some((hbytes, cells)) = self.landed_packet()? else {
+            return Ok(None);
+        };
+        let header = Header::new_unchecked(&hbytes[..]);
+        let len = header.len() as usize;
+        // Exactly the buffer's length: with room left, get_inner would go on to the
+        // packets after this one, and a get takes all that has landed.
+        if header.kind() != Ok(PacketKind::Data) || len != buf.len() {
+            return Ok(None);
+        }
+        self.take_ack(header.ack())?;
+        let at = self.read_pos & (self.ring_size - 1);
+        // The whole packet is visible (landed_packet saw its trailer) and will not be
+        // rewritten until we publish a tail beyond it.
+        self.ring
+            .copy_out(at + PAYLOAD_OFFSET as u64, &mut buf[..len]);
+        self.cur_cells = cells;
+        self.finish_packet();
+        self.after_get(len)?;
+        Ok(Some(len))
     }
 
     /// Lends the next bytes of the stream in place, where the peer wrote them into

@@ -94,6 +94,50 @@ fn bytes(r: &EmuRegion) -> &[u8] {
     unsafe { std::slice::from_raw_parts(r.addr(), r.len()) }
 }
 
+/// `pad + len + pad` canary bytes, in a data segment of a domain or on the heap, the
+/// middle `len` of which tests register and aim requests at.
+struct Canaried {
+    base: *mut u8,
+    pad: usize,
+    len: usize,
+    _segment: EmuRegion,
+    _heap: Vec<u8>,
+}
+
+impl Canaried {
+    fn new(owner: &EmuFabric, pad: usize, len: usize, segment_backed: bool) -> Canaried {
+        let segment = owner.alloc_region(pad + len + pad, Access::NONE).unwrap();
+        let mut heap = vec![CANARY; pad + len + pad];
+        let base = if segment_backed {
+            segment.addr()
+        } else {
+            heap.as_mut_ptr()
+        };
+        // SAFETY: base points pad + len + pad valid bytes (the segment or the vector,
+        // both kept in the value returned, and a vector's buffer does not move with it).
+        unsafe { base.write_bytes(CANARY, pad + len + pad) };
+        Canaried {
+            base,
+            pad,
+            len,
+            _segment: segment,
+            _heap: heap,
+        }
+    }
+
+    /// Registers the middle `len` bytes in `owner` (drop the region before `self`).
+    fn register(&self, owner: &EmuFabric, access: Access) -> EmuRegion {
+        // SAFETY: the middle bytes of the buffer, which lives as long as `self`.
+        unsafe { owner.register(self.base.add(self.pad), self.len, access) }.unwrap()
+    }
+
+    /// Every byte, canaries included (read while no request is in flight).
+    fn all(&self) -> &[u8] {
+        // SAFETY: the whole live buffer; tests read it between requests.
+        unsafe { std::slice::from_raw_parts(self.base, self.pad + self.len + self.pad) }
+    }
+}
+
 /// Asserts that the request fails with `status`, leaves the queue pair in error, and
 /// that a further post is flushed.
 fn assert_fails(qp: &EmuQp, wr: &WorkRequest<'_>, status: CompletionStatus) {
@@ -328,21 +372,9 @@ fn write_inline_is_an_inline_post() {
     let run = |case: Case, segment_backed: bool, shortcut: bool| -> Outcome {
         let (a, b) = (fabric(), fabric());
         let (qa, _qb) = connect(&a, &b);
-        let backing = b.alloc_region(PAD + LEN + PAD, Access::NONE).unwrap();
-        let mut heap = vec![CANARY; PAD + LEN + PAD];
-        let base = if segment_backed {
-            backing.addr()
-        } else {
-            heap.as_mut_ptr()
-        };
-        // SAFETY: base points PAD + LEN + PAD valid bytes (a live region or the vector).
-        unsafe { base.write_bytes(CANARY, PAD + LEN + PAD) };
-        let reg = |access| {
-            // SAFETY: the middle LEN bytes of the buffer, which outlives the region.
-            unsafe { b.register(base.add(PAD), LEN, access) }.unwrap()
-        };
-        let rw = reg(Access::REMOTE_WRITE);
-        let read_only = reg(Access::REMOTE_READ);
+        let target = Canaried::new(&b, PAD, LEN, segment_backed);
+        let rw = target.register(&b, Access::REMOTE_WRITE);
+        let read_only = target.register(&b, Access::REMOTE_READ);
         let start = rw.addr() as u64;
         let long = vec![0x33u8; qa.caps().max_inline + 1];
         let source: Vec<u8> = (0..LEN).map(|i| (i * 7 + 1) as u8).collect();
@@ -359,7 +391,11 @@ fn write_inline_is_an_inline_post() {
             Case::ReadOnly => (&source[..32], start, read_only.rkey()),
             Case::AfterError => {
                 let mut out = [no_completion(); 4];
-                let bad = [sge_of(&backing, 0, 0)];
+                let bad = [Sge {
+                    addr: std::ptr::null_mut(),
+                    len: 0,
+                    lkey: 0,
+                }];
                 let wr = write_wr(&bad, start, rw.rkey() ^ 0x10000, false);
                 // SAFETY: a zero-length list; the fabric completes it inside post.
                 unsafe { qa.post(&wr) }.unwrap();
@@ -378,10 +414,8 @@ fn write_inline_is_an_inline_post() {
         let mut out = [no_completion(); 4];
         let n = qa.poll(&mut out);
         let completions = out[..n].iter().map(|c| (c.status, c.wr_id)).collect();
-        // SAFETY: the whole buffer, live, with no request in flight.
-        let after = unsafe { std::slice::from_raw_parts(base, PAD + LEN + PAD) }.to_vec();
-        drop((rw, read_only, backing));
-        drop(heap);
+        let after = target.all().to_vec();
+        drop((rw, read_only));
         (
             result.map_err(|e| format!("{e:?}")),
             completions,
@@ -454,19 +488,8 @@ fn failed_requests_touch_nothing() {
     const LEN: usize = 4096;
     for segment_backed in [true, false] {
         let (a, b) = (fabric(), fabric());
-        let backing = b.alloc_region(PAD + LEN + PAD, Access::NONE).unwrap();
-        let mut heap = vec![CANARY; PAD + LEN + PAD];
-        let base = if segment_backed {
-            backing.addr()
-        } else {
-            heap.as_mut_ptr()
-        };
-        // SAFETY: base points PAD + LEN + PAD valid bytes (a live region or the vector).
-        unsafe { base.write_bytes(CANARY, PAD + LEN + PAD) };
-        let reg = |access| {
-            // SAFETY: the middle LEN bytes of the buffer, which outlives the region.
-            unsafe { b.register(base.add(PAD), LEN, access) }.unwrap()
-        };
+        let target = Canaried::new(&b, PAD, LEN, segment_backed);
+        let reg = |access| target.register(&b, access);
         let rw = reg(Access::REMOTE_WRITE | Access::REMOTE_READ);
         let read_only = reg(Access::REMOTE_READ);
         let write_only = reg(Access::REMOTE_WRITE);
@@ -563,9 +586,7 @@ fn failed_requests_touch_nothing() {
             assert_eq!(qa.state(), QpState::Error, "{what}");
             let again = post(&qa, &write_wr(&s8, start, rw.rkey(), true));
             assert_eq!(again[0].status, CompletionStatus::Flushed, "{what}");
-            // SAFETY: base..base + PAD + LEN + PAD is valid (see above).
-            let all = unsafe { std::slice::from_raw_parts(base, PAD + LEN + PAD) };
-            if let Some(i) = all.iter().position(|&x| x != CANARY) {
+            if let Some(i) = target.all().iter().position(|&x| x != CANARY) {
                 panic!("{what} (segment-backed: {segment_backed}) changed byte {i}");
             }
             assert!(
@@ -579,10 +600,8 @@ fn failed_requests_touch_nothing() {
             post(&qa, &write_wr(&s8, start, rw.rkey(), true))[0].status,
             CompletionStatus::Success
         );
-        // SAFETY: as above.
-        assert_eq!(unsafe { *base.add(PAD) }, 0x11);
+        assert_eq!(target.all()[PAD], 0x11);
         drop((rw, read_only, write_only));
-        drop(heap);
     }
 }
 

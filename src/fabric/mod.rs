@@ -451,9 +451,10 @@ pub trait QueuePair: Send + Sync {
 
     /// Posts an unsignalled inline RDMA WRITE of one contiguous buffer: the same as
     /// [`post_inline_write`](Self::post_inline_write) with a one-entry list, work
-    /// request id 0 and no completion. A fabric whose inline writes are plain copies
-    /// overrides it to skip building and decoding a work request (the ring's
-    /// one-cell packets come through here, once per small message).
+    /// request id 0 and `signaled` false (so a completion only if it fails). A fabric
+    /// whose inline writes are plain copies overrides it to skip building and
+    /// decoding a work request (the ring's small packets come through here, once per
+    /// small message).
     ///
     /// # Errors
     ///

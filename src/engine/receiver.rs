@@ -485,11 +485,11 @@ impl<F: Fabric> Receiver<F> {
     /// The common message of a ping-pong or request-response: a whole data packet
     /// waiting at the read position, with nothing in progress before it, copied into
     /// one buffer of its exact length. It takes the same steps as `get_inner` minus
-    /// its loops and cursor; `None` when that is not the case (then `get_inner`
-    /// reads, or finds nothing).
+    /// its loops and cursor, and so does an empty poll (`Some(0)`); `None` when
+    /// something else is next (then `get_inner` reads it).
     #[inline]
     fn get_whole_packet(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        if self.reads.is_some() || self.zc.is_some() || self.in_packet {
+        if buf.is_empty() || self.reads.is_some() || self.zc.is_some() || self.in_packet {
             return Ok(None);
         }
         if let Some(e) = self.link.error() {
@@ -498,7 +498,11 @@ impl<F: Fabric> Receiver<F> {
         // As in get_inner: the packet the last call read goes back to the sender now.
         self.release_read();
         let Some((hbytes, cells)) = self.landed_packet()? else {
-            return Ok(None);
+            // Nothing has landed: get_inner's loop would stop at once, so its empty
+            // poll is this (without repeating the checks above, which on a slow CPU
+            // would delay the poll that sees the next packet).
+            self.after_get(0)?;
+            return Ok(Some(0));
         };
         let header = Header::new_unchecked(&hbytes[..]);
         let len = header.len() as usize;

@@ -499,8 +499,7 @@ impl<F: Fabric> Receiver<F> {
         self.release_read();
         let Some((hbytes, cells)) = self.landed_packet()? else {
             // Nothing has landed: get_inner's loop would stop at once, so its empty
-            // poll is this (without repeating the checks above, which on a slow CPU
-            // would delay the poll that sees the next packet).
+            // poll is this, without repeating the checks above.
             self.after_get(0)?;
             return Ok(Some(0));
         };

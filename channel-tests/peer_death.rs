@@ -19,15 +19,19 @@
 //! `RCH_DEATH_TRIALS` kills per stage (default 20, scaled by `RCH_TEST_CASE_SCALE`).
 //! The test prints the table of what the survivor saw and how soon; it asserts no
 //! time other than the watchdog's bound.
+//!
+//! Apart from the kills, a peer that closes its sending side and exits at once, while
+//! the survivor writes to it, must leave all it sent readable, then the end of
+//! stream, even though the survivor's writes found it gone first.
 
 mod common;
 
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::peer::{listen_for_child, scratch_dir, spawn_peer, RemoveOnDrop};
+use common::peer::{listen_for_child, scratch_dir, spawn_peer, PeerStatus, RemoveOnDrop};
 use common::*;
 use rdma_channel::{Config, RdmaListener, RdmaStream};
 
@@ -421,6 +425,82 @@ fn handshake_trial(listener: &RdmaListener, address: &str, rng: &mut Rng) -> Tal
     });
     let _ = child.wait(Instant::now() + limit);
     t
+}
+
+/// The peer of `a_peer_that_closes_and_exits_leaves_its_last_bytes_readable`.
+#[test]
+fn last_words_peer() {
+    let Ok(address) = std::env::var(LAST_WORDS) else {
+        return;
+    };
+    let mut s = RdmaStream::connect(address.as_str()).unwrap();
+    for m in 0..LAST_WORDS_MESSAGES {
+        s.write_all(&last_words(m)).unwrap();
+    }
+    s.shutdown_write().unwrap();
+    if lands_later() {
+        // A NIC may still be moving the last writes, and the kernel destroys the
+        // queue pair of a process that exits: give them time to land (this test is
+        // about the survivor's reads, not about an exit racing its own writes).
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    // Gone, destructors skipped: its receiving end never says it closed, so the
+    // survivor learns of the exit from the fabric alone.
+    std::process::exit(0);
+}
+
+/// What `last_words_peer` writes: message `m` of 1-2 KiB, its bytes derived from `m`.
+fn last_words(m: usize) -> Vec<u8> {
+    (0..1024 + 97 * m).map(|i| (i * 7 + m * 13) as u8).collect()
+}
+
+const LAST_WORDS: &str = "RCH_TEST_LAST_WORDS";
+const LAST_WORDS_MESSAGES: usize = 8;
+
+/// A peer closes its sending side in order and exits at once, while this end
+/// writes to it until the ring is full. The health check behind that write finds
+/// the peer gone before this end reads anything: the write fails with
+/// `ConnectionReset`, and the reads must still return every byte the peer sent,
+/// then the end of stream (the peer's end of stream came after its last packet,
+/// so they are all in this end's ring). MPICH's close protocol meets this race
+/// when a rank finalizes and exits while another still reads its last CLOSE.
+#[test]
+fn a_peer_that_closes_and_exits_leaves_its_last_bytes_readable() {
+    if std::env::var(ROLE).is_ok() || std::env::var(LAST_WORDS).is_ok() {
+        return;
+    }
+    let dir = scratch_dir("last-words");
+    let _cleanup = RemoveOnDrop(dir.clone());
+    let (listener, address) = listen_for_child(&dir, Config::default());
+    let child = spawn_peer("last_words_peer", &[(LAST_WORDS, address)]);
+    let mut s = listener.accept().unwrap();
+    let give_up = Instant::now() + limit(DETECTION_LIMIT_SECS);
+    let (status, out, err) = child.wait(give_up);
+    assert!(
+        status.as_ref().is_some_and(PeerStatus::success),
+        "the peer failed: {status:?}\n{out}\n{err}"
+    );
+    let block = [0x5au8; 4096];
+    let failed = loop {
+        match s.put(&[IoSlice::new(&block)]) {
+            Ok(0) => {
+                assert!(
+                    Instant::now() < give_up,
+                    "writes to a peer that exited never failed"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(_) => {}
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(failed.kind(), io::ErrorKind::ConnectionReset, "{failed}");
+    let mut got = Vec::new();
+    s.read_to_end(&mut got)
+        .unwrap_or_else(|e| panic!("read after {} bytes: {e}", got.len()));
+    let sent: Vec<u8> = (0..LAST_WORDS_MESSAGES).flat_map(last_words).collect();
+    assert_eq!(got.len(), sent.len(), "bytes read");
+    assert!(got == sent, "the bytes read differ from those sent");
 }
 
 #[test]

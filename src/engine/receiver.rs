@@ -492,7 +492,7 @@ impl<F: Fabric> Receiver<F> {
         if buf.is_empty() || self.reads.is_some() || self.zc.is_some() || self.in_packet {
             return Ok(None);
         }
-        if let Some(e) = self.link.error() {
+        if let Some(e) = self.read_failure() {
             return Err(e);
         }
         // As in get_inner: the packet the last call read goes back to the sender now.
@@ -566,7 +566,7 @@ impl<F: Fabric> Receiver<F> {
                 "zero-copy reads are in flight: finish them with get_nowait first",
             ));
         }
-        if let Some(e) = self.link.error() {
+        if let Some(e) = self.read_failure() {
             return Err(e);
         }
         self.release_read();
@@ -673,12 +673,12 @@ impl<F: Fabric> Receiver<F> {
         let nowait = mode != GetMode::Wait;
         let mut done = 0;
         let mut resumed = 0;
-        // A failed connection fails every call. Not while reads are in flight: those
-        // must be waited for first (finish_reads below), as they target the caller's
-        // memory. Without this a get after a failed zero-copy READ would resume the
-        // transfer from a half-advanced state.
+        // A failed connection fails every call (but see ring_outlives). Not while
+        // reads are in flight: those must be waited for first (finish_reads below), as
+        // they target the caller's memory. Without this a get after a failed zero-copy
+        // READ would resume the transfer from a half-advanced state.
         if self.reads.is_none() {
-            if let Some(e) = self.link.error() {
+            if let Some(e) = self.read_failure() {
                 return Err(e);
             }
         }
@@ -799,7 +799,7 @@ impl<F: Fabric> Receiver<F> {
     /// of the connection.
     fn idle(&mut self) -> io::Result<()> {
         // A failure seen by the other half or by a waiter is this half's too, at once.
-        if let Some(e) = self.link.error() {
+        if let Some(e) = self.read_failure() {
             return Err(e);
         }
         if self.at_end() {
@@ -810,13 +810,43 @@ impl<F: Fabric> Receiver<F> {
         }
         // Our sending side may be blocked on this end's reading while the peer
         // waits for it to push.
-        self.link.serve_lend()?;
-        self.empty_polls += 1;
-        if self.empty_polls >= HEALTH_EVERY {
+        let checked = self.link.serve_lend().and_then(|()| {
+            self.empty_polls += 1;
+            if self.empty_polls < HEALTH_EVERY {
+                return Ok(());
+            }
             self.empty_polls = 0;
-            self.link.check_health()?;
+            self.link.check_health()
+        });
+        match checked {
+            // The peer closed and left between this poll's look at the ring and the
+            // check: its last packets are here, for the next poll.
+            Err(e) if self.ring_outlives(&e) => Ok(()),
+            r => r,
         }
-        Ok(())
+    }
+
+    /// The connection's failure, unless it is one the ring outlives (see
+    /// [`ring_outlives`](Self::ring_outlives)).
+    #[inline]
+    fn read_failure(&self) -> Option<io::Error> {
+        let e = self.link.error()?;
+        (!self.ring_outlives(&e)).then_some(e)
+    }
+
+    /// True when reading may go on after `e`: the connection was lost (the peer
+    /// left, its queue pair failed) after the peer closed its sending side in
+    /// order. The peer writes its end of stream after its last packet, so all it
+    /// sent is already in this end's ring, and reading that needs nothing from the
+    /// connection: a peer that closes and exits at once must not lose its last
+    /// bytes to a health check that runs before they are read. Not so for a
+    /// zero-copy transfer (its bytes are in the peer's memory), nor for a protocol
+    /// or a local error.
+    fn ring_outlives(&self, e: &io::Error) -> bool {
+        e.kind() == io::ErrorKind::ConnectionReset
+            && self.zc.is_none()
+            && self.reads.is_none()
+            && self.link.ctrl.end_of_stream() != 0
     }
 
     fn after_get(&mut self, done: usize) -> io::Result<()> {

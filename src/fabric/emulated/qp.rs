@@ -481,6 +481,10 @@ impl QueuePair for EmuQp {
         }
     }
 
+    fn error_reason(&self) -> Option<String> {
+        self.last_error()
+    }
+
     fn caps(&self) -> Caps {
         Caps {
             max_send_wr: self

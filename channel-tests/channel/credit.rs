@@ -207,3 +207,47 @@ fn a_receiver_that_waits_gives_back_the_packet_it_read_last() {
         },
     );
 }
+
+/// A receiver that reads a full ring with gets of exactly one packet each, none of
+/// which finds the ring empty, still gives the space back as it goes: the upkeep a
+/// straight-path get leaves for the next call (tail update, credit answer) is done
+/// by the get of the next packet, not only by an empty poll or a wait.
+#[test]
+fn back_to_back_exact_gets_keep_giving_space_back() {
+    bounded("back_to_back_exact_gets_keep_giving_space_back", || {
+        let t = Tun::new(4096, 1024).threshold(1024);
+        let (mut a, mut b) = t.pair();
+        let msg = Rng::new(11).bytes(448);
+        let mut sent = 0usize;
+        // A fills the ring with one-packet messages until put takes nothing (and so
+        // asks for credit).
+        loop {
+            let n = a.put(&[IoSlice::new(&msg)]).unwrap();
+            if n == 0 {
+                break;
+            }
+            assert_eq!(n, msg.len());
+            sent += 1;
+        }
+        assert!(sent >= 4, "only {sent} messages fit");
+        settle_in_flight();
+        let mut buf = vec![0u8; msg.len()];
+        for i in 0..sent {
+            // Every get finds its packet there: no empty poll in between.
+            assert_eq!(
+                get_settled(&mut b, &mut buf, msg.len()).unwrap(),
+                msg.len(),
+                "message {i}"
+            );
+            assert_eq!(buf, msg, "message {i}");
+        }
+        settle_in_flight();
+        // B has not polled an empty ring, waited or sent: A can only know the space
+        // from the tail updates and credit answers B's gets made.
+        assert_eq!(
+            a.put(&[IoSlice::new(&msg)]).unwrap(),
+            msg.len(),
+            "the receiver's gets gave no space back"
+        );
+    });
+}

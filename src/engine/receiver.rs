@@ -69,6 +69,9 @@ pub struct Receiver<F: Fabric> {
     backoff_streak: u32,
     /// Stream backoffs taken so far.
     backoffs: u64,
+    /// A `get` returned data without the upkeep that follows it (tail update,
+    /// credit): the next call does it (see [`get_whole_packet`](Self::get_whole_packet)).
+    upkeep_owed: bool,
 }
 
 /// What [`Receiver::peek`] found at the head of the stream.
@@ -143,6 +146,7 @@ impl<F: Fabric> Receiver<F> {
             backoff_piggy: u64::MAX,
             backoff_streak: 0,
             backoffs: 0,
+            upkeep_owed: false,
         }
     }
 
@@ -510,6 +514,11 @@ impl<F: Fabric> Receiver<F> {
         if header.kind() != Ok(PacketKind::Data) || len != buf.len() {
             return Ok(None);
         }
+        // A stream of such gets with no empty poll between: the upkeep the last one
+        // left is done now, once per packet, as after any get.
+        if self.upkeep_owed {
+            self.maintain()?;
+        }
         self.take_ack(header.ack())?;
         let at = self.read_pos & (self.ring_size - 1);
         // The whole packet is visible (landed_packet saw its trailer) and will not be
@@ -518,7 +527,15 @@ impl<F: Fabric> Receiver<F> {
             .copy_out(at + PAYLOAD_OFFSET as u64, &mut buf[..len]);
         self.cur_cells = cells;
         self.finish_packet();
-        self.after_get(len)?;
+        // The upkeep after this get (`maintain`: a delayed tail update, a credit
+        // answer) is left to the next call on this receiver, whatever it is: its
+        // empty poll, a get of the next packet (above), get_inner, a wait. In a
+        // ping-pong or request-response the caller replies next, and that reply
+        // should not wait behind this work; the tail it would publish does not even
+        // cover this packet yet (release_read gives it back on the next call too).
+        // The sender half answers credit on every put as well.
+        self.arm_stream_backoff();
+        self.upkeep_owed = true;
         Ok(Some(len))
     }
 
@@ -759,8 +776,11 @@ impl<F: Fabric> Receiver<F> {
         }
     }
 
-    /// Delayed tail update and credit service, run after every `get`.
+    /// Delayed tail update and credit service: after every `get` that returned data
+    /// (for the straight path, on the next call: see `upkeep_owed`), every empty poll
+    /// and every wait step.
     fn maintain(&mut self) -> io::Result<()> {
+        self.upkeep_owed = false;
         let link = &*self.link;
         // Once the peer's sending side has closed, nobody reuses ring space or waits
         // for credit: an update would only be a write to an end that may be gone (on

@@ -479,6 +479,80 @@ fn write_inline_is_an_inline_post() {
     }
 }
 
+/// `write_inline` remembers where the registration of a checked write lies, so that
+/// the next write to it checks less: what can have changed since must still be
+/// checked on every write. After a first good write, each change below makes the
+/// next `write_inline` fail as it would have without the first (an error completion,
+/// the queue pair in error), with every byte outside the first write untouched.
+#[test]
+fn write_inline_checks_again_what_can_change() {
+    const PAD: usize = 256;
+    const LEN: usize = 1024;
+    #[derive(Clone, Copy, Debug)]
+    enum Change {
+        Deregistered,
+        PastEnd,
+        OtherKeySameMemory,
+        PeerQpGone,
+        None,
+    }
+    for change in [
+        Change::Deregistered,
+        Change::PastEnd,
+        Change::OtherKeySameMemory,
+        Change::PeerQpGone,
+        Change::None,
+    ] {
+        let (a, b) = (fabric(), fabric());
+        let (qa, qb) = connect(&a, &b);
+        let target = Canaried::new(&b, PAD, LEN, true);
+        let rw = target.register(&b, Access::REMOTE_WRITE);
+        let read_only = target.register(&b, Access::REMOTE_READ);
+        let start = rw.addr() as u64;
+        let first = [0x11u8; 32];
+        // Twice: the first checks in full and remembers, the second takes the short
+        // check.
+        for _ in 0..2 {
+            qa.write_inline(&first, start, rw.rkey()).unwrap();
+        }
+        let (addr, rkey) = match change {
+            Change::PastEnd => (start + LEN as u64 - 24, rw.rkey()),
+            Change::OtherKeySameMemory => (start + 64, read_only.rkey()),
+            _ => (start + 64, rw.rkey()),
+        };
+        let mut qb = Some(qb);
+        let mut rw = Some(rw);
+        match change {
+            Change::Deregistered => drop(rw.take()),
+            Change::PeerQpGone => drop(qb.take()),
+            _ => {}
+        }
+        qa.write_inline(&[0x22u8; 32], addr, rkey).unwrap();
+        let mut out = [no_completion(); 4];
+        let n = qa.poll(&mut out);
+        let mut want = vec![CANARY; PAD + LEN + PAD];
+        want[PAD..PAD + 32].fill(0x11);
+        match change {
+            Change::None => {
+                assert_eq!(n, 0, "{change:?}: {:?}", &out[..n]);
+                assert_eq!(qa.state(), QpState::ReadyToSend);
+                want[PAD + 64..PAD + 96].fill(0x22);
+            }
+            _ => {
+                assert_eq!(n, 1, "{change:?}: an error completes");
+                assert_ne!(out[0].status, CompletionStatus::Success, "{change:?}");
+                assert_eq!(qa.state(), QpState::Error, "{change:?}");
+            }
+        }
+        assert_eq!(
+            target.all().iter().zip(&want).position(|(x, y)| x != y),
+            None,
+            "{change:?}: wrong byte"
+        );
+        drop((rw, read_only, qb));
+    }
+}
+
 /// A region registered in the middle of a canary-filled buffer, segment-backed or
 /// private; every bad request is tried on a fresh queue pair and must leave every
 /// canary byte intact.

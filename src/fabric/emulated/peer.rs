@@ -208,6 +208,46 @@ impl Drop for SegCache {
     }
 }
 
+/// Where a peer registration that fast writes go to lies in this process, taken from
+/// a full check (`Peer::fast_write_target`) so that later writes to it repeat only the
+/// checks whose answer can change: the domain and queue pair still there, the key
+/// still live, the segment view still current. Immutable once published.
+#[derive(Debug)]
+struct FastTarget {
+    rkey: u32,
+    /// The registration's start in the owner's address space, and how many bytes
+    /// from there both the registration and our mapping of its segment hold.
+    va: u64,
+    len: u64,
+    /// Where `va` is in this process: inside `view`'s mapping.
+    base: *mut u8,
+    /// The segment view `base` points into, and its slot.
+    slot: u32,
+    view: *const SegView,
+}
+
+/// Fills of the fast-target cache a peer allows: a connection writes its small
+/// packets to one registration (the peer's ring), so a handful covers reconnects and
+/// re-registrations, and a caller that alternates keys cannot grow memory.
+const FAST_TARGET_FILLS: usize = 16;
+
+/// The one-entry cache of [`FastTarget`]s.
+#[derive(Debug, Default)]
+struct FastCache {
+    /// The target the last remembered write went to (null before the first).
+    current: AtomicPtr<FastTarget>,
+    /// Every target published (freed with the peer; a reader may hold any of them).
+    /// Boxed so that a target stays where `current` points when the vector grows.
+    #[allow(clippy::vec_box)]
+    all: Mutex<Vec<Box<FastTarget>>>,
+}
+
+// SAFETY: a FastTarget is immutable after publication; its pointers name memory the
+// Peer owns (a segment view and its mapping) and keeps until it is dropped.
+unsafe impl Send for FastTarget {}
+// SAFETY: as for Send: shared references only read immutable fields.
+unsafe impl Sync for FastTarget {}
+
 /// The far end of a connection.
 #[derive(Debug)]
 pub(crate) struct Peer {
@@ -217,6 +257,7 @@ pub(crate) struct Peer {
     qp_key: u32,
     kind: Kind,
     segs: SegCache,
+    fast: FastCache,
 }
 
 impl Peer {
@@ -281,6 +322,7 @@ impl Peer {
                     card_fds,
                 }),
             },
+            fast: FastCache::default(),
         };
         if let Err(f) = peer.check_alive() {
             return Err(io::Error::new(
@@ -307,6 +349,81 @@ impl Peer {
     /// the checks and says what failed.
     #[inline(always)]
     pub(crate) fn fast_write_target(&self, rkey: u32, addr: u64, n: u64) -> Option<*mut u8> {
+        self.cached_target(rkey, addr, n)
+            .or_else(|| self.checked_target(rkey, addr, n).map(|(dst, _)| dst))
+    }
+
+    /// [`fast_write_target`](Self::fast_write_target) for the data path's small
+    /// writes, which go to one registration: a full check also remembers where that
+    /// registration lies, so that the next write to it takes the short check.
+    #[inline(always)]
+    pub(crate) fn fast_write_target_remembered(
+        &self,
+        rkey: u32,
+        addr: u64,
+        n: u64,
+    ) -> Option<*mut u8> {
+        if let Some(dst) = self.cached_target(rkey, addr, n) {
+            return Some(dst);
+        }
+        let (dst, target) = self.checked_target(rkey, addr, n)?;
+        self.remember(target);
+        Some(dst)
+    }
+
+    /// The short check: the remembered target is `rkey`'s and holds
+    /// `[addr, addr + n)`, and what could have changed since it was checked in full
+    /// has not: the peer domain and our queue pair at it exist, the key still names a
+    /// live registration (a key is never reused for different contents: it carries a
+    /// generation), and the view of its segment is still the current one.
+    #[inline(always)]
+    fn cached_target(&self, rkey: u32, addr: u64, n: u64) -> Option<*mut u8> {
+        // Acquire: pairs with the Release store in `remember`, so the target's fields
+        // are initialised.
+        let t = self.fast.current.load(Ordering::Acquire);
+        // SAFETY: non-null targets are boxes in `fast.all`, freed only with `self`.
+        let t = unsafe { t.as_ref() }?;
+        let off = addr.checked_sub(t.va)?;
+        if t.rkey != rkey || off > t.len || n > t.len - off || !self.table.alive() {
+            return None;
+        }
+        // Acquire loads, as in check_alive, snapshot and segment.
+        if self.table.qp(self.qp_key & 0xffff)?.load(Ordering::Acquire) != self.qp_key
+            || !self.table.reg(rkey & 0xffff)?.has_key(rkey)
+            || !ptr::eq(
+                self.segs
+                    .cells
+                    .get(t.slot as usize)?
+                    .load(Ordering::Acquire),
+                t.view,
+            )
+        {
+            return None;
+        }
+        // wrapping_add: off + n <= len, which lies inside the view's mapping.
+        Some(t.base.wrapping_add(off as usize))
+    }
+
+    /// Publishes `target` as the one [`cached_target`](Self::cached_target) checks,
+    /// unless this peer has used up its fills.
+    #[cold]
+    fn remember(&self, target: FastTarget) {
+        let mut all = lock(&self.fast.all);
+        if all.len() >= FAST_TARGET_FILLS {
+            return;
+        }
+        let boxed = Box::new(target);
+        let p: *const FastTarget = &*boxed;
+        all.push(boxed);
+        // Release: the fields written above are visible to the Acquire load in
+        // cached_target. The box does not move when the vector grows.
+        self.fast.current.store(p.cast_mut(), Ordering::Release);
+    }
+
+    /// The full check behind [`fast_write_target`](Self::fast_write_target): where
+    /// `[addr, addr + n)` is, and the registration's whole target.
+    #[inline(always)]
+    fn checked_target(&self, rkey: u32, addr: u64, n: u64) -> Option<(*mut u8, FastTarget)> {
         if !self.table.alive() {
             return None;
         }
@@ -333,8 +450,19 @@ impl Peer {
         if off.checked_add(n)? > view.map.len() as u64 {
             return None;
         }
+        // The registration's bytes that our mapping holds (seg_off <= off, checked).
+        let len = snap.len.min(view.map.len() as u64 - snap.seg_off);
+        let target = FastTarget {
+            rkey,
+            va: snap.va,
+            len,
+            // wrapping_add: seg_off <= off < len of the mapping.
+            base: view.map.ptr().wrapping_add(snap.seg_off as usize),
+            slot: snap.seg_slot,
+            view,
+        };
         // wrapping_add: off + n <= len, so the result lies inside the mapping.
-        Some(view.map.ptr().wrapping_add(off as usize))
+        Some((view.map.ptr().wrapping_add(off as usize), target))
     }
 
     /// Fails when the peer domain or queue pair no longer exists (two Acquire loads).

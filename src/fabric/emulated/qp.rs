@@ -421,7 +421,7 @@ impl QueuePair for EmuQp {
             && n > 0
             && self.state.load(Ordering::Acquire) == RTS
         {
-            if let Some(dst) = self.peer.fast_write_target(rkey, remote_addr, n) {
+            if let Some(dst) = self.peer.fast_write_target_remembered(rkey, remote_addr, n) {
                 let piece = [Sge {
                     addr: bytes.as_ptr().cast_mut(),
                     len: n as u32,

@@ -156,6 +156,14 @@ impl RegEntry {
     }
 
     /// Reads the entry if its key is `key`; `None` for a stale or invalid key.
+    /// True while `key` names this entry's live registration (one Acquire load): the
+    /// fields a snapshot under `key` read are still its fields.
+    #[inline]
+    pub(crate) fn has_key(&self, key: u32) -> bool {
+        // Acquire: as in `snapshot`.
+        key != 0 && self.key.load(Ordering::Acquire) == key
+    }
+
     pub(crate) fn snapshot(&self, key: u32) -> Option<RegSnapshot> {
         if key == 0 {
             return None;

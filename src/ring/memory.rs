@@ -196,17 +196,18 @@ impl<R: MemoryRegion> RingMemory<R> {
             "copy of {} bytes at ring offset {off} runs past the end",
             dst.len()
         );
-        // SAFETY (both copies): [off, off + len) lies inside the region (checked
-        // above) and `dst` is an exclusive borrow, so the ranges do not overlap. The
-        // engine copies only packets whose trailer it has seen (so the peer has
-        // finished writing them); a misbehaving peer could still be writing, which
-        // changes the bytes we get but never what memory we touch.
+        // Both copies below read [off, off + len), which lies inside the region
+        // (checked above), into `dst`, an exclusive borrow, so the ranges do not
+        // overlap. The engine copies only packets whose trailer it has seen (so the
+        // peer has finished writing them); a misbehaving peer could still be writing,
+        // which changes the bytes we get but never what memory we touch.
+        // SAFETY: off <= size (checked above), so the pointer stays in the region.
         let src = unsafe { self.base.as_ptr().add(off) };
         let n = dst.len();
         if (8..=16).contains(&n) {
             // A short payload as two 8-byte moves that may overlap: a `memcpy` call
             // of run-time length costs a small message's latency more than its bytes.
-            // SAFETY: as above; both words lie in [src, src + n) since n >= 8.
+            // SAFETY: as said above; both words lie in [src, src + n) since n >= 8.
             let (head, tail) = unsafe {
                 (
                     std::ptr::read_unaligned(src.cast::<[u8; 8]>()),
@@ -217,7 +218,7 @@ impl<R: MemoryRegion> RingMemory<R> {
             dst[n - 8..].copy_from_slice(&tail);
             return;
         }
-        // SAFETY: as above.
+        // SAFETY: as said above: in the region, no overlap.
         unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) };
     }
 

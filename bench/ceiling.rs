@@ -117,19 +117,23 @@ fn two_copy_gbs(ring: usize, chunk: usize, total: usize) -> f64 {
 #[repr(align(128))]
 struct CellRing {
     words: Vec<AtomicU64>,
+    cells: u64,
 }
 
-const RING_CELLS: u64 = 4096;
-
 impl CellRing {
-    fn new() -> CellRing {
+    fn new(cells: u64) -> CellRing {
         CellRing {
-            words: (0..RING_CELLS * 8).map(|_| AtomicU64::new(0)).collect(),
+            words: (0..cells * 8).map(|_| AtomicU64::new(0)).collect(),
+            cells,
         }
     }
 
+    fn word(&self, pos: u64) -> usize {
+        ((pos % self.cells) * 8) as usize
+    }
+
     fn write(&self, pos: u64, payload: u64) {
-        let w = ((pos % RING_CELLS) * 8) as usize;
+        let w = self.word(pos);
         // Relaxed: the trailer's Release below orders these before it.
         self.words[w].store(pos << 8 | 8, Ordering::Relaxed);
         self.words[w + 2].store(payload, Ordering::Relaxed);
@@ -138,7 +142,7 @@ impl CellRing {
     }
 
     fn read(&self, pos: u64) -> Option<u64> {
-        let w = ((pos % RING_CELLS) * 8) as usize;
+        let w = self.word(pos);
         if self.words[w].load(Ordering::Relaxed) != pos << 8 | 8 {
             return None;
         }
@@ -153,7 +157,7 @@ impl CellRing {
     /// the writer may reuse it). Relaxed: in this ping-pong the writer comes back to
     /// the cell only a lap later, after many replies that order it.
     fn clear(&self, pos: u64) {
-        let w = ((pos % RING_CELLS) * 8) as usize;
+        let w = self.word(pos);
         self.words[w].store(0, Ordering::Relaxed);
         self.words[w + 7].store(0, Ordering::Relaxed);
     }
@@ -176,10 +180,11 @@ impl CellRing {
     }
 }
 
-/// One-way latency of an 8-byte message through two minimal cell rings (one per
-/// direction): the floor for any channel with this packet format on this machine.
-fn cell_ring_pingpong_ns(rounds: u64, deferred: bool) -> f64 {
-    let rings = Arc::new((CellRing::new(), CellRing::new()));
+/// One-way latency of an 8-byte message through two minimal cell rings of `cells`
+/// cells (one per direction): the floor for any channel with this packet format,
+/// cycling through as many lines, on this machine.
+fn cell_ring_pingpong_ns(rounds: u64, cells: u64, deferred: bool) -> f64 {
+    let rings = Arc::new((CellRing::new(cells), CellRing::new(cells)));
     let other = rings.clone();
     let t = std::thread::spawn(move || {
         peer::pin_to_cpu(1);
@@ -203,11 +208,17 @@ fn main() {
         "# cross-core one-way hand-off: {:.1} ns",
         handoff_ns(1_000_000)
     );
-    for (deferred, when) in [(false, "at once"), (true, "one step later")] {
-        println!(
-            "# 8 B one-way through a minimal ring of one-cell packets, cells cleared {when}: {:.1} ns",
-            cell_ring_pingpong_ns(1_000_000, deferred)
-        );
+    // 4096 cells: a full 256 KiB working set. 128 cells: the 8 KiB lap the channel
+    // cycles through with small messages on a fabric that shares caches
+    // (ring::lap_end), which is the floor its 8 B latency is to be held against: lines
+    // both cores touched a moment ago move faster between them.
+    for cells in [4096, 128] {
+        for (deferred, when) in [(false, "at once"), (true, "one step later")] {
+            println!(
+                "# 8 B one-way through a minimal ring of {cells} one-cell packets, cells cleared {when}: {:.1} ns",
+                cell_ring_pingpong_ns(1_000_000, cells, deferred)
+            );
+        }
     }
     println!("{:>10} {:>10} {:>14}", "ring", "chunk", "two-copy GB/s");
     for (ring, chunk) in [

@@ -155,7 +155,6 @@ impl RegEntry {
         self.key.store(key, Ordering::Release);
     }
 
-    /// Reads the entry if its key is `key`; `None` for a stale or invalid key.
     /// True while `key` names this entry's live registration (one Acquire load): the
     /// fields a snapshot under `key` read are still its fields.
     #[inline]
@@ -164,6 +163,7 @@ impl RegEntry {
         key != 0 && self.key.load(Ordering::Acquire) == key
     }
 
+    /// Reads the entry if its key is `key`; `None` for a stale or invalid key.
     pub(crate) fn snapshot(&self, key: u32) -> Option<RegSnapshot> {
         if key == 0 {
             return None;

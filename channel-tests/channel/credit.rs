@@ -251,3 +251,62 @@ fn back_to_back_exact_gets_keep_giving_space_back() {
         );
     });
 }
+
+/// A sender that stalled is answered by the receiver's next get that frees space,
+/// even when that get reads exactly one waiting packet and the receiver makes no
+/// call after it: the upkeep a straight-path get may leave for later is only ever
+/// upkeep with nothing to do.
+#[test]
+fn exact_get_after_a_stall_answers_it() {
+    bounded("exact_get_after_a_stall_answers_it", || {
+        // The threshold is the whole ring less a cell: only credit answers move A.
+        let t = Tun::new(4096, 1024).threshold(4032);
+        let (mut a, mut b) = t.pair();
+        let msg = Rng::new(12).bytes(448);
+        let fill = |a: &mut RdmaStream| {
+            let mut sent = 0usize;
+            loop {
+                let n = a.put(&[IoSlice::new(&msg)]).unwrap();
+                if n == 0 {
+                    return sent;
+                }
+                assert_eq!(n, msg.len());
+                sent += 1;
+            }
+        };
+        let mut buf = vec![0u8; msg.len()];
+        let mut get_one = |b: &mut RdmaStream, what: &str| {
+            assert_eq!(
+                get_settled(b, &mut buf, msg.len()).unwrap(),
+                msg.len(),
+                "{what}"
+            );
+            assert_eq!(buf, msg, "{what}");
+        };
+        assert!(fill(&mut a) >= 3);
+        settle_in_flight();
+        // The second message, read in two parts (gets that do their upkeep before
+        // they return), releases the first packet and answers the first stall.
+        get_one(&mut b, "first message");
+        let mut part = vec![0u8; msg.len()];
+        let (head, rest) = part.split_at_mut(200);
+        assert_eq!(get_settled(&mut b, head, 200).unwrap(), 200);
+        assert_eq!(
+            get_settled(&mut b, rest, msg.len() - 200).unwrap(),
+            msg.len() - 200
+        );
+        assert_eq!(part, msg, "second message");
+        settle_in_flight();
+        assert!(fill(&mut a) >= 1, "the first stall was not answered");
+        settle_in_flight();
+        // A stalled again and asked for credit. This get releases the packet before
+        // it, which is all A needs; it is B's last call.
+        get_one(&mut b, "third message");
+        settle_in_flight();
+        assert_eq!(
+            a.put(&[IoSlice::new(&msg)]).unwrap(),
+            msg.len(),
+            "the get that freed space left the stalled sender unanswered"
+        );
+    });
+}

@@ -428,6 +428,16 @@ impl<F: Fabric> Link<F> {
         Ok(())
     }
 
+    /// True while the peer's sender waits for a credit answer (a stall it reported
+    /// and nobody answered yet); the answer itself may still have to wait for our
+    /// tail (see [`serve_credit`](Self::serve_credit)).
+    #[inline]
+    pub(super) fn credit_wanted(&self) -> bool {
+        // Relaxed: as in serve_credit; a request that lands just after this look is
+        // the next call's to answer, as it would be had it landed after this call.
+        self.ctrl.credit_request() != self.credit_served.load(Ordering::Relaxed)
+    }
+
     /// Answers a pending credit request from the peer's sender (see module docs).
     ///
     /// A request carries the tail the sender already knows, plus one. It is answered

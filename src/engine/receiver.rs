@@ -527,14 +527,21 @@ impl<F: Fabric> Receiver<F> {
             .copy_out(at + PAYLOAD_OFFSET as u64, &mut buf[..len]);
         self.cur_cells = cells;
         self.finish_packet();
-        // The upkeep after this get (`maintain`: a delayed tail update, a credit
-        // answer) is left to the next call on this receiver, whatever it is: its
-        // empty poll, a get of the next packet (above), get_inner, a wait. In a
-        // ping-pong or request-response the caller replies next, and that reply
-        // should not wait behind this work; the tail it would publish does not even
-        // cover this packet yet (release_read gives it back on the next call too).
-        // The sender half answers credit on every put as well.
         self.arm_stream_backoff();
+        // When the sender waits for credit, or a tail update is due, the space this
+        // call gave back (the packet release_read released above) goes to the
+        // sender now, as after any get: a stalled sender must not wait on a receiver
+        // that has read everything and makes no further call.
+        if self.upkeep_due() {
+            self.maintain()?;
+            return Ok(Some(len));
+        }
+        // Otherwise the upkeep is left to the next call on this receiver, whatever
+        // it is: its empty poll, a get of the next packet (above), get_inner, a
+        // wait. In a ping-pong or request-response the caller replies next, and that
+        // reply should not wait behind work with nothing to do; a sender that
+        // stalls later asks for credit, which the next call (or a put of the sending
+        // half, which serves credit too) answers.
         self.upkeep_owed = true;
         Ok(Some(len))
     }
@@ -776,6 +783,26 @@ impl<F: Fabric> Receiver<F> {
         }
     }
 
+    /// True when [`maintain`](Self::maintain) would write something: the peer's
+    /// sender waits for credit, or the released space not yet told to the peer
+    /// reached the update threshold.
+    #[inline]
+    fn upkeep_due(&self) -> bool {
+        self.link.credit_wanted()
+            || self.released_pos.saturating_sub(self.told_tail()) >= self.threshold
+    }
+
+    /// The highest tail the peer has been told, explicitly or piggybacked.
+    #[inline]
+    fn told_tail(&self) -> u64 {
+        // Relaxed: hints for when to publish; a stale value only repeats or delays an
+        // update, and publish_tail itself reads rx_tail with Acquire.
+        let link = &*self.link;
+        link.rx_explicit
+            .load(Ordering::Relaxed)
+            .max(link.rx_piggy.load(Ordering::Relaxed))
+    }
+
     /// Delayed tail update and credit service: after every `get` that returned data
     /// (for the straight path, on the next call: see `upkeep_owed`), every empty poll
     /// and every wait step.
@@ -789,13 +816,7 @@ impl<F: Fabric> Receiver<F> {
         if link.ctrl.end_of_stream() != 0 {
             return Ok(());
         }
-        // Relaxed: hints for when to publish; a stale value only repeats or delays an
-        // update, and publish_tail itself reads rx_tail with Acquire.
-        let told = link
-            .rx_explicit
-            .load(Ordering::Relaxed)
-            .max(link.rx_piggy.load(Ordering::Relaxed));
-        let updated = if self.released_pos.saturating_sub(told) >= self.threshold {
+        let updated = if self.released_pos.saturating_sub(self.told_tail()) >= self.threshold {
             link.publish_tail()
         } else {
             Ok(())

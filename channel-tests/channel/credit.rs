@@ -259,54 +259,71 @@ fn back_to_back_exact_gets_keep_giving_space_back() {
 #[test]
 fn exact_get_after_a_stall_answers_it() {
     bounded("exact_get_after_a_stall_answers_it", || {
-        // The threshold is the whole ring less a cell: only credit answers move A.
-        let t = Tun::new(4096, 1024).threshold(4032);
-        let (mut a, mut b) = t.pair();
-        let msg = Rng::new(12).bytes(448);
-        let fill = |a: &mut RdmaStream| {
-            let mut sent = 0usize;
-            loop {
-                let n = a.put(&[IoSlice::new(&msg)]).unwrap();
-                if n == 0 {
-                    return sent;
-                }
-                assert_eq!(n, msg.len());
-                sent += 1;
-            }
-        };
-        let mut buf = vec![0u8; msg.len()];
-        let mut get_one = |b: &mut RdmaStream, what: &str| {
-            assert_eq!(
-                get_settled(b, &mut buf, msg.len()).unwrap(),
-                msg.len(),
-                "{what}"
-            );
-            assert_eq!(buf, msg, "{what}");
-        };
-        assert!(fill(&mut a) >= 3);
-        settle_in_flight();
-        // The second message, read in two parts (gets that do their upkeep before
-        // they return), releases the first packet and answers the first stall.
-        get_one(&mut b, "first message");
-        let mut part = vec![0u8; msg.len()];
-        let (head, rest) = part.split_at_mut(200);
-        assert_eq!(get_settled(&mut b, head, 200).unwrap(), 200);
-        assert_eq!(
-            get_settled(&mut b, rest, msg.len() - 200).unwrap(),
-            msg.len() - 200
-        );
-        assert_eq!(part, msg, "second message");
-        settle_in_flight();
-        assert!(fill(&mut a) >= 1, "the first stall was not answered");
-        settle_in_flight();
-        // A stalled again and asked for credit. This get releases the packet before
-        // it, which is all A needs; it is B's last call.
-        get_one(&mut b, "third message");
-        settle_in_flight();
-        assert_eq!(
-            a.put(&[IoSlice::new(&msg)]).unwrap(),
-            msg.len(),
-            "the get that freed space left the stalled sender unanswered"
-        );
+        exact_read_after_a_stall_answers_it(|s, buf| s.get(&mut [IoSliceMut::new(buf)]));
     });
+}
+
+/// The same through `get_nowait` (the C interface's read), which takes the same
+/// straight path for a whole small packet.
+#[test]
+fn exact_get_nowait_after_a_stall_answers_it() {
+    bounded("exact_get_nowait_after_a_stall_answers_it", || {
+        exact_read_after_a_stall_answers_it(|s, buf| {
+            let rx = s.channel().receiver();
+            // SAFETY: these messages go through the ring (no zero-copy transfer), so
+            // no read is ever left in flight into `buf`.
+            unsafe { rx.get_nowait(&mut [IoSliceMut::new(buf)]) }
+        });
+    });
+}
+
+/// A fills the ring with 448-byte messages until it stalls; B reads the first with
+/// `read` and the second in two parts (gets that do their upkeep before they
+/// return), which answers the stall; A fills again and stalls again; B reads one
+/// more with `read` and makes no further call. A must then have room.
+fn exact_read_after_a_stall_answers_it(read: fn(&mut RdmaStream, &mut [u8]) -> io::Result<usize>) {
+    // The threshold is the whole ring less a cell: only credit answers move A.
+    let t = Tun::new(4096, 1024).threshold(4032);
+    let (mut a, mut b) = t.pair();
+    let msg = Rng::new(12).bytes(448);
+    let fill = |a: &mut RdmaStream| {
+        let mut sent = 0usize;
+        loop {
+            let n = a.put(&[IoSlice::new(&msg)]).unwrap();
+            if n == 0 {
+                return sent;
+            }
+            assert_eq!(n, msg.len());
+            sent += 1;
+        }
+    };
+    let mut buf = vec![0u8; msg.len()];
+    let mut read_one = |b: &mut RdmaStream, what: &str| {
+        // Everything A sent has landed (settle_in_flight before each call).
+        assert_eq!(read(b, &mut buf).unwrap(), msg.len(), "{what}");
+        assert_eq!(buf, msg, "{what}");
+    };
+    assert!(fill(&mut a) >= 3);
+    settle_in_flight();
+    read_one(&mut b, "first message");
+    let mut part = vec![0u8; msg.len()];
+    let (head, rest) = part.split_at_mut(200);
+    assert_eq!(get_settled(&mut b, head, 200).unwrap(), 200);
+    assert_eq!(
+        get_settled(&mut b, rest, msg.len() - 200).unwrap(),
+        msg.len() - 200
+    );
+    assert_eq!(part, msg, "second message");
+    settle_in_flight();
+    assert!(fill(&mut a) >= 1, "the first stall was not answered");
+    settle_in_flight();
+    // A stalled again and asked for credit. This read releases the packet before
+    // it, which is all A needs; it is B's last call.
+    read_one(&mut b, "third message");
+    settle_in_flight();
+    assert_eq!(
+        a.put(&[IoSlice::new(&msg)]).unwrap(),
+        msg.len(),
+        "the read that freed space left the stalled sender unanswered"
+    );
 }

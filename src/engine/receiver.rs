@@ -492,7 +492,7 @@ impl<F: Fabric> Receiver<F> {
     /// its loops and cursor, and so does an empty poll (`Some(0)`); `None` when
     /// something else is next (then `get_inner` reads it).
     #[inline]
-    fn get_whole_packet(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    pub(crate) fn get_whole_packet(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         if buf.is_empty() || self.reads.is_some() || self.zc.is_some() || self.in_packet {
             return Ok(None);
         }

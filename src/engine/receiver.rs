@@ -788,19 +788,21 @@ impl<F: Fabric> Receiver<F> {
     /// reached the update threshold.
     #[inline]
     fn upkeep_due(&self) -> bool {
-        self.link.credit_wanted()
-            || self.released_pos.saturating_sub(self.told_tail()) >= self.threshold
+        self.link.credit_wanted() || self.tail_update_due()
     }
 
-    /// The highest tail the peer has been told, explicitly or piggybacked.
+    /// True when the space released but not yet told to the peer (explicitly or
+    /// piggybacked) reached the update threshold.
     #[inline]
-    fn told_tail(&self) -> u64 {
+    fn tail_update_due(&self) -> bool {
         // Relaxed: hints for when to publish; a stale value only repeats or delays an
         // update, and publish_tail itself reads rx_tail with Acquire.
         let link = &*self.link;
-        link.rx_explicit
+        let told = link
+            .rx_explicit
             .load(Ordering::Relaxed)
-            .max(link.rx_piggy.load(Ordering::Relaxed))
+            .max(link.rx_piggy.load(Ordering::Relaxed));
+        self.released_pos.saturating_sub(told) >= self.threshold
     }
 
     /// Delayed tail update and credit service: after every `get` that returned data
@@ -816,7 +818,7 @@ impl<F: Fabric> Receiver<F> {
         if link.ctrl.end_of_stream() != 0 {
             return Ok(());
         }
-        let updated = if self.released_pos.saturating_sub(self.told_tail()) >= self.threshold {
+        let updated = if self.tail_update_due() {
             link.publish_tail()
         } else {
             Ok(())

@@ -311,7 +311,7 @@ impl<F: Fabric> Link<F> {
 
     /// [`post_inline`](Self::post_inline) of one contiguous buffer, through
     /// [`QueuePair::write_inline`] where the send queue needs no accounting.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn write_inline(&self, bytes: &[u8], remote_addr: u64, rkey: u32) -> io::Result<()> {
         if self.sq.is_unbounded() {
             return self
@@ -325,7 +325,7 @@ impl<F: Fabric> Link<F> {
     }
 
     /// Writes `list` inline to `remote_addr` in the peer's memory.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn post_inline<const N: usize>(
         &self,
         list: &GatherList<'_, N>,

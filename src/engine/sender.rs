@@ -500,7 +500,9 @@ impl<F: Fabric> Sender<F> {
     }
 
     /// [`write_small`](Self::write_small) with a buffer of `BYTES`, which must hold
-    /// the packet.
+    /// the packet. Inlined: each call and return costs a small message's latency
+    /// under a TCG guest (see `copy_short`).
+    #[inline(always)]
     fn write_stacked<const BYTES: usize>(
         &mut self,
         iov: &[IoSlice<'_>],
@@ -766,19 +768,39 @@ impl<F: Fabric> Drop for Sender<F> {
     }
 }
 
-/// Copies `src` into `dst` (of the same length): 8 to 16 bytes as two fixed-size
-/// copies that may overlap, which compile to a few moves, where a `memcpy` call of
-/// run-time length would cost a small message's latency more than its bytes.
+/// Copies `src` into `dst` (of the same length): 1 to 16 bytes as at most two
+/// fixed-size copies that may overlap (or three single bytes), which compile to a
+/// few moves, where a `memcpy` call of run-time length costs a small message more
+/// than its bytes (a call through the PLT: under a TCG guest, ~12 ns per call and
+/// return, bench/README.md "Where the rest of the Soft-RoCE latency goes").
 #[inline(always)]
 fn copy_short(dst: &mut [u8], src: &[u8]) {
     let n = src.len();
-    if (8..=16).contains(&n) && dst.len() == n {
-        let head: [u8; 8] = src[..8].try_into().expect("8 bytes");
-        let tail: [u8; 8] = src[n - 8..].try_into().expect("8 bytes");
-        dst[..8].copy_from_slice(&head);
-        dst[n - 8..].copy_from_slice(&tail);
-    } else {
+    if dst.len() != n {
+        // Unequal lengths: copy_from_slice's panic says so.
         dst.copy_from_slice(src);
+        return;
+    }
+    match n {
+        8..=16 => {
+            let head: [u8; 8] = src[..8].try_into().expect("8 bytes");
+            let tail: [u8; 8] = src[n - 8..].try_into().expect("8 bytes");
+            dst[..8].copy_from_slice(&head);
+            dst[n - 8..].copy_from_slice(&tail);
+        }
+        4..=7 => {
+            let head: [u8; 4] = src[..4].try_into().expect("4 bytes");
+            let tail: [u8; 4] = src[n - 4..].try_into().expect("4 bytes");
+            dst[..4].copy_from_slice(&head);
+            dst[n - 4..].copy_from_slice(&tail);
+        }
+        // First, middle and last byte: for 1 to 3 bytes together they are all.
+        1..=3 => {
+            dst[0] = src[0];
+            dst[n / 2] = src[n / 2];
+            dst[n - 1] = src[n - 1];
+        }
+        _ => dst.copy_from_slice(src),
     }
 }
 
@@ -796,4 +818,23 @@ fn advance(iov: &[IoSlice<'_>], mut idx: usize, mut off: usize, n: usize) -> (us
         }
     }
     (idx, off)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::copy_short;
+
+    #[test]
+    fn copy_short_copies_every_length_exactly() {
+        let src: Vec<u8> = (1..=40).collect();
+        for n in 0..=40 {
+            let mut dst = [0xffu8; 42];
+            copy_short(&mut dst[1..1 + n], &src[..n]);
+            assert_eq!(&dst[1..1 + n], &src[..n], "{n} bytes");
+            assert!(
+                dst[0] == 0xff && dst[1 + n..].iter().all(|&b| b == 0xff),
+                "{n} bytes"
+            );
+        }
+    }
 }

@@ -204,22 +204,44 @@ impl<R: MemoryRegion> RingMemory<R> {
         // SAFETY: off <= size (checked above), so the pointer stays in the region.
         let src = unsafe { self.base.as_ptr().add(off) };
         let n = dst.len();
-        if (8..=16).contains(&n) {
-            // A short payload as two 8-byte moves that may overlap: a `memcpy` call
-            // of run-time length costs a small message's latency more than its bytes.
-            // SAFETY: as said above; both words lie in [src, src + n) since n >= 8.
-            let (head, tail) = unsafe {
-                (
-                    std::ptr::read_unaligned(src.cast::<[u8; 8]>()),
-                    std::ptr::read_unaligned(src.add(n - 8).cast::<[u8; 8]>()),
-                )
-            };
-            dst[..8].copy_from_slice(&head);
-            dst[n - 8..].copy_from_slice(&tail);
-            return;
+        // A short payload as at most two fixed-size moves that may overlap (or three
+        // single bytes): a `memcpy` call of run-time length costs a small message
+        // more than its bytes.
+        match n {
+            8..=16 => {
+                // SAFETY: as said above; both words lie in [src, src + n) since n >= 8.
+                let (head, tail) = unsafe {
+                    (
+                        std::ptr::read_unaligned(src.cast::<[u8; 8]>()),
+                        std::ptr::read_unaligned(src.add(n - 8).cast::<[u8; 8]>()),
+                    )
+                };
+                dst[..8].copy_from_slice(&head);
+                dst[n - 8..].copy_from_slice(&tail);
+            }
+            4..=7 => {
+                // SAFETY: as said above; both words lie in [src, src + n) since n >= 4.
+                let (head, tail) = unsafe {
+                    (
+                        std::ptr::read_unaligned(src.cast::<[u8; 4]>()),
+                        std::ptr::read_unaligned(src.add(n - 4).cast::<[u8; 4]>()),
+                    )
+                };
+                dst[..4].copy_from_slice(&head);
+                dst[n - 4..].copy_from_slice(&tail);
+            }
+            1..=3 => {
+                // First, middle and last byte: for 1 to 3 bytes together they are all.
+                // SAFETY: as said above; the three offsets are below n.
+                let (first, middle, last) =
+                    unsafe { (src.read(), src.add(n / 2).read(), src.add(n - 1).read()) };
+                dst[0] = first;
+                dst[n / 2] = middle;
+                dst[n - 1] = last;
+            }
+            // SAFETY: as said above: in the region, no overlap.
+            _ => unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) },
         }
-        // SAFETY: as said above: in the region, no overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) };
     }
 
     /// Lends `len` bytes starting at position `pos` in place, for a reader that looks

@@ -355,6 +355,9 @@ fn scale() -> f64 {
         .unwrap_or(1.0)
 }
 
+/// Round trips timed per latency size. `bench/softroce-bench.sh` and
+/// `softroce-cluster-bench.sh` give `ib_write_lat` the same count at 2 B, so that both
+/// meet the host's slow phases alike.
 fn lat_iters(size: usize) -> usize {
     ((2_000_000.0 / (size + 200) as f64 * scale()) as usize).clamp(10, 5_000)
 }

@@ -6,9 +6,9 @@
 //! the empty poll each go through a never-inlined function of their own.
 //!
 //! Timings on this shared two-CPU host swing by tens of percent; an instruction
-//! count does not, and it is what a slow CPU multiplies: under Soft-RoCE in a TCG
-//! guest one instruction of ours costs about a nanosecond (bench/README.md, "Where
-//! the rest of the Soft-RoCE latency goes").
+//! count does not, and it is what a slow CPU multiplies: in a TCG guest with
+//! Soft-RoCE an instruction of ours costs ~0.35 ns and a call with its return ~12 ns
+//! (bench/README.md, Soft-RoCE, "Where the rest of the latency goes").
 //!
 //! ```text
 //! cargo bench --bench hotpath -- 100000 2     # iterations, payload bytes

@@ -772,7 +772,7 @@ impl<F: Fabric> Drop for Sender<F> {
 /// fixed-size copies that may overlap (or three single bytes), which compile to a
 /// few moves, where a `memcpy` call of run-time length costs a small message more
 /// than its bytes (a call through the PLT: under a TCG guest, ~12 ns per call and
-/// return, bench/README.md "Where the rest of the Soft-RoCE latency goes").
+/// return, bench/README.md, Soft-RoCE, "Where the rest of the latency goes").
 #[inline(always)]
 fn copy_short(dst: &mut [u8], src: &[u8]) {
     let n = src.len();
@@ -782,18 +782,8 @@ fn copy_short(dst: &mut [u8], src: &[u8]) {
         return;
     }
     match n {
-        8..=16 => {
-            let head: [u8; 8] = src[..8].try_into().expect("8 bytes");
-            let tail: [u8; 8] = src[n - 8..].try_into().expect("8 bytes");
-            dst[..8].copy_from_slice(&head);
-            dst[n - 8..].copy_from_slice(&tail);
-        }
-        4..=7 => {
-            let head: [u8; 4] = src[..4].try_into().expect("4 bytes");
-            let tail: [u8; 4] = src[n - 4..].try_into().expect("4 bytes");
-            dst[..4].copy_from_slice(&head);
-            dst[n - 4..].copy_from_slice(&tail);
-        }
+        8..=16 => copy_two_overlapping::<8>(dst, src),
+        4..=7 => copy_two_overlapping::<4>(dst, src),
         // First, middle and last byte: for 1 to 3 bytes together they are all.
         1..=3 => {
             dst[0] = src[0];
@@ -802,6 +792,17 @@ fn copy_short(dst: &mut [u8], src: &[u8]) {
         }
         _ => dst.copy_from_slice(src),
     }
+}
+
+/// Copies `src` into `dst` (both `W` to `2 * W` bytes long, the same) as two
+/// `W`-byte moves that may overlap.
+#[inline(always)]
+fn copy_two_overlapping<const W: usize>(dst: &mut [u8], src: &[u8]) {
+    let n = src.len();
+    let head: [u8; W] = src[..W].try_into().expect("W bytes");
+    let tail: [u8; W] = src[n - W..].try_into().expect("W bytes");
+    dst[..W].copy_from_slice(&head);
+    dst[n - W..].copy_from_slice(&tail);
 }
 
 /// The cursor `(slice, offset)` in `iov` moved `n` bytes forward.

@@ -96,6 +96,27 @@ impl<R: MemoryRegion> Clone for RingMemory<R> {
     }
 }
 
+/// Copies `dst.len()` bytes (`W` to `2 * W`) from `src` as two `W`-byte moves that
+/// may overlap: a few instructions, where a `memcpy` call is a call through the PLT.
+///
+/// # Safety
+///
+/// `src..src + dst.len()` must be readable and must not overlap `dst`, and
+/// `W <= dst.len()`.
+#[inline(always)]
+unsafe fn copy_two_overlapping<const W: usize>(src: *const u8, dst: &mut [u8]) {
+    let n = dst.len();
+    // SAFETY: the caller's contract: both W-byte reads lie in [src, src + n).
+    let (head, tail) = unsafe {
+        (
+            std::ptr::read_unaligned(src.cast::<[u8; W]>()),
+            std::ptr::read_unaligned(src.add(n - W).cast::<[u8; W]>()),
+        )
+    };
+    dst[..W].copy_from_slice(&head);
+    dst[n - W..].copy_from_slice(&tail);
+}
+
 impl<R: MemoryRegion> RingMemory<R> {
     /// Takes over `region` as a ring.
     ///
@@ -208,28 +229,10 @@ impl<R: MemoryRegion> RingMemory<R> {
         // single bytes): a `memcpy` call of run-time length costs a small message
         // more than its bytes.
         match n {
-            8..=16 => {
-                // SAFETY: as said above; both words lie in [src, src + n) since n >= 8.
-                let (head, tail) = unsafe {
-                    (
-                        std::ptr::read_unaligned(src.cast::<[u8; 8]>()),
-                        std::ptr::read_unaligned(src.add(n - 8).cast::<[u8; 8]>()),
-                    )
-                };
-                dst[..8].copy_from_slice(&head);
-                dst[n - 8..].copy_from_slice(&tail);
-            }
-            4..=7 => {
-                // SAFETY: as said above; both words lie in [src, src + n) since n >= 4.
-                let (head, tail) = unsafe {
-                    (
-                        std::ptr::read_unaligned(src.cast::<[u8; 4]>()),
-                        std::ptr::read_unaligned(src.add(n - 4).cast::<[u8; 4]>()),
-                    )
-                };
-                dst[..4].copy_from_slice(&head);
-                dst[n - 4..].copy_from_slice(&tail);
-            }
+            // SAFETY: as said above ([src, src + n) readable, no overlap); n >= 8.
+            8..=16 => unsafe { copy_two_overlapping::<8>(src, dst) },
+            // SAFETY: as said above ([src, src + n) readable, no overlap); n >= 4.
+            4..=7 => unsafe { copy_two_overlapping::<4>(src, dst) },
             1..=3 => {
                 // First, middle and last byte: for 1 to 3 bytes together they are all.
                 // SAFETY: as said above; the three offsets are below n.

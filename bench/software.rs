@@ -1,17 +1,14 @@
 //! The channel's own cost, without the cross-core traffic: one thread puts a message
 //! and gets it back on a connected pair, so every line stays in its L1/L2. What is
-//! left is instructions. Under callgrind the counts are exact and do not depend on
-//! the machine's load, which makes this the way to judge a change to the small-
-//! message path on this noisy host:
+//! left is instructions, in nanoseconds:
 //!
 //! ```text
 //! cargo bench --bench software                      # ns per put + get
-//! cargo bench --bench software --no-run             # then, for instructions:
-//! valgrind --tool=callgrind target/release/deps/software-* --sizes 8 --iters 100000 --empty-iters 0
 //! ```
 //!
-//! Instructions per put + get = callgrind's total / (3 rounds * the `n` column), less
-//! the setup (a few million instructions; measure one size at a time).
+//! For exact instruction counts, which do not depend on the machine's load and so
+//! judge a change to the small-message path on this noisy host, use
+//! `bench/instructions.sh` (a put, a get and an empty poll, each counted apart).
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::time::Instant;

@@ -2,7 +2,8 @@
 # instructions: how many instructions the small-message path executes per call, by
 # valgrind's callgrind over bench/hotpath.rs: in a ping-pong of SIZE-byte messages,
 # a put, the get that takes it, and a poll of an empty ring (the one after each put,
-# which does the upkeep the get before it left). A benchmark, never a test: nothing here asserts.
+# which does the upkeep the get before it left). A benchmark, never a test: nothing
+# here asserts.
 #
 # Unlike a timing on this shared host, the count repeats to the instruction, so a
 # change to the path can be judged in one run; and it is what a slow CPU multiplies
@@ -26,8 +27,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # Two runs that differ only in the iteration count: the difference divided by the
-# difference in calls (two of each per round trip) is the cost of one call, with start-up and the first calls'
-# one-off work (page faults, lazy binding) cancelled out.
+# difference in calls (two of each per round trip) is the cost of one call, with
+# start-up and the first calls' one-off work (page faults, lazy binding) cancelled.
 lo=2000 hi=12000
 printf '%8s %12s %12s %12s %12s\n' size put get empty_poll put+get
 for size in "${sizes[@]}"; do

@@ -134,3 +134,13 @@ per_boot_table() {
     echo "$sep --- |"
     printf '%s\n' "${summary[@]}"
 }
+
+# The round trips bench/verbs_pingpong.rs times at 2 B (its lat_iters, scaled by
+# RCH_BENCH_SCALE), for ib_write_lat -n: this host has slow phases of seconds, and a
+# run five times longer than the other's (perftest's default is 1000) met them five
+# times as often. Used inside the Soft-RoCE VMs by softroce-bench.sh and
+# softroce-cluster-bench.sh.
+perftest_lat_count() {
+    awk -v s="${RCH_BENCH_SCALE:-1}" 'BEGIN { if (s + 0 <= 0) s = 1; n = int(2000000 / 202 * s)
+        print (n < 10 ? 10 : (n > 5000 ? 5000 : n)) }'
+}

@@ -61,11 +61,9 @@ if [ "${1:-}" = --in-vm ]; then
   }
 
   echo "softroce-bench: in VM (${SOFTROCE_ACCEL:-?}), $(nproc) CPUs, $dev GID $gid, $rounds round(s)" >&2
-  # ib_write_lat times as many round trips as our benchmark does at 2 B (its
-  # lat_iters), not its default 1000: this host has slow phases of seconds, and a
-  # run five times longer than the other's met them five times as often.
-  lat_n=$(awk -v s="${RCH_BENCH_SCALE:-1}" 'BEGIN { if (s + 0 <= 0) s = 1; n = int(2000000 / 202 * s)
-    print (n < 10 ? 10 : (n > 5000 ? 5000 : n)) }')
+  # ib_write_lat times as many round trips as ours (see bench/lib.sh).
+  . "$(dirname "$0")/lib.sh"
+  lat_n=$(perftest_lat_count)
   for r in $(seq "$rounds"); do
     run_pair "lat.$r" ib_write_lat -s 2 -n "$lat_n"
     for s in $BW_SIZES; do

@@ -45,11 +45,9 @@ if [ "${1:-}" = --in-vm ]; then
 }
   lat_iters() { awk -v s="$1" 'BEGIN { n = int(400000 / (s + 1000)); print (n < 20 ? 20 : (n > 2000 ? 2000 : n)) }'; }
   bw_count() { awk -v s="$1" 'BEGIN { n = int((16 * 1048576) / (s + 256)); print (n < 16 ? 16 : (n > 10000 ? 10000 : n)) }'; }
-  # ib_write_lat times as many round trips as our benchmark does at 2 B (its
-  # lat_iters), not a fifth of them: this host has slow phases of seconds, and the
-  # longer run met them more often.
-  lat_n=$(awk -v s="${RCH_BENCH_SCALE:-1}" 'BEGIN { if (s + 0 <= 0) s = 1; n = int(2000000 / 202 * s)
-    print (n < 10 ? 10 : (n > 5000 ? 5000 : n)) }')
+  # ib_write_lat times as many round trips as ours (see bench/lib.sh).
+  . "$(dirname "$0")/lib.sh"
+  lat_n=$(perftest_lat_count)
   for r in $(seq "$rounds"); do
     steps=(lat)
     for s in $BW_SIZES; do steps+=("write_bw_$s" "read_bw_$s"); done

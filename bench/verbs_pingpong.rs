@@ -11,6 +11,7 @@
 //! ```text
 //! cargo bench --features verbs --bench verbs_pingpong                     # 2 B .. 1 MiB
 //! cargo bench --features verbs --bench verbs_pingpong -- --sizes 2,65536
+//! cargo bench --features verbs --bench verbs_pingpong -- --sizes 2 --latency-only
 //! bench/softroce-bench.sh          # in a Soft-RoCE VM, beside perftest
 //! bench/softroce-cluster-bench.sh  # between two VMs, beside perftest and rsocket
 //! ```
@@ -30,6 +31,10 @@
 //! sleep); `RCH_BENCH_WAIT=spin` busy-polls instead, which between two one-CPU VMs
 //! took the CPU from rxe (10.5 against 17.8-18.9 MB/s at 64 KiB, bench/README.md,
 //! 2026-11-25).
+//!
+//! `--latency-only` skips the bandwidth runs (the column shows `-`): the Soft-RoCE
+//! scripts time a short latency run right beside each `ib_write_lat`, so that the two
+//! of a pair meet the same phase of the shared host.
 //!
 //! Bandwidth is printed in MB/s of 2^20 bytes, the unit of perftest's `BW average[MB/sec]`.
 
@@ -387,6 +392,7 @@ fn memcpy_us(size: usize) -> f64 {
 fn main() -> io::Result<()> {
     // cargo bench passes --bench; ignore it.
     let sizes = peer::sizes_from_args(&[2, 8, 4096, 65536, 1 << 20]);
+    let latency_only = std::env::args().any(|a| a == "--latency-only");
     let wait = wait_mode()?;
     let (mut s, side) = connect_pair()?;
     let parent = matches!(side, Side::Parent(_));
@@ -444,15 +450,23 @@ fn main() -> io::Result<()> {
     for &size in &sizes {
         let (li, bi) = (lat_iters(size), bw_iters(size));
         let (lat, med, p99) = latency(&mut s, &side, size, li, wait)?;
-        let bw = bandwidth(&mut s, &side, size, bi, wait)?;
+        let bw = if latency_only {
+            None
+        } else {
+            Some(bandwidth(&mut s, &side, size, bi, wait)?)
+        };
         if parent {
+            let (bw, bi) = match bw {
+                Some(bw) => (format!("{:.2}", bw / MIB), bi.to_string()),
+                None => ("-".into(), "-".into()),
+            };
             println!(
-                "{:>10} {:>12.3} {:>12.3} {:>12.3} {:>12.2} {:>12.3} {:>9} {:>9}",
+                "{:>10} {:>12.3} {:>12.3} {:>12.3} {:>12} {:>12.3} {:>9} {:>9}",
                 size,
                 lat.as_secs_f64() * 1e6,
                 med.as_secs_f64() * 1e6,
                 p99.as_secs_f64() * 1e6,
-                bw / MIB,
+                bw,
                 memcpy_us(size),
                 li,
                 bi

@@ -22,8 +22,8 @@ use rdma_channel::fabric::{
 };
 use rdma_channel::ring::memory::{CtrlWord, Lend, LEND_SLOT};
 use rdma_channel::ring::wire::{
-    cells_for, header_match, header_word, trailer_word, write_len, PacketKind, Rendezvous, RndvSeg,
-    CELL, SHORT_WRITE,
+    ack_word, cells_for, header_match, header_word, trailer_word, PacketKind, Rendezvous, RndvSeg,
+    ShortHeader, CELL, SHORT_WRITE,
 };
 use rdma_channel::{Channel, Config, Prepared, RdmaStream};
 
@@ -139,10 +139,10 @@ impl Hostile {
     /// `pos % RING`), its header word as given, trailer last.
     fn packet_with_word(&self, pos: u64, word: u64, payload: &[u8], ack: u64) {
         let cells = cells_for(payload.len());
-        // As a correct sender writes it: a short packet only up to its trailer.
-        let mut p = vec![0u8; write_len(payload.len())];
+        // In the full form (a correct sender may use it for any packet), the ack marked.
+        let mut p = vec![0u8; cells * CELL];
         p[0..8].copy_from_slice(&word.to_le_bytes());
-        p[8..16].copy_from_slice(&ack.to_le_bytes());
+        p[8..16].copy_from_slice(&ack_word(ack).to_le_bytes());
         p[16..16 + payload.len()].copy_from_slice(payload);
         let end = pos + (cells * CELL) as u64;
         let n = p.len();
@@ -231,9 +231,12 @@ fn a_packet_longer_than_the_ring_is_a_protocol_error() {
         return;
     }
     let mut h = Hostile::new();
-    // Only the header: the victim must refuse it before looking for its trailer.
-    let word = header_word(0, PacketKind::Data, 0xff_ffff);
-    h.write(0, &word.to_le_bytes());
+    // Only the header and ack words: the victim must refuse it before looking for its
+    // trailer.
+    let mut words = [0u8; 16];
+    words[..8].copy_from_slice(&header_word(0, PacketKind::Data, 0xff_ffff).to_le_bytes());
+    words[8..].copy_from_slice(&ack_word(0).to_le_bytes());
+    h.write(0, &words);
     h.expect_failed(ErrorKind::InvalidData, "length beyond the ring");
     others_unaffected();
 }
@@ -426,44 +429,64 @@ fn a_replayed_packet_from_an_earlier_lap_is_never_delivered_again() {
     assert_eq!(&buf[..3], b"new");
 }
 
-/// A short packet's trailer stands in its cell's fourth word, which an earlier lap's
-/// payload may have filled with exactly the trailer this packet will carry. The
-/// receiver zeroes that word when it frees the cell, so a header that landed before
-/// its trailer is not read with the stale one.
+/// A short packet's header stands in its cell's second word, which an earlier lap's
+/// payload may have filled with exactly the short header this packet will carry; and
+/// its payload word stands where a full header does, so it may look like one (here,
+/// of a packet running past the ring's end). The receiver zeroes the second word when
+/// it frees the cell, and takes a full header only with its ack word, so a payload
+/// word that landed before its header is neither read with the stale header nor
+/// taken for a broken full packet.
 #[test]
-fn a_short_packet_is_not_read_before_its_trailer_lands_over_flag_payload() {
+fn a_short_packet_is_not_read_before_its_header_lands_over_flag_payload() {
     if skip_on_verbs() {
         return;
     }
     let mut h = Hostile::new();
     let ring = RING as u64;
-    // Lap 0: four 1000-byte packets fill the ring. The first one's payload bytes 8..16
-    // land on cell 0's fourth word and hold the trailer of a short packet at `ring`.
+    let at = ring + CELL as u64; // lap 1, cell 1
+    let word0 = header_word(at, PacketKind::Data, 0xff_ffff).to_le_bytes();
+    let short = ShortHeader::new(at, 8, 0).word().to_le_bytes();
+    // Lap 0: four 1000-byte packets fill the ring. The first one's payload bytes
+    // 56..64 land on cell 1's second word and hold the short header due there.
     let mut evil = vec![0x5au8; 1000];
-    evil[8..16].copy_from_slice(&trailer_word(ring + CELL as u64).to_le_bytes());
+    evil[56..64].copy_from_slice(&short);
     let mut buf = vec![0u8; RING];
     for k in 0..4u64 {
         h.packet(k * 1024, PacketKind::Data, &evil, 0);
         assert_eq!(h.get(&mut buf).unwrap(), 1000);
         assert_eq!(buf[..1000], evil[..]);
     }
-    // Lap 1: only the header and ack of a 5-byte short packet have landed.
+    // Lap 1: a whole short packet in cell 0, then only the payload word of cell 1's.
     let mut p = [0u8; SHORT_WRITE];
-    p[..8].copy_from_slice(&header_word(ring, PacketKind::Data, 5).to_le_bytes());
-    p[16..21].copy_from_slice(b"short");
-    p[24..].copy_from_slice(&trailer_word(ring + CELL as u64).to_le_bytes());
-    h.write(0, &p[..16]);
+    p[..1].copy_from_slice(b"x");
+    p[8..].copy_from_slice(&ShortHeader::new(ring, 1, 0).word().to_le_bytes());
+    h.write(0, &p);
+    assert_eq!(h.get(&mut buf[..1]).unwrap(), 1);
+    assert_eq!(&buf[..1], b"x");
+    h.write(CELL as u64, &word0);
     for _ in 0..10 {
         assert_eq!(
             h.get(&mut buf).unwrap(),
             0,
-            "a short packet was read before its trailer landed"
+            "a short packet was read (or failed) before its header landed"
         );
     }
-    // Then its payload and trailer: delivered exactly.
-    h.write(16, &p[16..]);
-    assert_eq!(h.get(&mut buf).unwrap(), 5);
-    assert_eq!(&buf[..5], b"short");
+    // Then its header: delivered exactly.
+    h.write(CELL as u64 + 8, &short);
+    assert_eq!(h.get(&mut buf).unwrap(), 8);
+    assert_eq!(buf[..8], word0);
+}
+
+/// A short header whose length is out of range is a protocol error.
+#[test]
+fn a_short_packet_longer_than_a_word_is_a_protocol_error() {
+    if skip_on_verbs() {
+        return;
+    }
+    let mut h = Hostile::new();
+    h.write(8, &ShortHeader::new(0, 9, 0).word().to_le_bytes());
+    h.expect_failed(ErrorKind::InvalidData, "short packet of 9 bytes");
+    others_unaffected();
 }
 
 #[test]

@@ -10,7 +10,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rdma_channel::fabric::FabricKind;
-use rdma_channel::ring::wire::{header_match, trailer_word, CELL, SHORT_TRAILER_OFFSET};
+use rdma_channel::ring::wire::{
+    header_match, trailer_word, ShortHeader, CELL, SHORT_HEADER_OFFSET, SHORT_PAYLOAD,
+};
 
 // ---------------------------------------------------------------------------------
 // The fabric under test and the size of the run
@@ -344,8 +346,8 @@ pub fn cut_chain(
 
 /// A payload laid out for a sender that writes it as one uncut packet from `head`:
 /// every word that would land on a cell boundary holds the header of `lap` laps later,
-/// and every word that would land just before a boundary, or in a cell's fourth word
-/// (a short packet's trailer), holds that lap's trailer.
+/// and every word that would land just before a boundary holds that lap's trailer, or
+/// in a cell's second word, that lap's short header (a short packet's last word).
 pub fn aligned_flags(
     rng: &mut Rng,
     head: u64,
@@ -367,10 +369,12 @@ pub fn aligned_flags(
             v[o..o + 8].copy_from_slice(&w.to_le_bytes());
         } else if in_cell == CELL as u64 - 8 && flags != Flags::Header {
             v[o..o + 8].copy_from_slice(&trailer_word(abs + 8 + lap * ring).to_le_bytes());
-        } else if in_cell == SHORT_TRAILER_OFFSET as u64 && flags != Flags::Header {
-            // Where a short packet's trailer stands: the end of this word's cell.
-            let end = abs - in_cell + CELL as u64;
-            v[o..o + 8].copy_from_slice(&trailer_word(end + lap * ring).to_le_bytes());
+        } else if in_cell == SHORT_HEADER_OFFSET as u64 && flags != Flags::Header {
+            // Where a short packet's header stands: that of this word's cell.
+            let len = 1 + rng.below(SHORT_PAYLOAD as u64) as usize;
+            let at = abs - in_cell + lap * ring;
+            let w = ShortHeader::new(at, len, rng.below(1 << 20) * CELL as u64).word();
+            v[o..o + 8].copy_from_slice(&w.to_le_bytes());
         }
         o += 8;
     }
@@ -403,10 +407,10 @@ pub fn flag_soup(rng: &mut Rng, est_head: u64, ring: u64, density: u64, len: usi
                 let base = (est / CELL as u64) as i64 + drift;
                 base.max(0) as u64 * CELL as u64 + lap * ring
             };
-            let w = if rng.chance(1, 2) {
-                fake_header(rng, q)
-            } else {
-                trailer_word(q + if rng.chance(1, 2) { CELL as u64 } else { 0 })
+            let w = match rng.below(4) {
+                0 | 1 => fake_header(rng, q),
+                2 => ShortHeader::new(q, rng.below(16) as usize, rng.below(1 << 20) * 64).word(),
+                _ => trailer_word(q + if rng.chance(1, 2) { CELL as u64 } else { 0 }),
             };
             v[at..at + 8].copy_from_slice(&w.to_le_bytes());
         }

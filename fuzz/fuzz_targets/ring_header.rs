@@ -12,8 +12,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use rdma_channel::ring::wire::{
-    cells_for, header_match, header_word, trailer_offset, Header, WireError, CELL, HEADER_LEN,
-    HEADER_MATCH_MASK, MAX_PAYLOAD, OVERHEAD,
+    cells_for, header_match, header_word, trailer_offset, Header, WireError, ACK_MARK, CELL,
+    HEADER_LEN, HEADER_MATCH_MASK, MAX_PAYLOAD, OVERHEAD,
 };
 use rdma_channel::ring::{max_payload_now, packet_cells};
 
@@ -31,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
     assert!(data.len() >= HEADER_LEN);
     let word = u64::from_le_bytes(data[0..8].try_into().unwrap());
     let ack = u64::from_le_bytes(data[8..16].try_into().unwrap());
-    assert_eq!((h.word(), h.ack()), (word, ack));
+    assert_eq!((h.word(), h.ack_word(), h.ack()), (word, ack, ack & !ACK_MARK));
     let len = h.len();
     assert!(len as usize <= MAX_PAYLOAD);
     assert_eq!(u64::from(len), (word >> 32) & 0xff_ffff);
@@ -65,8 +65,10 @@ fuzz_target!(|data: &[u8]| {
     if let Some(kind) = kind {
         assert_eq!(header_word(pos, kind, len), word);
         let mut again = [0u8; HEADER_LEN];
-        Header::new_unchecked(&mut again[..]).fill(pos, kind, len, ack);
-        assert_eq!(again[..], data[..HEADER_LEN]);
+        Header::new_unchecked(&mut again[..]).fill(pos, kind, len, h.ack());
+        // The ack goes back marked: equal to the input's when that carried the mark.
+        assert_eq!(again[..8], data[..8]);
+        assert_eq!(again[8..16], (ack | ACK_MARK).to_le_bytes());
     }
 
     // Where the receiver would take it: any ring of 4 KiB ..= 1 GiB.

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::link::{Link, HEALTH_EVERY};
+use super::sender::copy_short;
 use super::wait::{past, Backoff};
 use crate::fabric::Fabric;
 use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory};
 use crate::ring::wire::{
-    trailer_offset, trailer_word, Header, PacketKind, Rendezvous, RndvSeg, CELL, HEADER_LEN,
-    MAX_RNDV_SEGS,
+    fits_short, is_ack_word, trailer_offset, trailer_word, Header, PacketKind, Rendezvous, RndvSeg,
+    ShortHeader, CELL, HEADER_LEN, MAX_RNDV_SEGS,
 };
 use crate::ring::{packet_cells, PAYLOAD_OFFSET};
 use crate::zerocopy::{serve_all_lends, Lent};
@@ -24,6 +25,18 @@ use crate::zerocopy::{serve_all_lends, Lent};
 pub(crate) const READ_PIECE: usize = 1 << 20;
 /// Most zero-copy reads one receiver keeps in flight.
 const MAX_READS_IN_FLIGHT: usize = 16;
+
+/// A packet that landed whole at the read position.
+struct Landed {
+    /// Its header and ack words (for a short packet, those a full one would carry).
+    header: [u8; HEADER_LEN],
+    /// Cells it covers.
+    cells: usize,
+    /// Offset of its payload from its start.
+    payload_at: usize,
+    /// A short packet's payload word, as loaded after its header.
+    short_payload: Option<u64>,
+}
 
 /// The receiving direction of a connection.
 pub struct Receiver<F: Fabric> {
@@ -155,24 +168,41 @@ impl<F: Fabric> Receiver<F> {
         self.ring.load_word(pos, order)
     }
 
-    /// The packet at `read_pos` once it has landed whole: its header (the stamp and
-    /// the piggybacked ack) and the cells it covers; `None` while nothing, or only
-    /// part of it, is there.
+    /// The packet at `read_pos` once it has landed whole (either form, ring::wire
+    /// docs); `None` while nothing, or only part of it, is there.
     ///
     /// # Errors
     ///
-    /// A header whose length runs past the ring's end (the connection fails).
+    /// A header whose length runs past the ring's end, or a short header whose
+    /// length is out of range (the connection fails).
     #[inline(always)]
-    fn landed_packet(&self) -> io::Result<Option<([u8; HEADER_LEN], usize)>> {
+    fn landed_packet(&self) -> io::Result<Option<Landed>> {
+        // A short packet's header is the last word of its write: once it is visible
+        // (head_words loads it with Acquire), so is the payload word before it (the
+        // fabric's guarantee 2). A full header is not trusted alone: the trailer's
+        // Acquire below is what orders its packet's bytes.
+        let [mut first, mut second] = self.ring.head_words(self.read_pos);
+        if first | second == 0 {
+            // Nothing has landed: the common empty poll. (Both words were zeroed when
+            // this cell was last freed, and every packet writes a non-zero second
+            // word: a short header or a marked ack.)
+            return Ok(None);
+        }
+        if let Some(short) = ShortHeader::parse(second, self.read_pos) {
+            return self.landed_short(short, first).map(Some);
+        }
         loop {
-            // Relaxed: the header alone is not trusted; the trailer's Acquire below is
-            // what orders the packet's bytes.
-            let first = self.load_word(self.read_pos, Ordering::Relaxed);
             let mut hbytes = [0u8; HEADER_LEN];
             hbytes[..8].copy_from_slice(&first.to_le_bytes());
             if !Header::new_unchecked(&hbytes[..]).is_at(self.read_pos) {
                 return Ok(None);
             }
+            // A full header counts only once its ack word is there too: until then it
+            // may be the payload of a short packet whose header has not landed.
+            if !is_ack_word(second) {
+                return Ok(None);
+            }
+            hbytes[8..].copy_from_slice(&second.to_le_bytes());
             let len = Header::new_unchecked(&hbytes[..]).len() as usize;
             let Some(cells) = packet_cells(self.ring_size, self.read_pos, len) else {
                 return Err(self.link.fail(
@@ -194,32 +224,66 @@ impl<F: Fabric> Receiver<F> {
             // raced with the write (and so pointed us at a wrong trailer) shows up here.
             let word = self.load_word(self.read_pos, Ordering::Relaxed);
             if word != first {
+                [first, second] = self.ring.head_words(self.read_pos);
                 continue;
             }
-            // Relaxed: the trailer's Acquire above already ordered the whole packet.
-            let ack = self.load_word(self.read_pos + 8, Ordering::Relaxed);
-            hbytes[8..].copy_from_slice(&ack.to_le_bytes());
-            return Ok(Some((hbytes, cells)));
+            return Ok(Some(Landed {
+                header: hbytes,
+                cells,
+                payload_at: PAYLOAD_OFFSET,
+                short_payload: None,
+            }));
         }
+    }
+
+    /// The short packet at `read_pos` whose header `short` was seen, after it its
+    /// payload word `payload`, as a [`Landed`] with the header a full packet would
+    /// carry.
+    #[inline(always)]
+    fn landed_short(&self, short: ShortHeader, payload: u64) -> io::Result<Landed> {
+        let len = short.len();
+        if !fits_short(len) {
+            return Err(self.link.fail(
+                io::ErrorKind::InvalidData,
+                format!("protocol error: short packet of {len} bytes"),
+            ));
+        }
+        // Relaxed: only this half stores tx_tail_piggy (take_ack), and the short ack
+        // counts from the last one it took, as the sender's does (wire docs).
+        let ack = short.ack(self.link.tx_tail_piggy.load(Ordering::Relaxed));
+        let mut header = [0u8; HEADER_LEN];
+        Header::new_unchecked(&mut header[..]).fill(
+            self.read_pos,
+            PacketKind::Data,
+            len as u32,
+            ack,
+        );
+        Ok(Landed {
+            header,
+            cells: 1,
+            payload_at: 0,
+            short_payload: Some(payload),
+        })
     }
 
     /// Looks for a complete packet at `read_pos`; true when one is ready to read.
     fn next_packet(&mut self) -> io::Result<bool> {
         loop {
-            let Some((hbytes, cells)) = self.landed_packet()? else {
+            let Some(landed) = self.landed_packet()? else {
                 return Ok(false);
             };
-            let header = Header::new_unchecked(&hbytes[..]);
+            let header = Header::new_unchecked(&landed.header[..]);
             let len = header.len() as usize;
             let kind = header.kind().map_err(|e| {
                 self.link
                     .fail(io::ErrorKind::InvalidData, format!("protocol error: {e}"))
             })?;
             self.take_ack(header.ack())?;
-            self.cur_cells = cells;
+            self.cur_cells = landed.cells;
             match kind {
                 PacketKind::Data => {
-                    self.cur_off = (self.read_pos & (self.ring_size - 1)) as usize + PAYLOAD_OFFSET;
+                    self.cur_off =
+                        (self.read_pos & (self.ring_size - 1)) as usize + landed.payload_at;
                     self.cur_left = len;
                     self.in_packet = true;
                     if len == 0 {
@@ -393,21 +457,29 @@ impl<F: Fabric> Receiver<F> {
         Ok(())
     }
 
+    /// Takes the piggybacked tail `ack` of a packet: the sending half's replica of the
+    /// peer's tail. Inlined (once per message); the error is built out of line.
+    #[inline(always)]
     fn take_ack(&self, ack: u64) -> io::Result<()> {
         let link = &*self.link;
         // Relaxed: only this half stores tx_tail_piggy, so it reads its own value.
         if ack > link.tx_tail_piggy.load(Ordering::Relaxed) {
             if ack % CELL as u64 != 0 {
-                return Err(link.fail(
-                    io::ErrorKind::InvalidData,
-                    format!("protocol error: bad ack {ack}"),
-                ));
+                return Err(self.bad_ack(ack));
             }
             // Release: the sender half's Acquire load then sees a position the peer
             // finished reading (we observed the ack after the peer's Release trailer).
             link.tx_tail_piggy.store(ack, Ordering::Release);
         }
         Ok(())
+    }
+
+    #[cold]
+    fn bad_ack(&self, ack: u64) -> io::Error {
+        self.link.fail(
+            io::ErrorKind::InvalidData,
+            format!("protocol error: bad ack {ack}"),
+        )
     }
 
     /// The current packet is read: the next one starts after it. Its cells are given
@@ -501,13 +573,13 @@ impl<F: Fabric> Receiver<F> {
         }
         // As in get_inner: the packet the last call read goes back to the sender now.
         self.release_read();
-        let Some((hbytes, cells)) = self.landed_packet()? else {
+        let Some(landed) = self.landed_packet()? else {
             // Nothing has landed: get_inner's loop would stop at once, so its empty
             // poll is this, without repeating the checks above.
             self.after_get(0)?;
             return Ok(Some(0));
         };
-        let header = Header::new_unchecked(&hbytes[..]);
+        let header = Header::new_unchecked(&landed.header[..]);
         let len = header.len() as usize;
         // Exactly the buffer's length: with room left, get_inner would go on to the
         // packets after this one, and a get takes all that has landed.
@@ -523,9 +595,14 @@ impl<F: Fabric> Receiver<F> {
         let at = self.read_pos & (self.ring_size - 1);
         // The whole packet is visible (landed_packet saw its trailer) and will not be
         // rewritten until we publish a tail beyond it.
-        self.ring
-            .copy_out(at + PAYLOAD_OFFSET as u64, &mut buf[..len]);
-        self.cur_cells = cells;
+        match landed.short_payload {
+            // Already loaded, in order after its header: no second read of the ring.
+            Some(word) => copy_short(&mut buf[..len], &word.to_le_bytes()[..len]),
+            None => self
+                .ring
+                .copy_out(at + landed.payload_at as u64, &mut buf[..len]),
+        }
+        self.cur_cells = landed.cells;
         self.finish_packet();
         self.arm_stream_backoff();
         // When the sender waits for credit, or a tail update is due, the space this

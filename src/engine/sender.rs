@@ -13,8 +13,9 @@ use crate::fabric::{Fabric, GatherList};
 use crate::rcache::{CacheStats, RdmaBuf, RegCache, RegHandle};
 use crate::ring::memory::CtrlWord;
 use crate::ring::wire::{
-    cells_for, trailer_word, write_len, Header, PacketKind, RndvSeg, CELL, HEADER_LEN,
-    MAX_RNDV_SEGS, ONE_CELL_PAYLOAD, OVERHEAD, TRAILER_LEN,
+    cells_for, fits_short, trailer_word, Header, PacketKind, RndvSeg, ShortHeader, CELL,
+    HEADER_LEN, MAX_RNDV_SEGS, ONE_CELL_PAYLOAD, OVERHEAD, SHORT_ACK_SPAN, SHORT_PAYLOAD,
+    SHORT_WRITE, TRAILER_LEN,
 };
 use crate::ring::{lap_end, max_payload_now, tail_ok, wrap_early};
 use crate::zerocopy::Lent;
@@ -487,9 +488,24 @@ impl<F: Fabric> Sender<F> {
     }
 
     /// The small-message path: the whole packet (at most [`STACKED_CELLS`] cells) is
-    /// assembled on the stack and written with a single gather entry.
-    #[inline]
+    /// assembled on the stack and written with a single gather entry, in the short
+    /// form when it can be (ring::wire docs). Inlined, as `write_stacked`.
+    #[inline(always)]
     fn write_small(&mut self, iov: &[IoSlice<'_>], skip: usize, len: usize) -> io::Result<usize> {
+        if fits_short(len) {
+            // Acquire: as in write_gathered.
+            let ack = self.link.rx_tail.load(Ordering::Acquire);
+            // Relaxed: only this half writes rx_piggy.
+            if ack.wrapping_sub(self.link.rx_piggy.load(Ordering::Relaxed)) < SHORT_ACK_SPAN {
+                return self.write_short(iov, skip, len, ack);
+            }
+        }
+        self.write_cells(iov, skip, len)
+    }
+
+    /// [`write_small`](Self::write_small) in the full form: whole cells.
+    #[inline]
+    fn write_cells(&mut self, iov: &[IoSlice<'_>], skip: usize, len: usize) -> io::Result<usize> {
         // A one-cell buffer for the commonest packet: zeroing the larger one costs
         // the one-cell packet more than its copy.
         if len <= ONE_CELL_PAYLOAD {
@@ -497,6 +513,40 @@ impl<F: Fabric> Sender<F> {
         } else {
             self.write_stacked::<{ STACKED_CELLS * CELL }>(iov, skip, len)
         }
+    }
+
+    /// A short packet (ring::wire docs): `len` bytes (at most [`SHORT_PAYLOAD`]) of
+    /// `iov` from byte `skip`, then the short header carrying `ack`, which is less
+    /// than [`SHORT_ACK_SPAN`] past the ack sent last; 16 bytes written, one cell
+    /// taken. Inlined, as `write_stacked`.
+    #[inline(always)]
+    fn write_short(
+        &mut self,
+        iov: &[IoSlice<'_>],
+        skip: usize,
+        len: usize,
+        ack: u64,
+    ) -> io::Result<usize> {
+        let link = &*self.link;
+        let mut packet = Cells([0; SHORT_WRITE]);
+        let (mut i, mut o, mut at) = (0usize, skip, 0);
+        while at < len {
+            let n = (iov[i].len() - o).min(len - at);
+            copy_short(&mut packet.0[at..at + n], &iov[i][o..o + n]);
+            at += n;
+            i += 1;
+            o = 0;
+        }
+        let header = ShortHeader::new(self.head, len, ack);
+        packet.0[SHORT_PAYLOAD..].copy_from_slice(&header.word().to_le_bytes());
+        let remote = link.peer_ring.addr + (self.head & (self.ring_size - 1));
+        link.write_inline(&packet.0, remote, link.peer_ring.rkey)?;
+        self.head += CELL as u64;
+        // Relaxed: as in write_stacked.
+        if ack > link.rx_piggy.load(Ordering::Relaxed) {
+            link.rx_piggy.store(ack, Ordering::Relaxed);
+        }
+        Ok(len)
     }
 
     /// [`write_small`](Self::write_small) with a buffer of `BYTES`, which must hold
@@ -529,11 +579,9 @@ impl<F: Fabric> Sender<F> {
             ack,
         );
         let end = self.head + bytes as u64;
-        // A short packet's write ends after its fourth word (ring::wire docs).
-        let written = write_len(len);
-        cells.0[written - TRAILER_LEN..written].copy_from_slice(&trailer_word(end).to_le_bytes());
+        cells.0[bytes - TRAILER_LEN..bytes].copy_from_slice(&trailer_word(end).to_le_bytes());
         let remote = link.peer_ring.addr + (self.head & (self.ring_size - 1));
-        link.write_inline(&cells.0[..written], remote, link.peer_ring.rkey)?;
+        link.write_inline(&cells.0[..bytes], remote, link.peer_ring.rkey)?;
         self.head = end;
         // Relaxed: only this half writes rx_piggy; the receiver reads it as a hint.
         if ack > link.rx_piggy.load(Ordering::Relaxed) {
@@ -568,7 +616,7 @@ impl<F: Fabric> Sender<F> {
         let cells = cells_for(len);
         let bytes = cells * CELL;
         let end = self.head + bytes as u64;
-        let written = write_len(len);
+        let written = bytes;
         let pad = written - OVERHEAD - len;
         let mut header = [0u8; HEADER_LEN];
         // Acquire pairs with the receiver's Release after copying out: the value we
@@ -774,7 +822,7 @@ impl<F: Fabric> Drop for Sender<F> {
 /// than its bytes (a call through the PLT: under a TCG guest, ~12 ns per call and
 /// return, bench/README.md, Soft-RoCE, "Where the rest of the latency goes").
 #[inline(always)]
-fn copy_short(dst: &mut [u8], src: &[u8]) {
+pub(super) fn copy_short(dst: &mut [u8], src: &[u8]) {
     let n = src.len();
     if dst.len() != n {
         // Unequal lengths: copy_from_slice's panic says so.

@@ -19,7 +19,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::wire::CELL;
+use super::wire::{CELL, SHORT_HEADER_OFFSET};
 use crate::fabric::{
     FabricError, GatherList, MemoryRegion, Opcode, QueuePair, RemoteRegion, Sge, WorkRequest,
 };
@@ -172,6 +172,31 @@ impl<R: MemoryRegion> RingMemory<R> {
     #[inline]
     pub fn load_word(&self, pos: u64, order: Ordering) -> u64 {
         self.word(pos).load(order)
+    }
+
+    /// The first two words of the cell at position `pos` (a cell boundary), where a
+    /// packet's header stands (ring::wire docs): the second is loaded first, with
+    /// Acquire (a short packet's header, which orders the payload word before it),
+    /// then the first, Relaxed. One address computation for both.
+    ///
+    /// ```
+    /// use rdma_channel::fabric::{emulated::EmuFabric, Access, Fabric};
+    /// use rdma_channel::ring::memory::RingMemory;
+    /// let fabric = EmuFabric::new()?;
+    /// let ring = RingMemory::new(fabric.alloc_region(4096, Access::LOCAL_WRITE)?)?;
+    /// assert_eq!(ring.head_words(4096 + 64), [0, 0]); // positions wrap
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    #[inline]
+    pub fn head_words(&self, pos: u64) -> [u64; 2] {
+        debug_assert_eq!(pos % CELL as u64, 0);
+        let first: *const AtomicU64 = self.word(pos);
+        // SAFETY: `pos` is a cell boundary, so its word's offset is at most
+        // size - CELL and the word SHORT_HEADER_OFFSET (8) bytes on lies in the same
+        // cell, inside the region; it is accessed only atomically, as in `word`.
+        let second = unsafe { &*first.add(SHORT_HEADER_OFFSET / 8) }.load(Ordering::Acquire);
+        // SAFETY: `first` comes from `word`, a live reference into the region.
+        [unsafe { &*first }.load(Ordering::Relaxed), second]
     }
 
     /// Zeroes the word at position `pos` (rounded down to a word). Relaxed: the caller
@@ -667,7 +692,7 @@ mod tests {
         ring.clear_boundaries(128, 2);
         for off in (0..4096).step_by(8) {
             let boundary =
-                (128..256).contains(&off) && (off % 64 == 0 || off % 64 == 24 || off % 64 == 56);
+                (128..256).contains(&off) && (off % 64 == 0 || off % 64 == 8 || off % 64 == 56);
             assert_eq!(
                 ring.load_word(off as u64, Ordering::Relaxed),
                 u64::from(!boundary)

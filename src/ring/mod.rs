@@ -19,8 +19,8 @@
 //!   cut there and continues in the next packet);
 //! * before the receiver announces a tail that frees a packet's cells, it zeroes the
 //!   three *boundary words* of each of them: the first word of the cell (where a
-//!   header may stand next lap), the fourth (where a short packet's trailer may
-//!   stand) and the last (where any other trailer may stand); see
+//!   header may stand next lap), the second (where a short packet's header may
+//!   stand) and the last (where a full packet's trailer may stand); see
 //!   [`boundary_offsets`].
 //!
 //! So whenever the sender may write a region, each boundary word in it holds zero or
@@ -163,19 +163,19 @@ pub const fn after_wrap(size: u64, pos: u64) -> u64 {
 }
 
 /// Ring offsets of the boundary words of `cells` cells starting at ring offset
-/// `start` (a multiple of 64): the first, the fourth (a short packet's trailer) and
-/// the last 8-byte word of each cell. The receiver zeroes them before it frees the
+/// `start` (a multiple of 64): the first (a header), the second (a short packet's
+/// header) and the last 8-byte word (a trailer) of each cell. The receiver zeroes them before it frees the
 /// cells (see the module docs).
 ///
 /// ```
 /// let words: Vec<usize> = rdma_channel::ring::boundary_offsets(128, 2).collect();
-/// assert_eq!(words, [128, 152, 184, 192, 216, 248]);
+/// assert_eq!(words, [128, 136, 184, 192, 200, 248]);
 /// ```
 pub fn boundary_offsets(start: usize, cells: usize) -> impl Iterator<Item = usize> {
     debug_assert_eq!(start % CELL, 0);
     (0..cells).flat_map(move |c| {
         let cell = start + c * CELL;
-        [cell, cell + wire::SHORT_TRAILER_OFFSET, cell + CELL - 8]
+        [cell, cell + wire::SHORT_HEADER_OFFSET, cell + CELL - 8]
     })
 }
 
@@ -222,9 +222,9 @@ mod tests {
 
     #[test]
     fn boundary_words_are_where_headers_and_trailers_go() {
-        // Every packet's header sits on a cell's first word and its trailer on a cell's
-        // fourth (short packets) or last word; clearing those words of every consumed
-        // cell covers all of them.
+        // A full packet's header sits on a cell's first word and its trailer on a
+        // cell's last word; a short packet's header (its last word) on the second.
+        // Clearing those words of every consumed cell covers all of them.
         for payload in [0usize, 1, 8, 9, 40, 41, 100, 1000, 4000] {
             let cells = cells_for(payload);
             let words: Vec<usize> = boundary_offsets(0, cells).collect();
@@ -233,7 +233,11 @@ mod tests {
                 words.contains(&wire::trailer_offset(payload)),
                 "trailer of a {payload}-byte packet"
             );
-            assert!(wire::write_len(payload) <= cells * CELL);
+            if wire::fits_short(payload) {
+                assert!(words.contains(&wire::SHORT_HEADER_OFFSET));
+                assert_eq!(cells, 1);
+                assert_eq!(wire::SHORT_HEADER_OFFSET + 8, wire::SHORT_WRITE);
+            }
             assert_eq!(words.len(), 3 * cells);
         }
     }

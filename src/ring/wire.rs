@@ -1,6 +1,7 @@
 //! The packet format inside a ring: typed views over bytes, no I/O.
 //!
-//! A packet occupies whole 64-byte *cells* and is written by one RDMA WRITE:
+//! A packet occupies whole 64-byte *cells* and is written by one RDMA WRITE. It has
+//! one of two forms. A *full* packet (any kind, any length):
 //!
 //! ```text
 //!  cell 0                                   ...          last cell
@@ -10,25 +11,46 @@
 //!   8 B      8 B                                               8 B
 //! ```
 //!
-//! A *short* packet (payload of at most [`SHORT_PAYLOAD`] = 8 bytes) still takes a
-//! whole cell, but only its first 32 bytes are written: header, ack, one word of
-//! payload (padded with zeroes) and the trailer, in the cell's fourth word. On verbs
-//! every byte of a write costs the NIC's copy and checksum; Soft-RoCE's own
-//! `ib_write_lat` is 0.2-0.3 us slower at 64 bytes than at 32.
+//! A *short* packet carries data of at most [`SHORT_PAYLOAD`] = 8 bytes. It still takes
+//! a whole cell, but only its first [`SHORT_WRITE`] = 16 bytes are written:
+//!
+//! ```text
+//! +---------------------------+--------------+---- ... (not written) ----+
+//! | payload (len bytes, 0-pad)| short header |                           |
+//! +---------------------------+--------------+---- ... ------------------+
+//!   8 B                         8 B
+//! ```
+//!
+//! On verbs every byte of a write costs the NIC's copy and checksum: Soft-RoCE's own
+//! `ib_write_lat` took 11.08 us at 16 bytes and 11.24 us at 32 (medians of six rounds
+//! in one boot, 2026-11-27), and a ping-pong of small messages is what latency is.
 //!
 //! * `header` = tag (4 bits) | kind (4) | payload length (24) | stamp (32), where the
 //!   stamp is the low 32 bits of the packet's absolute cell number. A header from an
 //!   earlier lap at the same place carries another stamp, so it never looks new.
 //! * `ack` is the piggybacked tail of the reverse direction's ring (seed 001 sec. 4.3,
-//!   the MPICH2 RDMA Channel paper of Liu et al., IPDPS 2004).
+//!   the MPICH2 RDMA Channel paper of Liu et al., IPDPS 2004), stored with its lowest
+//!   bit set ([`ACK_MARK`]; a tail is a cell boundary, so the bit is free): the
+//!   second word of a full packet is never zero, which tells the receiver it landed.
 //! * `trailer` = [`TRAILER_KEY`] xor the absolute byte position where the packet ends.
 //!   It is the last aligned word of the write, so when it is visible the whole packet is
 //!   (the fabric's ordering guarantee 2).
+//! * `short header` ([`ShortHeader`]) = short tag (4 bits) | length (4) | ack (24) |
+//!   stamp (32). It is the write's last word, so it is the trailer too: once it is
+//!   visible, so is the payload before it. Its ack is the piggybacked tail in cells,
+//!   modulo 2^24: the receiver adds the difference to the last ack it took, which is
+//!   exact because a sender uses the short form only while the tail moved less than
+//!   [`SHORT_ACK_SPAN`] since the ack it sent last.
 //!
 //! Payload bytes are the user's and can hold any value, including a valid-looking
 //! header or trailer; the receiver zeroes the words where headers and trailers can
 //! stand before it frees space ([`crate::ring::boundary_offsets`]), so neither stale
-//! bytes nor such payload can fool it.
+//! bytes nor such payload can fool it. A short packet's payload word is where a full
+//! header stands, so the receiver looks for the short header first, and takes a full
+//! header only once the word after it holds a marked ack: a short packet whose
+//! payload looks like a full header, seen before its short header lands, is then
+//! just not there yet. The ack of a full packet, a position below 2^60 with its mark,
+//! is never a short header (whose top four bits are the short tag) nor zero.
 
 use std::fmt;
 
@@ -44,21 +66,32 @@ pub const OVERHEAD: usize = HEADER_LEN + TRAILER_LEN;
 pub const MAX_PAYLOAD: usize = (1 << 24) - 1;
 /// Payload that fits in a one-cell packet.
 pub const ONE_CELL_PAYLOAD: usize = CELL - OVERHEAD;
-/// Largest payload of a *short* packet: one cell, of which only the first
-/// [`SHORT_WRITE`] bytes are written, its trailer in the cell's fourth word.
+/// Largest payload of a *short* packet (one cell, of which only the first
+/// [`SHORT_WRITE`] bytes are written: the payload word, then the [`ShortHeader`]).
 pub const SHORT_PAYLOAD: usize = 8;
-/// Bytes written for a short packet: header, ack, one word of payload, trailer.
-pub const SHORT_WRITE: usize = OVERHEAD + SHORT_PAYLOAD;
-/// Offset in its cell of a short packet's trailer word (a boundary word too).
-pub const SHORT_TRAILER_OFFSET: usize = SHORT_WRITE - TRAILER_LEN;
+/// Bytes written for a short packet: one word of payload and the short header.
+pub const SHORT_WRITE: usize = SHORT_PAYLOAD + 8;
+/// Offset in its cell of a short packet's header word (a boundary word too).
+pub const SHORT_HEADER_OFFSET: usize = SHORT_PAYLOAD;
+/// A short packet's ack counts cells modulo 2^24: a sender uses the short form only
+/// while its ack is less than this many bytes past the ack it sent last.
+pub const SHORT_ACK_SPAN: u64 = (1 << SHORT_ACK_BITS) * CELL as u64;
 
 const TAG: u64 = 0xA;
+const SHORT_TAG: u64 = 0x5;
 const TAG_SHIFT: u32 = 60;
+const SHORT_LEN_SHIFT: u32 = 56;
+const SHORT_ACK_SHIFT: u32 = 32;
+const SHORT_ACK_BITS: u32 = 24;
+const SHORT_ACK_MASK: u64 = (1 << SHORT_ACK_BITS) - 1;
 const KIND_SHIFT: u32 = 56;
 const LEN_SHIFT: u32 = 32;
 const STAMP_MASK: u64 = 0xffff_ffff;
 /// Bits of a header word that say "a packet starts here in this lap".
 pub const HEADER_MATCH_MASK: u64 = (0xf << TAG_SHIFT) | STAMP_MASK;
+/// Set in the ack word of every full packet ([`Header::fill`]), so that the word is
+/// never zero and a receiver can tell that it landed (module docs).
+pub const ACK_MARK: u64 = 1;
 /// Mixed into trailers so that zero-filled memory never holds a valid trailer.
 pub const TRAILER_KEY: u64 = 0xC3A5_96E1_5A0F_7B2D;
 
@@ -102,29 +135,27 @@ pub const fn cells_for(payload: usize) -> usize {
     (payload + OVERHEAD).div_ceil(CELL)
 }
 
-/// Bytes the write of a packet with `payload` bytes covers, from its first cell's
-/// start to the end of its trailer: [`SHORT_WRITE`] for a short packet, else all
-/// its cells.
+/// True when data of `payload` bytes may go as a short packet.
 ///
 /// ```
-/// use rdma_channel::ring::wire::{write_len, SHORT_PAYLOAD, SHORT_WRITE};
-/// assert_eq!(write_len(0), SHORT_WRITE);
-/// assert_eq!(write_len(SHORT_PAYLOAD), 32);
-/// assert_eq!(write_len(SHORT_PAYLOAD + 1), 64);
-/// assert_eq!(write_len(100), 128);
+/// use rdma_channel::ring::wire::{fits_short, SHORT_PAYLOAD};
+/// assert!(fits_short(1) && fits_short(SHORT_PAYLOAD));
+/// assert!(!fits_short(0) && !fits_short(SHORT_PAYLOAD + 1));
 /// ```
-pub const fn write_len(payload: usize) -> usize {
-    if payload <= SHORT_PAYLOAD {
-        SHORT_WRITE
-    } else {
-        cells_for(payload) * CELL
-    }
+pub const fn fits_short(payload: usize) -> bool {
+    payload != 0 && payload <= SHORT_PAYLOAD
 }
 
-/// Offset from the packet's start of its trailer word: the last word of the write
-/// ([`write_len`]).
+/// Offset from a full packet's start of its trailer word: the last word of its
+/// last cell.
+///
+/// ```
+/// use rdma_channel::ring::wire::trailer_offset;
+/// assert_eq!(trailer_offset(0), 56);
+/// assert_eq!(trailer_offset(100), 120);
+/// ```
 pub const fn trailer_offset(payload: usize) -> usize {
-    write_len(payload) - TRAILER_LEN
+    cells_for(payload) * CELL - TRAILER_LEN
 }
 
 /// The part of a header word that must match for a packet starting at `pos`.
@@ -158,6 +189,86 @@ pub const fn header_word(pos: u64, kind: PacketKind, len: u32) -> u64 {
 /// ```
 pub const fn trailer_word(end: u64) -> u64 {
     TRAILER_KEY ^ end
+}
+
+/// The header word of a short packet ([`SHORT_PAYLOAD`] bytes or fewer of data), which
+/// follows its payload word and ends its write (module docs).
+///
+/// ```
+/// use rdma_channel::ring::wire::ShortHeader;
+/// let h = ShortHeader::new(640, 5, 128);
+/// let seen = ShortHeader::parse(h.word(), 640).unwrap();
+/// assert_eq!(seen.len(), 5);
+/// assert_eq!(seen.ack(64), 128); // the last ack taken was 64
+/// assert!(ShortHeader::parse(h.word(), 640 + 4096).is_none()); // another lap
+/// assert!(ShortHeader::parse(0, 640).is_none());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShortHeader(u64);
+
+impl ShortHeader {
+    /// The header of a short packet at absolute position `pos` with `len` payload
+    /// bytes (at most [`SHORT_PAYLOAD`]) and the piggybacked tail `ack` (a cell
+    /// boundary, less than [`SHORT_ACK_SPAN`] past the ack sent last).
+    pub const fn new(pos: u64, len: usize, ack: u64) -> ShortHeader {
+        ShortHeader(
+            (SHORT_TAG << TAG_SHIFT)
+                | (((len as u64) & 0xf) << SHORT_LEN_SHIFT)
+                | (((ack / CELL as u64) & SHORT_ACK_MASK) << SHORT_ACK_SHIFT)
+                | ((pos / CELL as u64) & STAMP_MASK),
+        )
+    }
+
+    /// `word` as the header of a short packet at `pos` in the current lap, if it is
+    /// one. Its length may still be out of range: see [`len`](Self::len).
+    #[inline]
+    pub const fn parse(word: u64, pos: u64) -> Option<ShortHeader> {
+        let expect = (SHORT_TAG << TAG_SHIFT) | ((pos / CELL as u64) & STAMP_MASK);
+        if word & HEADER_MATCH_MASK == expect {
+            Some(ShortHeader(word))
+        } else {
+            None
+        }
+    }
+
+    /// The raw word.
+    pub const fn word(self) -> u64 {
+        self.0
+    }
+
+    /// Payload length in bytes: 0 to 15 as encoded; a correct sender writes 1 to
+    /// [`SHORT_PAYLOAD`].
+    #[allow(clippy::len_without_is_empty)]
+    pub const fn len(self) -> usize {
+        ((self.0 >> SHORT_LEN_SHIFT) & 0xf) as usize
+    }
+
+    /// The piggybacked tail, given `last`, the last ack taken from this peer (a cell
+    /// boundary): the one position at or past `last`, within [`SHORT_ACK_SPAN`],
+    /// whose cell number has the header's low 24 bits.
+    pub const fn ack(self, last: u64) -> u64 {
+        let low = (self.0 >> SHORT_ACK_SHIFT) & SHORT_ACK_MASK;
+        let ahead = low.wrapping_sub(last / CELL as u64) & SHORT_ACK_MASK;
+        last + ahead * CELL as u64
+    }
+}
+
+/// The ack word of a full packet: `ack` (a cell boundary) with [`ACK_MARK`].
+///
+/// ```
+/// use rdma_channel::ring::wire::{ack_word, is_ack_word};
+/// assert!(is_ack_word(ack_word(0)) && is_ack_word(ack_word(1 << 40)));
+/// assert!(!is_ack_word(0));
+/// ```
+pub const fn ack_word(ack: u64) -> u64 {
+    ack | ACK_MARK
+}
+
+/// True when `word`, the second word of a packet whose header is a full one, is the
+/// ack word of a full packet: it has landed, and no short packet is being written
+/// there (module docs).
+pub const fn is_ack_word(word: u64) -> bool {
+    word & ACK_MARK != 0 && word >> TAG_SHIFT == 0
 }
 
 /// Why a header could not be decoded.
@@ -345,11 +456,12 @@ impl Rendezvous<&[u8]> {
 /// ```
 /// use rdma_channel::ring::wire::{Header, PacketKind};
 /// let mut bytes = [0u8; 16];
-/// Header::new_unchecked(&mut bytes[..]).fill(128, PacketKind::Data, 3, 77);
+/// Header::new_unchecked(&mut bytes[..]).fill(128, PacketKind::Data, 3, 640);
 /// let h = Header::new_checked(&bytes[..]).unwrap();
 /// assert_eq!(h.kind().unwrap(), PacketKind::Data);
 /// assert_eq!(h.len(), 3);
-/// assert_eq!(h.ack(), 77);
+/// assert_eq!(h.ack(), 640);
+/// assert_eq!(h.ack_word(), 641); // marked: ACK_MARK
 /// assert!(h.is_at(128));
 /// assert!(!h.is_at(192));
 /// ```
@@ -407,18 +519,23 @@ impl<T: AsRef<[u8]>> Header<T> {
         ((self.word() >> LEN_SHIFT) & 0xff_ffff) as u32
     }
 
+    /// The raw ack word (the ack with [`ACK_MARK`]).
+    pub fn ack_word(&self) -> u64 {
+        u64::from_le_bytes(self.buffer.as_ref()[8..16].try_into().unwrap())
+    }
+
     /// The piggybacked tail of the reverse ring.
     pub fn ack(&self) -> u64 {
-        u64::from_le_bytes(self.buffer.as_ref()[8..16].try_into().unwrap())
+        self.ack_word() & !ACK_MARK
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Header<T> {
-    /// Writes a header for a packet at `pos`.
+    /// Writes a header for a packet at `pos`, with `ack` (a cell boundary) marked.
     pub fn fill(&mut self, pos: u64, kind: PacketKind, len: u32, ack: u64) {
         let b = self.buffer.as_mut();
         b[0..8].copy_from_slice(&header_word(pos, kind, len).to_le_bytes());
-        b[8..16].copy_from_slice(&ack.to_le_bytes());
+        b[8..16].copy_from_slice(&ack_word(ack).to_le_bytes());
     }
 }
 
@@ -457,7 +574,8 @@ mod tests {
         let h = Header::new_checked(&b[..]).unwrap();
         assert_eq!(h.kind(), Ok(PacketKind::Pad));
         assert_eq!(h.len() as usize, MAX_PAYLOAD);
-        assert_eq!(h.ack(), u64::MAX);
+        assert_eq!(h.ack(), u64::MAX - 1);
+        assert!(!is_ack_word(h.ack_word())); // not a position a ring reaches
     }
 
     #[test]
@@ -492,6 +610,41 @@ mod tests {
             Rendezvous::new_checked(&b[..n + 8]).unwrap_err(),
             RndvError::Truncated
         );
+    }
+
+    #[test]
+    fn short_acks_are_exact_within_the_span_and_never_past_the_real_tail() {
+        for last in [0u64, 64, SHORT_ACK_SPAN - 64, 5 * SHORT_ACK_SPAN + 640] {
+            for ahead in [0u64, 64, 4096, SHORT_ACK_SPAN - 64] {
+                let h = ShortHeader::new(1 << 20, 8, last + ahead);
+                assert_eq!(h.ack(last), last + ahead, "last {last}, ahead {ahead}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_packets_ack_word_is_never_a_short_header_nor_zero() {
+        // The word after a full header is its ack, a position below 2^60, marked.
+        for ack in [0u64, 64, 1 << 40, (1 << 60) - 64] {
+            let word = ack_word(ack);
+            assert!(is_ack_word(word) && word != 0);
+            for pos in [0u64, 64, ack, ack / 128 * 64] {
+                assert_eq!(ShortHeader::parse(word, pos), None);
+                assert!(!is_ack_word(ShortHeader::new(pos, 8, ack).word()));
+            }
+        }
+        assert_ne!(SHORT_TAG, TAG);
+    }
+
+    #[test]
+    fn short_headers_round_trip_every_length_and_differ_between_laps() {
+        for len in 1..=SHORT_PAYLOAD {
+            let h = ShortHeader::new(4096, len, 0);
+            assert_eq!(ShortHeader::parse(h.word(), 4096).unwrap().len(), len);
+            assert_eq!(ShortHeader::parse(h.word(), 4096 + (1 << 20)), None);
+            // Not a full header either.
+            assert_ne!(h.word() & HEADER_MATCH_MASK, header_match(4096));
+        }
     }
 
     #[test]

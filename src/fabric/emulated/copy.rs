@@ -80,10 +80,14 @@ pub(crate) unsafe fn write_direct(dst: *mut u8, src: &[Sge], n: u64) {
         if dst as usize % 8 == 0 && n % 8 == 0 && n >= 8 {
             // Whole aligned words from one buffer (the ring's small packets, assembled
             // on the stack): inlined into the caller, one copy for all but the last
-            // word instead of the general loop over pieces; one cell as a
-            // constant-size copy the compiler expands in place.
+            // word instead of the general loop over pieces; a short packet (16 bytes)
+            // and one cell as constant-size copies the compiler expands in place.
             let body = (n - 8) as usize;
-            if n == 64 {
+            if n == 16 {
+                // SAFETY: the entry holds 16 readable bytes and dst..dst+16 is
+                // writable (caller contract); the last word is stored below.
+                unsafe { std::ptr::copy(sge.addr as *const [u8; 8], dst as *mut [u8; 8], 1) };
+            } else if n == 64 {
                 // SAFETY: the entry holds 64 readable bytes and dst..dst+64 is
                 // writable (caller contract); the last word is stored below.
                 unsafe { std::ptr::copy(sge.addr as *const [u8; 56], dst as *mut [u8; 56], 1) };

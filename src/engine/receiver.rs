@@ -188,18 +188,19 @@ impl<F: Fabric> Receiver<F> {
             // word: a short header or a marked ack.)
             return Ok(None);
         }
-        if let Some(short) = ShortHeader::parse(second, self.read_pos) {
-            return self.landed_short(short, first).map(Some);
-        }
         loop {
+            // A full header counts only once its ack word is there too: until then it
+            // may be the payload of a short packet whose header has not landed. A
+            // second word that is no ack is a short header, or nothing yet.
+            if !is_ack_word(second) {
+                return match ShortHeader::parse(second, self.read_pos) {
+                    Some(short) => self.landed_short(short, first).map(Some),
+                    None => Ok(None),
+                };
+            }
             let mut hbytes = [0u8; HEADER_LEN];
             hbytes[..8].copy_from_slice(&first.to_le_bytes());
             if !Header::new_unchecked(&hbytes[..]).is_at(self.read_pos) {
-                return Ok(None);
-            }
-            // A full header counts only once its ack word is there too: until then it
-            // may be the payload of a short packet whose header has not landed.
-            if !is_ack_word(second) {
                 return Ok(None);
             }
             hbytes[8..].copy_from_slice(&second.to_le_bytes());

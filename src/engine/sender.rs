@@ -163,6 +163,9 @@ impl<F: Fabric> Sender<F> {
         }
         link.check_peer_reading()?;
         link.serve_credit()?;
+        if let Some(ack) = self.short_ack(len) {
+            return self.write_short(iov, 0, len, ack);
+        }
         self.write_small(iov, 0, len)
     }
 
@@ -430,6 +433,9 @@ impl<F: Fabric> Sender<F> {
     /// `iov`; returns the payload bytes written (at least one cell's worth or `want`).
     fn write_packet(&mut self, iov: &[IoSlice<'_>], skip: usize, want: usize) -> io::Result<usize> {
         if self.stackable(want) {
+            if let Some(ack) = self.short_ack(want) {
+                return self.write_short(iov, skip, want, ack);
+            }
             return self.write_small(iov, skip, want);
         }
         self.write_gathered(iov, skip, want, PacketKind::Data)
@@ -487,25 +493,27 @@ impl<F: Fabric> Sender<F> {
         len <= STACKED_PAYLOAD && cells_for(len) * CELL <= self.inline_limit
     }
 
-    /// The small-message path: the whole packet (at most [`STACKED_CELLS`] cells) is
-    /// assembled on the stack and written with a single gather entry, in the short
-    /// form when it can be (ring::wire docs). Inlined, as `write_stacked`.
+    /// The tail to piggyback on a short packet of `len` bytes (ring::wire docs), or
+    /// `None` when the packet must take the full form: more than
+    /// [`SHORT_PAYLOAD`] bytes, or a tail that moved [`SHORT_ACK_SPAN`] or more
+    /// since the ack sent last (the short form carries only its low bits).
     #[inline(always)]
-    fn write_small(&mut self, iov: &[IoSlice<'_>], skip: usize, len: usize) -> io::Result<usize> {
-        if fits_short(len) {
-            // Acquire: as in write_gathered.
-            let ack = self.link.rx_tail.load(Ordering::Acquire);
-            // Relaxed: only this half writes rx_piggy.
-            if ack.wrapping_sub(self.link.rx_piggy.load(Ordering::Relaxed)) < SHORT_ACK_SPAN {
-                return self.write_short(iov, skip, len, ack);
-            }
+    fn short_ack(&self, len: usize) -> Option<u64> {
+        if !fits_short(len) {
+            return None;
         }
-        self.write_cells(iov, skip, len)
+        let link = &*self.link;
+        // Acquire: as in write_gathered.
+        let ack = link.rx_tail.load(Ordering::Acquire);
+        // Relaxed: only this half writes rx_piggy.
+        (ack.wrapping_sub(link.rx_piggy.load(Ordering::Relaxed)) < SHORT_ACK_SPAN).then_some(ack)
     }
 
-    /// [`write_small`](Self::write_small) in the full form: whole cells.
+    /// The small-message path in the full form: the whole packet (at most
+    /// [`STACKED_CELLS`] cells) is assembled on the stack and written with a single
+    /// gather entry.
     #[inline]
-    fn write_cells(&mut self, iov: &[IoSlice<'_>], skip: usize, len: usize) -> io::Result<usize> {
+    fn write_small(&mut self, iov: &[IoSlice<'_>], skip: usize, len: usize) -> io::Result<usize> {
         // A one-cell buffer for the commonest packet: zeroing the larger one costs
         // the one-cell packet more than its copy.
         if len <= ONE_CELL_PAYLOAD {

@@ -18,6 +18,7 @@
 # the other and closes with one table, a row and ratios per boot.
 #
 # usage: bench/softroce-bench.sh [-- verbs_pingpong args, e.g. --sizes 2,65536]
+#        bench/softroce-bench.sh --report LOG...   (the tables again from kept output)
 # environment: RCH_BENCH_ROUNDS (3), RCH_BENCH_LAT_PAIRS (3), RCH_BENCH_BOOTS (1), RCH_RING_SIZE,
 #   RCH_CHUNK_SIZE, ... (passed into the VM), RCH_BENCH_SCALE (iteration
 #   multiplier), RCH_VM_* (see scripts/softroce-vm), SOFTROCE_BENCH_LOG=FILE
@@ -97,8 +98,10 @@ if [ "${1:-}" = --in-vm ]; then
 fi
 
 # ---------------------------------------------------------------- on the host
+reports=()
 case "${1:-}" in
-  -h|--help) sed -n '2,27s/^# \{0,1\}//p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,28s/^# \{0,1\}//p' "$0"; exit 0 ;;
+  --report) shift; reports=("$@"); set -- ;;
   --) shift ;;
 esac
 cd "$(dirname "$0")/.."
@@ -111,6 +114,7 @@ case "$pairs" in ''|*[!0-9]*|0) echo "softroce-bench: RCH_BENCH_LAT_PAIRS must b
 boots=${RCH_BENCH_BOOTS:-1}
 case "$boots" in ''|*[!0-9]*|0) echo "softroce-bench: RCH_BENCH_BOOTS must be a positive number" >&2; exit 1 ;; esac
 
+if [ ${#reports[@]} -gt 0 ]; then bin=verbs_pingpong; else
 echo "== cargo bench --features verbs --bench verbs_pingpong --no-run" >&2
 build=$(cargo bench --features verbs --bench verbs_pingpong --no-run 2>&1) || { echo "$build" >&2; exit 1; }
 # cargo names the binary on stderr: "Executable bench/verbs_pingpong.rs (target/...)"
@@ -119,6 +123,7 @@ if [ -z "$bin" ] || [ ! -x "$bin" ]; then
   echo "$build" >&2; echo "softroce-bench: cannot find the benchmark binary" >&2; exit 1
 fi
 bin="$(pwd -P)/$bin"
+fi
 
 # The targets of issue #13 item 4.
 LAT_MAX=1.10 BW_MIN=1.00
@@ -161,7 +166,7 @@ pair_ratio() {
   local log=$1 r p o q
   for r in $(seq "$rounds"); do for p in $(seq "$pairs"); do
     o=$(ours "$log" "ours_lat.$r.$p" "$2" 2); q=$(perftest_col "$log" "lat.$r.$p" "$3")
-    ratio "$o" "$q"
+    echo "$(ratio "$o" "$q")"
   done; done | grep -E '^[0-9.]+$' | median | awk '/^[0-9.]+$/ { printf "%.2f\n", $1; next } { print "-" }'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
@@ -208,6 +213,16 @@ report() {
 }
 
 t_all=$SECONDS
+if [ ${#reports[@]} -gt 0 ]; then
+  # Tables again from kept raw output (SOFTROCE_BENCH_LOG), one boot per file.
+  boots=${#reports[@]} b=0
+  for log in "${reports[@]}"; do
+    b=$((b + 1)); [ -r "$log" ] || { echo "softroce-bench: cannot read $log" >&2; exit 1; }
+    report "$log" "$b" "-"
+  done
+  per_boot_table "write / read" " (from kept output)"
+  exit 0
+fi
 for b in $(seq "$boots"); do
   if [ -n "${SOFTROCE_BENCH_LOG:-}" ]; then
     log=$SOFTROCE_BENCH_LOG; [ "$boots" = 1 ] || log=$SOFTROCE_BENCH_LOG.boot$b

@@ -151,7 +151,7 @@ pair_median() {
 pair_ratio() {
   local r p
   for r in $(seq "$rounds"); do for p in $(seq "$pairs"); do
-    ratio "$(ours "ours_lat.$r.$p" lat_med_us 2)" "$(perftest_col "lat.$r.$p" 't_typical[usec]')"
+    echo "$(ratio "$(ours "ours_lat.$r.$p" lat_med_us 2)" "$(perftest_col "lat.$r.$p" 't_typical[usec]')")"
   done; done | grep -E '^[0-9.]+$' | median | awk '/^[0-9.]+$/ { printf "%.2f\n", $1; next } { print "-" }'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }

@@ -537,23 +537,13 @@ impl<F: Fabric> Sender<F> {
     ) -> io::Result<usize> {
         let link = &*self.link;
         let mut packet = Cells([0; SHORT_WRITE]);
-        let (mut i, mut o, mut at) = (0usize, skip, 0);
-        while at < len {
-            let n = (iov[i].len() - o).min(len - at);
-            copy_short(&mut packet.0[at..at + n], &iov[i][o..o + n]);
-            at += n;
-            i += 1;
-            o = 0;
-        }
+        gather_into(&mut packet.0[..len], iov, skip);
         let header = ShortHeader::new(self.head, len, ack);
         packet.0[SHORT_PAYLOAD..].copy_from_slice(&header.word().to_le_bytes());
         let remote = link.peer_ring.addr + (self.head & (self.ring_size - 1));
         link.write_inline(&packet.0, remote, link.peer_ring.rkey)?;
         self.head += CELL as u64;
-        // Relaxed: as in write_stacked.
-        if ack > link.rx_piggy.load(Ordering::Relaxed) {
-            link.rx_piggy.store(ack, Ordering::Relaxed);
-        }
+        self.sent_ack(ack);
         Ok(len)
     }
 
@@ -570,14 +560,7 @@ impl<F: Fabric> Sender<F> {
         let link = &*self.link;
         let bytes = cells_for(len) * CELL;
         let mut cells = Cells([0; BYTES]);
-        let (mut i, mut o, mut at) = (0usize, skip, HEADER_LEN);
-        while at < HEADER_LEN + len {
-            let n = (iov[i].len() - o).min(HEADER_LEN + len - at);
-            copy_short(&mut cells.0[at..at + n], &iov[i][o..o + n]);
-            at += n;
-            i += 1;
-            o = 0;
-        }
+        gather_into(&mut cells.0[HEADER_LEN..HEADER_LEN + len], iov, skip);
         // Acquire: as in write_gathered.
         let ack = link.rx_tail.load(Ordering::Acquire);
         Header::new_unchecked(&mut cells.0[..HEADER_LEN]).fill(
@@ -591,11 +574,20 @@ impl<F: Fabric> Sender<F> {
         let remote = link.peer_ring.addr + (self.head & (self.ring_size - 1));
         link.write_inline(&cells.0[..bytes], remote, link.peer_ring.rkey)?;
         self.head = end;
+        self.sent_ack(ack);
+        Ok(len)
+    }
+
+    /// Records `ack` as piggybacked on a packet just written: the tail the peer now
+    /// knows (the base of the next short packet's ack, and of the receiver's tail
+    /// threshold).
+    #[inline(always)]
+    fn sent_ack(&self, ack: u64) {
+        let link = &*self.link;
         // Relaxed: only this half writes rx_piggy; the receiver reads it as a hint.
         if ack > link.rx_piggy.load(Ordering::Relaxed) {
             link.rx_piggy.store(ack, Ordering::Relaxed);
         }
-        Ok(len)
     }
 
     /// The general path: header, payload slices straight from `iov`, padding and
@@ -658,10 +650,7 @@ impl<F: Fabric> Sender<F> {
             link.post_staged(at, &list)?;
         }
         self.head = end;
-        // Relaxed: only this half writes rx_piggy; the receiver reads it as a hint.
-        if ack > link.rx_piggy.load(Ordering::Relaxed) {
-            link.rx_piggy.store(ack, Ordering::Relaxed);
-        }
+        self.sent_ack(ack);
         Ok(len)
     }
 
@@ -821,6 +810,20 @@ impl<F: Fabric> Drop for Sender<F> {
     fn drop(&mut self) {
         self.abort_pending();
         let _ = self.close();
+    }
+}
+
+/// Copies `dst.len()` bytes of `iov`, from byte `skip` on, into `dst`, a piece at a
+/// time through [`copy_short`].
+#[inline(always)]
+fn gather_into(dst: &mut [u8], iov: &[IoSlice<'_>], skip: usize) {
+    let (mut i, mut o, mut at) = (0usize, skip, 0);
+    while at < dst.len() {
+        let n = (iov[i].len() - o).min(dst.len() - at);
+        copy_short(&mut dst[at..at + n], &iov[i][o..o + n]);
+        at += n;
+        i += 1;
+        o = 0;
     }
 }
 

@@ -616,8 +616,7 @@ impl<F: Fabric> Sender<F> {
         let cells = cells_for(len);
         let bytes = cells * CELL;
         let end = self.head + bytes as u64;
-        let written = bytes;
-        let pad = written - OVERHEAD - len;
+        let pad = bytes - OVERHEAD - len;
         let mut header = [0u8; HEADER_LEN];
         // Acquire pairs with the receiver's Release after copying out: the value we
         // announce is only ever a position whose bytes were fully consumed.
@@ -642,7 +641,7 @@ impl<F: Fabric> Sender<F> {
         list.push(&trailer);
         let at = (self.head & (self.ring_size - 1)) as usize;
         let remote = link.peer_ring.addr + at as u64;
-        if written <= self.inline_limit {
+        if bytes <= self.inline_limit {
             link.post_inline(&list, remote, link.peer_ring.rkey)?;
         } else {
             // At the offset it will have in the peer's ring: that space is ours until

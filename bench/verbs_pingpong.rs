@@ -32,9 +32,10 @@
 //! took the CPU from rxe (10.5 against 17.8-18.9 MB/s at 64 KiB, bench/README.md,
 //! 2026-11-25).
 //!
-//! `--latency-only` skips the bandwidth runs (the column shows `-`): the Soft-RoCE
-//! scripts time a short latency run right beside each `ib_write_lat`, so that the two
-//! of a pair meet the same phase of the shared host.
+//! `--latency-only` skips the bandwidth runs (the column shows `-`), and
+//! `--bandwidth-only` the latency runs: the Soft-RoCE scripts time a short run of one
+//! kind right beside each `ib_write_lat` or `ib_write_bw`, so that the two of a pair
+//! meet the same phase of the shared host.
 //!
 //! Bandwidth is printed in MB/s of 2^20 bytes, the unit of perftest's `BW average[MB/sec]`.
 
@@ -393,6 +394,13 @@ fn main() -> io::Result<()> {
     // cargo bench passes --bench; ignore it.
     let sizes = peer::sizes_from_args(&[2, 8, 4096, 65536, 1 << 20]);
     let latency_only = std::env::args().any(|a| a == "--latency-only");
+    let bandwidth_only = std::env::args().any(|a| a == "--bandwidth-only");
+    if latency_only && bandwidth_only {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "--latency-only and --bandwidth-only exclude each other",
+        ));
+    }
     let wait = wait_mode()?;
     let (mut s, side) = connect_pair()?;
     let parent = matches!(side, Side::Parent(_));
@@ -449,7 +457,11 @@ fn main() -> io::Result<()> {
     }
     for &size in &sizes {
         let (li, bi) = (lat_iters(size), bw_iters(size));
-        let (lat, med, p99) = latency(&mut s, &side, size, li, wait)?;
+        let lat = if bandwidth_only {
+            None
+        } else {
+            Some(latency(&mut s, &side, size, li, wait)?)
+        };
         let bw = if latency_only {
             None
         } else {
@@ -460,12 +472,17 @@ fn main() -> io::Result<()> {
                 Some(bw) => (format!("{:.2}", bw / MIB), bi.to_string()),
                 None => ("-".into(), "-".into()),
             };
+            let us = |d: Duration| format!("{:.3}", d.as_secs_f64() * 1e6);
+            let (lat, med, p99, li) = match lat {
+                Some((lat, med, p99)) => (us(lat), us(med), us(p99), li.to_string()),
+                None => ("-".into(), "-".into(), "-".into(), "-".into()),
+            };
             println!(
-                "{:>10} {:>12.3} {:>12.3} {:>12.3} {:>12} {:>12.3} {:>9} {:>9}",
+                "{:>10} {:>12} {:>12} {:>12} {:>12} {:>12.3} {:>9} {:>9}",
                 size,
-                lat.as_secs_f64() * 1e6,
-                med.as_secs_f64() * 1e6,
-                p99.as_secs_f64() * 1e6,
+                lat,
+                med,
+                p99,
                 bw,
                 memcpy_us(size),
                 li,

@@ -17,6 +17,14 @@ pub(crate) const CONTENDED_SPIN: u32 = 100;
 /// Longest sleep of such a wait, unless configured lower: a message that lands
 /// mid-sleep waits this long at most.
 const CONTENDED_SLEEP_MAX: Duration = Duration::from_micros(50);
+/// A backoff whose sleeps are all shorter than this sleeps with the thread's timer
+/// slack at [`PRECISE_SLACK_NS`]: Linux lets a sleep run 50 us long by default
+/// (`PR_SET_TIMERSLACK`), which would double the contended policy's 50 us sleeps.
+/// Between two one-CPU Soft-RoCE VMs a 2 B ping-pong's median went from 413 to 384
+/// us (five rounds, bench/README.md, 2026-11-27).
+const PRECISE_SLEEP_BELOW: Duration = Duration::from_micros(200);
+/// Timer slack of a precise sleep, in nanoseconds.
+const PRECISE_SLACK_NS: libc::c_ulong = 1_000;
 /// Longest block of a wait on wakes: bounds what no wake announces (the peer's
 /// death seen by rdma_cm, a deadline), and the rare wake another thread took.
 const WAKE_BLOCK_MAX: Duration = Duration::from_millis(1);
@@ -58,7 +66,7 @@ pub(crate) fn wait_policy_for<F: Fabric>(fabric: &F, cfg: &Config) -> WaitPolicy
 /// b.reset();
 /// assert!(!b.is_sleeping());
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Backoff {
     spins: u32,
     yields: u32,
@@ -67,6 +75,66 @@ pub struct Backoff {
     sleep: Duration,
     /// The token of a wake armed by the last step (see `snooze_on`).
     armed: Option<u64>,
+    /// The thread's timer slack before this backoff's sleeps tightened it.
+    slack: Option<SavedSlack>,
+}
+
+/// A thread's timer slack, saved while a backoff's short sleeps run with
+/// [`PRECISE_SLACK_NS`], and put back when the wait ends.
+#[derive(Debug)]
+struct SavedSlack {
+    nanos: libc::c_ulong,
+    /// Only this thread's slack was changed (a backoff may move between threads).
+    thread: std::thread::ThreadId,
+}
+
+impl SavedSlack {
+    /// Tightens the calling thread's timer slack, returning what it was; `None`
+    /// where the thread's slack cannot be read.
+    fn tighten() -> Option<SavedSlack> {
+        // SAFETY: PR_GET_TIMERSLACK takes no pointer; it returns the calling
+        // thread's slack or -1.
+        let nanos = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+        let nanos = libc::c_ulong::try_from(nanos).ok()?;
+        if nanos > PRECISE_SLACK_NS {
+            set_timer_slack(PRECISE_SLACK_NS);
+        }
+        Some(SavedSlack {
+            nanos,
+            thread: std::thread::current().id(),
+        })
+    }
+
+    fn restore(self) {
+        if self.nanos > PRECISE_SLACK_NS && std::thread::current().id() == self.thread {
+            set_timer_slack(self.nanos);
+        }
+    }
+}
+
+/// Sets the calling thread's timer slack (a value of 0 would mean "the default").
+fn set_timer_slack(nanos: libc::c_ulong) {
+    // SAFETY: PR_SET_TIMERSLACK takes its value by value and touches no memory of
+    // ours; a failure leaves the slack as it was, which only costs precision.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, nanos.max(1), 0, 0, 0) };
+}
+
+impl Drop for Backoff {
+    fn drop(&mut self) {
+        if let Some(s) = self.slack.take() {
+            s.restore();
+        }
+    }
+}
+
+impl Clone for Backoff {
+    /// A copy starts without the slack change: only the original puts it back.
+    fn clone(&self) -> Backoff {
+        Backoff {
+            slack: None,
+            ..*self
+        }
+    }
 }
 
 impl Backoff {
@@ -76,7 +144,9 @@ impl Backoff {
     }
 
     /// `spins` busy polls, then `yields` calls to `sched_yield`, then sleeps doubling
-    /// from 1 us to `sleep_max`.
+    /// from 1 us to `sleep_max`. Where `sleep_max` is under 200 us the sleeps run
+    /// with the thread's timer slack at 1 us (Linux's default of 50 us would stretch
+    /// them), put back by [`reset`](Self::reset) or when the backoff is dropped.
     pub fn new(spins: u32, yields: u32, sleep_max: Duration) -> Backoff {
         Backoff {
             spins,
@@ -85,6 +155,7 @@ impl Backoff {
             step: 0,
             sleep: Duration::from_micros(1),
             armed: None,
+            slack: None,
         }
     }
 
@@ -95,6 +166,9 @@ impl Backoff {
         } else if self.step < self.spins.saturating_add(self.yields) {
             std::thread::yield_now();
         } else {
+            if self.slack.is_none() && self.sleep_max < PRECISE_SLEEP_BELOW {
+                self.slack = SavedSlack::tighten();
+            }
             std::thread::sleep(self.sleep.min(self.sleep_max));
             self.sleep = (self.sleep * 2).min(self.sleep_max.max(Duration::from_micros(1)));
         }
@@ -131,6 +205,9 @@ impl Backoff {
 
     /// Starts over (after progress).
     pub fn reset(&mut self) {
+        if let Some(s) = self.slack.take() {
+            s.restore();
+        }
         self.step = 0;
         self.sleep = Duration::from_micros(1);
         self.armed = None;
@@ -145,5 +222,65 @@ pub(crate) fn past(deadline: Option<std::time::Instant>, what: &str) -> std::io:
             format!("{what} timed out"),
         )),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timer_slack() -> libc::c_int {
+        // SAFETY: as in SavedSlack::tighten.
+        unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) }
+    }
+
+    /// Short sleeps tighten the thread's timer slack while the wait lasts; reset and
+    /// drop put it back, and a wait with long sleeps leaves it alone.
+    #[test]
+    fn short_sleeps_run_with_a_tight_timer_slack_until_the_wait_ends() {
+        std::thread::spawn(|| {
+            set_timer_slack(50_000);
+            let mut b = Backoff::new(0, 0, Duration::from_micros(20));
+            b.snooze();
+            assert_eq!(timer_slack(), PRECISE_SLACK_NS as libc::c_int);
+            let copy = b.clone();
+            drop(copy);
+            assert_eq!(
+                timer_slack(),
+                PRECISE_SLACK_NS as libc::c_int,
+                "a clone restores nothing"
+            );
+            b.reset();
+            assert_eq!(timer_slack(), 50_000);
+            b.snooze();
+            assert_eq!(timer_slack(), PRECISE_SLACK_NS as libc::c_int);
+            drop(b);
+            assert_eq!(timer_slack(), 50_000);
+            let mut long = Backoff::new(0, 0, Duration::from_micros(500));
+            long.snooze();
+            assert_eq!(timer_slack(), 50_000);
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A backoff dropped on another thread than the one it tightened leaves that
+    /// other thread's slack alone.
+    #[test]
+    fn a_backoff_moved_to_another_thread_restores_nothing_there() {
+        std::thread::spawn(|| {
+            set_timer_slack(50_000);
+            let mut b = Backoff::new(0, 0, Duration::from_micros(20));
+            b.snooze();
+            std::thread::spawn(move || {
+                set_timer_slack(70_000);
+                drop(b);
+                assert_eq!(timer_slack(), 70_000);
+            })
+            .join()
+            .unwrap();
+        })
+        .join()
+        .unwrap();
     }
 }

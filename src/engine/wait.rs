@@ -92,10 +92,7 @@ impl SavedSlack {
     /// Tightens the calling thread's timer slack, returning what it was; `None`
     /// where the thread's slack cannot be read.
     fn tighten() -> Option<SavedSlack> {
-        // SAFETY: PR_GET_TIMERSLACK takes no pointer; it returns the calling
-        // thread's slack or -1.
-        let nanos = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
-        let nanos = libc::c_ulong::try_from(nanos).ok()?;
+        let nanos = timer_slack()?;
         if nanos > PRECISE_SLACK_NS {
             set_timer_slack(PRECISE_SLACK_NS);
         }
@@ -110,6 +107,14 @@ impl SavedSlack {
             set_timer_slack(self.nanos);
         }
     }
+}
+
+/// The calling thread's timer slack in nanoseconds, if it can be read.
+fn timer_slack() -> Option<libc::c_ulong> {
+    // SAFETY: PR_GET_TIMERSLACK takes no pointer; it returns the calling thread's
+    // slack or -1.
+    let nanos = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+    libc::c_ulong::try_from(nanos).ok()
 }
 
 /// Sets the calling thread's timer slack (a value of 0 would mean "the default").
@@ -229,10 +234,7 @@ pub(crate) fn past(deadline: Option<std::time::Instant>, what: &str) -> std::io:
 mod tests {
     use super::*;
 
-    fn timer_slack() -> libc::c_int {
-        // SAFETY: as in SavedSlack::tighten.
-        unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) }
-    }
+    const TIGHT: Option<libc::c_ulong> = Some(PRECISE_SLACK_NS);
 
     /// Short sleeps tighten the thread's timer slack while the wait lasts; reset and
     /// drop put it back, and a wait with long sleeps leaves it alone.
@@ -242,23 +244,19 @@ mod tests {
             set_timer_slack(50_000);
             let mut b = Backoff::new(0, 0, Duration::from_micros(20));
             b.snooze();
-            assert_eq!(timer_slack(), PRECISE_SLACK_NS as libc::c_int);
+            assert_eq!(timer_slack(), TIGHT);
             let copy = b.clone();
             drop(copy);
-            assert_eq!(
-                timer_slack(),
-                PRECISE_SLACK_NS as libc::c_int,
-                "a clone restores nothing"
-            );
+            assert_eq!(timer_slack(), TIGHT, "a clone restores nothing");
             b.reset();
-            assert_eq!(timer_slack(), 50_000);
+            assert_eq!(timer_slack(), Some(50_000));
             b.snooze();
-            assert_eq!(timer_slack(), PRECISE_SLACK_NS as libc::c_int);
+            assert_eq!(timer_slack(), TIGHT);
             drop(b);
-            assert_eq!(timer_slack(), 50_000);
+            assert_eq!(timer_slack(), Some(50_000));
             let mut long = Backoff::new(0, 0, Duration::from_micros(500));
             long.snooze();
-            assert_eq!(timer_slack(), 50_000);
+            assert_eq!(timer_slack(), Some(50_000));
         })
         .join()
         .unwrap();
@@ -275,7 +273,7 @@ mod tests {
             std::thread::spawn(move || {
                 set_timer_slack(70_000);
                 drop(b);
-                assert_eq!(timer_slack(), 70_000);
+                assert_eq!(timer_slack(), Some(70_000));
             })
             .join()
             .unwrap();

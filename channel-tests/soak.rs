@@ -804,6 +804,7 @@ fn random_config(rng: &mut Rng) -> Config {
     cfg = cfg.with_wait_policy(WaitPolicy {
         spin: rng.range(0, 2000) as u32,
         yields: rng.range(0, 100) as u32,
+        short_sleep_max: Duration::from_micros(1000),
         sleep_max: Duration::from_micros(rng.log_uniform(20, 1000) as u64),
     });
     cfg.validate()

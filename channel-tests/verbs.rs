@@ -543,6 +543,7 @@ fn engine_waits_block_on_wakes() {
     let policy = rdma_channel::config::WaitPolicy {
         spin: 1,
         yields: 0,
+        short_sleep_max: Duration::from_millis(1),
         sleep_max: Duration::from_millis(1),
     };
     let cfg = Config::default()

@@ -36,6 +36,7 @@ fn zc_config(ring: usize, chunk: usize, alloc_t: usize, private_t: usize) -> Con
         .with_wait_policy(rdma_channel::config::WaitPolicy {
             spin: 200,
             yields: 20,
+            short_sleep_max: Duration::from_micros(1000),
             sleep_max: Duration::from_micros(200),
         })
 }

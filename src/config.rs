@@ -70,12 +70,18 @@ pub struct Config {
 }
 
 /// How a blocking wait polls: `spin` busy polls, then `yields` calls to
-/// `sched_yield`, then sleeps doubling from 1 us up to `sleep_max`.
+/// `sched_yield`, then sleeps doubling from 1 us up to `short_sleep_max` for its first
+/// [`SHORT_SLEEPS`] sleeps, and on up to `sleep_max` after them.
 ///
 /// ```
 /// use std::time::Duration;
 /// use rdma_channel::config::WaitPolicy;
-/// let p = WaitPolicy { spin: 100, yields: 0, sleep_max: Duration::from_micros(500) };
+/// let p = WaitPolicy {
+///     spin: 100,
+///     yields: 0,
+///     short_sleep_max: Duration::from_micros(10),
+///     sleep_max: Duration::from_micros(500),
+/// };
 /// let cfg = rdma_channel::Config::default().with_wait_policy(p);
 /// assert_eq!(cfg.wait_policy(), p);
 /// ```
@@ -85,14 +91,23 @@ pub struct WaitPolicy {
     pub spin: u32,
     /// Yields before the first sleep.
     pub yields: u32,
+    /// Longest sleep of a young wait (its first [`SHORT_SLEEPS`] sleeps), while the
+    /// message it waits for is likely on its way; `sleep_max` if that is less.
+    pub short_sleep_max: Duration,
     /// Longest sleep between two polls.
     pub sleep_max: Duration,
 }
+
+/// Sleeps of a wait capped at [`WaitPolicy::short_sleep_max`]: a wait still going
+/// after them (10 ms and more at 5 us a sleep) is for a message that was not on its
+/// way, and need not wake as often.
+pub const SHORT_SLEEPS: u32 = 2_000;
 
 /// The default wait policy: see the module docs for how it was chosen.
 pub const DEFAULT_WAIT_POLICY: WaitPolicy = WaitPolicy {
     spin: 2_000,
     yields: 50_000,
+    short_sleep_max: Duration::from_micros(1000),
     sleep_max: Duration::from_micros(1000),
 };
 

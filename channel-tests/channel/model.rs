@@ -45,6 +45,7 @@ impl Tun {
             .with_wait_policy(rdma_channel::config::WaitPolicy {
                 spin: 200,
                 yields: 20,
+                short_sleep_max: Duration::from_micros(1000),
                 sleep_max: Duration::from_micros(200),
             });
         match self.max_inline {

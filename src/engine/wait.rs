@@ -8,20 +8,30 @@
 
 use std::time::Duration;
 
-use crate::config::{Config, WaitPolicy};
+use crate::config::{Config, WaitPolicy, SHORT_SLEEPS};
 use crate::fabric::{Fabric, QueuePair};
 
-/// Busy polls of a wait whose spinning would take the CPU its progress needs: then it
-/// sleeps without yielding.
+/// Busy polls of a process group's wait whose spinning would take the CPU its
+/// progress needs (more ranks than CPUs): then it sleeps without yielding.
 pub(crate) const CONTENDED_SPIN: u32 = 100;
-/// Longest sleep of such a wait, unless configured lower: a message that lands
-/// mid-sleep waits this long at most.
-const CONTENDED_SLEEP_MAX: Duration = Duration::from_micros(50);
+/// Busy polls of a connection's wait when the fabric's work needs this process's only
+/// CPU: none. Each one only delays the sleep that lets that work run; 100 polls made
+/// a 2 B one-way trip between two one-CPU Soft-RoCE VMs 20 us slower (bench/README.md,
+/// 2026-11-27).
+const ONE_CPU_SPIN: u32 = 0;
+/// Longest sleep of such a connection's young wait ([`WaitPolicy::short_sleep_max`]),
+/// unless configured lower; a long wait goes on to the policy's `sleep_max`. The
+/// sleeps are a stream of short gaps in which the kernel (and, in a VM, the host) runs what the
+/// wait is for: with 5 us instead of 50 us the 2 B one-way trip between two one-CPU
+/// Soft-RoCE VMs went from 375-384 to 316-321 us, bandwidth unchanged; 1 and 2 us did
+/// no better, one long first sleep did worse (bench/README.md, 2026-11-27).
+const ONE_CPU_SLEEP_MAX: Duration = Duration::from_micros(5);
 /// A backoff whose sleeps are all shorter than this sleeps with the thread's timer
 /// slack at [`PRECISE_SLACK_NS`]: Linux lets a sleep run 50 us long by default
-/// (`PR_SET_TIMERSLACK`), which would double the contended policy's 50 us sleeps.
-/// Between two one-CPU Soft-RoCE VMs a 2 B ping-pong's median went from 413 to 384
-/// us (five rounds, bench/README.md, 2026-11-27).
+/// (`PR_SET_TIMERSLACK`), which would make the one-CPU policy's 5 us sleeps ten
+/// times as long. Between two one-CPU Soft-RoCE VMs, with 50 us sleeps then, a 2 B
+/// ping-pong's median went from 413 to 384 us (five rounds, bench/README.md,
+/// 2026-11-27).
 const PRECISE_SLEEP_BELOW: Duration = Duration::from_micros(200);
 /// Timer slack of a precise sleep, in nanoseconds.
 const PRECISE_SLACK_NS: libc::c_ulong = 1_000;
@@ -37,7 +47,7 @@ pub(crate) fn available_cpus() -> usize {
 /// The wait policy a connection on `fabric` uses: the configured one, except where
 /// the fabric's work runs on this host's CPUs and this process has only one (a
 /// one-CPU VM on Soft-RoCE): a spinning waiter would take it from the device, so it
-/// polls briefly and sleeps, unless `RCH_SPIN` / `RCH_YIELD` or
+/// sleeps at once, in steps of at most 5 us while the wait is young, unless `RCH_SPIN` / `RCH_YIELD` or
 /// [`Config::with_wait_policy`] chose otherwise. Between two such VMs this moved
 /// 64 KiB messages at 17.8-18.9 MB/s against 10.5 spinning (bench/README.md,
 /// 2026-11-25).
@@ -47,9 +57,10 @@ pub(crate) fn wait_policy_for<F: Fabric>(fabric: &F, cfg: &Config) -> WaitPolicy
         return p;
     }
     WaitPolicy {
-        spin: p.spin.min(CONTENDED_SPIN),
+        spin: ONE_CPU_SPIN,
         yields: 0,
-        sleep_max: p.sleep_max.min(CONTENDED_SLEEP_MAX),
+        short_sleep_max: p.short_sleep_max.min(ONE_CPU_SLEEP_MAX),
+        sleep_max: p.sleep_max,
     }
 }
 
@@ -70,6 +81,8 @@ pub(crate) fn wait_policy_for<F: Fabric>(fabric: &F, cfg: &Config) -> WaitPolicy
 pub struct Backoff {
     spins: u32,
     yields: u32,
+    /// Cap of the first [`SHORT_SLEEPS`] sleeps (at most `sleep_max`).
+    short_sleep_max: Duration,
     sleep_max: Duration,
     step: u32,
     sleep: Duration,
@@ -143,9 +156,13 @@ impl Clone for Backoff {
 }
 
 impl Backoff {
-    /// A backoff following `p` (see [`WaitPolicy`]).
+    /// A backoff following `p` (see [`WaitPolicy`]): as [`new`](Self::new), with the
+    /// first [`SHORT_SLEEPS`] sleeps capped at `p.short_sleep_max`. Where that cap is
+    /// under 200 us those sleeps run with the thread's timer slack at 1 us.
     pub fn with_policy(p: WaitPolicy) -> Backoff {
-        Backoff::new(p.spin, p.yields, p.sleep_max)
+        let mut b = Backoff::new(p.spin, p.yields, p.sleep_max);
+        b.short_sleep_max = p.short_sleep_max.min(p.sleep_max);
+        b
     }
 
     /// `spins` busy polls, then `yields` calls to `sched_yield`, then sleeps doubling
@@ -156,6 +173,7 @@ impl Backoff {
         Backoff {
             spins,
             yields,
+            short_sleep_max: sleep_max,
             sleep_max,
             step: 0,
             sleep: Duration::from_micros(1),
@@ -171,11 +189,17 @@ impl Backoff {
         } else if self.step < self.spins.saturating_add(self.yields) {
             std::thread::yield_now();
         } else {
-            if self.slack.is_none() && self.sleep_max < PRECISE_SLEEP_BELOW {
+            if self.slack.is_none() && self.short_sleep_max < PRECISE_SLEEP_BELOW {
                 self.slack = SavedSlack::tighten();
             }
-            std::thread::sleep(self.sleep.min(self.sleep_max));
-            self.sleep = (self.sleep * 2).min(self.sleep_max.max(Duration::from_micros(1)));
+            let young = self.step - self.spins.saturating_add(self.yields) < SHORT_SLEEPS;
+            let cap = if young {
+                self.short_sleep_max
+            } else {
+                self.sleep_max
+            };
+            std::thread::sleep(self.sleep.min(cap));
+            self.sleep = (self.sleep * 2).min(cap.max(Duration::from_micros(1)));
         }
         self.step = self.step.saturating_add(1);
     }
@@ -260,6 +284,31 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// A young wait's sleeps stop doubling at the short cap; after SHORT_SLEEPS of
+    /// them they go on to sleep_max, and a reset makes the wait young again.
+    #[test]
+    fn a_long_wait_sleeps_longer_than_a_young_one() {
+        let mut b = Backoff::with_policy(WaitPolicy {
+            spin: 3,
+            yields: 2,
+            short_sleep_max: Duration::from_micros(2),
+            sleep_max: Duration::from_micros(16),
+        });
+        for _ in 0..5 + SHORT_SLEEPS {
+            b.snooze();
+            assert!(b.sleep <= Duration::from_micros(2), "{:?}", b.sleep);
+        }
+        for _ in 0..4 {
+            b.snooze();
+        }
+        assert_eq!(b.sleep, Duration::from_micros(16));
+        b.reset();
+        for _ in 0..10 {
+            b.snooze();
+        }
+        assert_eq!(b.sleep, Duration::from_micros(2));
     }
 
     /// A backoff dropped on another thread than the one it tightened leaves that

@@ -9,9 +9,9 @@
 //! | `RCH_WORKING_SET` | most ring bytes the sender keeps its traffic in while the receiver keeps up (a multiple of 64; on the emulated fabric smaller packets wrap sooner, `ring::lap_end`; the ring size or more turns it off) | 256 KiB |
 //! | `RCH_TAIL_THRESHOLD` | consumed bytes before an explicit tail update | the smaller of ring/4 and working set/4 |
 //! | `RCH_MAX_INLINE` | cap on inline writes (smaller forces the staging copy) | fabric's |
-//! | `RCH_SPIN` | busy polls before a blocking wait yields | 2000 (100 in a process group with more ranks on the host than CPUs) |
+//! | `RCH_SPIN` | busy polls before a blocking wait yields | 2000 (100 in a process group with more ranks on the host than CPUs; 0 for a connection over a software RDMA device in a one-CPU process) |
 //! | `RCH_YIELD` | `sched_yield`s before it sleeps | 50000 (0 when oversubscribed, as above) |
-//! | `RCH_SLEEP_MAX_US` | longest sleep between polls | 1000 |
+//! | `RCH_SLEEP_MAX_US` | longest sleep between polls (a connection over a software RDMA device in a one-CPU process sleeps at most 5 us for a wait's first [`SHORT_SLEEPS`] sleeps) | 1000 |
 //! | `RCH_STREAM_BACKOFF` | CPU pause instructions a receiver that is only receiving spends before it polls its ring again, once per message that arrived (0 turns it off; see [`Config::with_stream_backoff`]) | 32 |
 //! | `RCH_ZCOPY_THRESHOLD` | smallest buffer from [`alloc_mem`](crate::Channel::alloc_mem) sent zero-copy (`off` to disable) | fabric's |
 //! | `RCH_ZCOPY_PRIVATE_THRESHOLD` | the same for any other memory | fabric's |

@@ -21,10 +21,11 @@ pub(crate) const CONTENDED_SPIN: u32 = 100;
 const ONE_CPU_SPIN: u32 = 0;
 /// Longest sleep of such a connection's young wait ([`WaitPolicy::short_sleep_max`]),
 /// unless configured lower; a long wait goes on to the policy's `sleep_max`. The
-/// sleeps are a stream of short gaps in which the kernel (and, in a VM, the host) runs what the
-/// wait is for: with 5 us instead of 50 us the 2 B one-way trip between two one-CPU
-/// Soft-RoCE VMs went from 375-384 to 316-321 us, bandwidth unchanged; 1 and 2 us did
-/// no better, one long first sleep did worse (bench/README.md, 2026-11-27).
+/// sleeps are a stream of short gaps in which the kernel (and, in a VM, the host)
+/// runs what the wait is for: with 5 us instead of 50 us the 2 B one-way trip between
+/// two one-CPU Soft-RoCE VMs went from 375-384 to 316-321 us, bandwidth unchanged; 1
+/// and 2 us did no better, one long first sleep did worse (bench/README.md,
+/// 2026-11-27).
 const ONE_CPU_SLEEP_MAX: Duration = Duration::from_micros(5);
 /// A backoff whose sleeps are all shorter than this sleeps with the thread's timer
 /// slack at [`PRECISE_SLACK_NS`]: Linux lets a sleep run 50 us long by default
@@ -47,10 +48,10 @@ pub(crate) fn available_cpus() -> usize {
 /// The wait policy a connection on `fabric` uses: the configured one, except where
 /// the fabric's work runs on this host's CPUs and this process has only one (a
 /// one-CPU VM on Soft-RoCE): a spinning waiter would take it from the device, so it
-/// sleeps at once, in steps of at most 5 us while the wait is young, unless `RCH_SPIN` / `RCH_YIELD` or
-/// [`Config::with_wait_policy`] chose otherwise. Between two such VMs this moved
-/// 64 KiB messages at 17.8-18.9 MB/s against 10.5 spinning (bench/README.md,
-/// 2026-11-25).
+/// sleeps at once, in steps of at most 5 us while the wait is young, unless
+/// `RCH_SPIN` / `RCH_YIELD` or [`Config::with_wait_policy`] chose otherwise. Between
+/// two such VMs sleeping moved 64 KiB messages at 17.8-18.9 MB/s against 10.5
+/// spinning (bench/README.md, 2026-11-25).
 pub(crate) fn wait_policy_for<F: Fabric>(fabric: &F, cfg: &Config) -> WaitPolicy {
     let p = cfg.wait_policy();
     if cfg.wait_policy_is_set() || !fabric.uses_host_cpus() || available_cpus() > 1 {

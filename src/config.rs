@@ -238,6 +238,9 @@ impl Config {
         }
         if let Some(v) = var("RCH_SLEEP_MAX_US") {
             c.wait.sleep_max = Duration::from_micros(num("RCH_SLEEP_MAX_US", v)?);
+            // One cap for the whole wait, as the default policy has: a short cap left
+            // at the default would hold a raised sleep_max back for 2000 sleeps.
+            c.wait.short_sleep_max = c.wait.sleep_max;
         }
         if let Some(v) = var("RCH_STREAM_BACKOFF") {
             c.stream_backoff = num("RCH_STREAM_BACKOFF", v)?.min(u32::MAX as u64) as u32;

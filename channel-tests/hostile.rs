@@ -397,6 +397,28 @@ fn a_wrap_packet_moves_the_reader_to_the_next_lap_and_one_with_payload_is_a_prot
 }
 
 #[test]
+fn a_switch_to_a_ring_never_offered_is_a_protocol_error() {
+    if skip_on_verbs() {
+        return;
+    }
+    // No offer outstanding: a switch packet (with any number) fails the connection
+    // instead of moving the reader into memory it never gave out.
+    for number in [0u64, 1, 7] {
+        let mut h = Hostile::new();
+        h.packet(0, PacketKind::Data, b"one", 0);
+        h.packet(64, PacketKind::Switch, &number.to_le_bytes(), 0);
+        let mut buf = [0u8; 3];
+        assert_eq!(h.get(&mut buf).unwrap(), 3, "the bytes before it arrive");
+        assert_eq!(&buf, b"one");
+        h.expect_failed(ErrorKind::InvalidData, "switch to a ring never offered");
+    }
+    let mut h = Hostile::new();
+    h.packet(0, PacketKind::Switch, b"", 0);
+    h.expect_failed(ErrorKind::InvalidData, "switch without a number");
+    others_unaffected();
+}
+
+#[test]
 fn a_replayed_packet_from_an_earlier_lap_is_never_delivered_again() {
     if skip_on_verbs() {
         return;

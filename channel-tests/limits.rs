@@ -62,10 +62,33 @@ fn under_ulimit_role() {
         let e = a.alloc_mem(len).map(|_| ()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{len}: {e}");
     }
-    let e = RdmaStream::pair_with(Config::default().with_ring_size(1 << 30))
+    let big = Config::default().with_ring_size(1 << 30);
+    let e = RdmaStream::pair_with(big.clone().with_initial_ring_size(1 << 30))
         .map(|_| ())
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{e}");
+    // A ring that starts small and may grow to 1 GiB: growth past the limit is
+    // declined, and the connection goes on in the ring it has.
+    let (mut c, mut d) = RdmaStream::pair_with(big).unwrap();
+    let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 253) as u8).collect();
+    let mut got = vec![0u8; data.len()];
+    for _ in 0..16 {
+        let (mut sent, mut read) = (0, 0);
+        while read < data.len() {
+            if sent < data.len() {
+                sent += c.put(&[std::io::IoSlice::new(&data[sent..])]).unwrap();
+            }
+            read += d
+                .get(&mut [std::io::IoSliceMut::new(&mut got[read..])])
+                .unwrap();
+        }
+        assert!(got == data, "bytes lost or changed");
+    }
+    let ring = d.channel().receiver().ring_size();
+    assert!(
+        ring > 16 << 10 && ring < 1 << 30,
+        "grown within the limit: {ring}"
+    );
     assert_eq!(a.alloc_mem(4 << 20).unwrap().len(), 4 << 20);
     println!("under ulimit -v: limit {limit} bytes, absurd requests refused");
 }

@@ -4,7 +4,9 @@
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `RCH_RING_SIZE` | bytes of each receive ring (power of two, 4 KiB ..= 1 GiB) | 4 MiB |
+//! | `RCH_RING_SIZE` | most bytes a receive ring grows to (power of two, 4 KiB ..= 1 GiB) | 4 MiB |
+//! | `RCH_RING_INITIAL` | bytes a receive ring starts with (power of two, 4 KiB ..= the ring size; the ring size itself turns growing off) | 16 KiB |
+//! | `RCH_RING_IDLE_MS` | a grown ring that carried nothing for this long shrinks back to its initial size | 1000 |
 //! | `RCH_CHUNK_SIZE` | largest packet in bytes (multiple of 64, 128 ..= ring/2) | 64 KiB |
 //! | `RCH_WORKING_SET` | most ring bytes the sender keeps its traffic in while the receiver keeps up (a multiple of 64; on the emulated fabric smaller packets wrap sooner, `ring::lap_end`; the ring size or more turns it off) | 256 KiB |
 //! | `RCH_TAIL_THRESHOLD` | consumed bytes before an explicit tail update | the smaller of ring/4 and working set/4 |
@@ -54,6 +56,8 @@ use crate::rcache::CacheLimits;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     ring_size: usize,
+    initial_ring_size: usize,
+    ring_idle: Duration,
     chunk_size: usize,
     working_set: usize,
     tail_threshold: Option<usize>,
@@ -111,9 +115,16 @@ pub const DEFAULT_WAIT_POLICY: WaitPolicy = WaitPolicy {
     sleep_max: Duration::from_micros(1000),
 };
 
-/// Default receive ring size, chosen with `bench/sweep.sh` (see README): rings that hold
-/// a whole 64-message window let sender and receiver run decoupled.
+/// Default largest receive ring, chosen with `bench/sweep.sh` (see README): rings that
+/// hold a whole 64-message window let sender and receiver run decoupled.
 pub const DEFAULT_RING_SIZE: usize = 4 << 20;
+/// Default size a receive ring starts with: a connection costs this much (and, on the
+/// emulated fabric, only the pages it touched) until its traffic asks for more; the
+/// ring then grows fourfold per stall up to the ring size (ARCHITECTURE.md, "Rings
+/// that grow"). 16 KiB holds three 4 KiB messages, an all-to-all's round of them.
+pub const DEFAULT_INITIAL_RING_SIZE: usize = 16 << 10;
+/// Default idle time after which a grown ring shrinks back to its initial size.
+pub const DEFAULT_RING_IDLE: Duration = Duration::from_secs(1);
 /// Default largest packet (chosen by measurement, see README).
 pub const DEFAULT_CHUNK_SIZE: usize = 64 << 10;
 /// Default working set of the ring (chosen by measurement, see bench/README.md): the
@@ -134,6 +145,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             ring_size: DEFAULT_RING_SIZE,
+            initial_ring_size: DEFAULT_INITIAL_RING_SIZE,
+            ring_idle: DEFAULT_RING_IDLE,
             chunk_size: DEFAULT_CHUNK_SIZE,
             working_set: DEFAULT_WORKING_SET,
             tail_threshold: None,
@@ -212,6 +225,13 @@ impl Config {
             }
             check(&c, "RCH_RING_SIZE")?;
         }
+        if let Some(v) = var("RCH_RING_INITIAL") {
+            c.initial_ring_size = size("RCH_RING_INITIAL", v)?;
+            check(&c, "RCH_RING_INITIAL")?;
+        }
+        if let Some(v) = var("RCH_RING_IDLE_MS") {
+            c.ring_idle = Duration::from_millis(num("RCH_RING_IDLE_MS", v)?);
+        }
         if let Some(v) = var("RCH_CHUNK_SIZE") {
             c.chunk_size = size("RCH_CHUNK_SIZE", v)?;
             check(&c, "RCH_CHUNK_SIZE")?;
@@ -285,9 +305,33 @@ impl Config {
         Ok(c)
     }
 
-    /// Sets the receive ring size in bytes.
+    /// Sets the largest receive ring in bytes: rings start at the
+    /// [initial size](Self::with_initial_ring_size) (or this, if smaller) and grow up
+    /// to it.
     pub fn with_ring_size(mut self, bytes: usize) -> Self {
         self.ring_size = bytes;
+        self
+    }
+
+    /// Sets the size a receive ring starts with; the [ring size](Self::with_ring_size)
+    /// (or more) turns growing off, so the ring has that size from the start.
+    ///
+    /// ```
+    /// use rdma_channel::Config;
+    /// let cfg = Config::default().with_initial_ring_size(64 << 10);
+    /// assert_eq!(cfg.initial_ring_size(), 64 << 10);
+    /// // Never more than the ring size: a 4 KiB ring is 4 KiB from the start.
+    /// assert_eq!(cfg.with_ring_size(4096).initial_ring_size(), 4096);
+    /// ```
+    pub fn with_initial_ring_size(mut self, bytes: usize) -> Self {
+        self.initial_ring_size = bytes;
+        self
+    }
+
+    /// Sets how long a grown ring must carry nothing before it shrinks back to its
+    /// initial size.
+    pub fn with_ring_idle(mut self, idle: Duration) -> Self {
+        self.ring_idle = idle;
         self
     }
 
@@ -431,9 +475,46 @@ impl Config {
         self.rcache
     }
 
-    /// Receive ring size in bytes.
+    /// Largest receive ring in bytes.
     pub fn ring_size(&self) -> usize {
         self.ring_size
+    }
+
+    /// Size a receive ring starts with (at most [`ring_size`](Self::ring_size)).
+    pub fn initial_ring_size(&self) -> usize {
+        self.initial_ring_size.min(self.ring_size)
+    }
+
+    /// Idle time after which a grown ring shrinks back.
+    pub fn ring_idle(&self) -> Duration {
+        self.ring_idle
+    }
+
+    /// Largest packet into a ring of `ring` bytes: the chunk size, at most half the
+    /// ring, so two packets are always in flight.
+    ///
+    /// ```
+    /// let cfg = rdma_channel::Config::default();
+    /// assert_eq!(cfg.chunk_for(16 << 10), 8 << 10);
+    /// assert_eq!(cfg.chunk_for(4 << 20), cfg.chunk_size() as u64);
+    /// ```
+    pub fn chunk_for(&self, ring: u64) -> u64 {
+        (self.chunk_size as u64).min(ring / 2)
+    }
+
+    /// The working set of a ring of `ring` bytes.
+    pub fn working_set_for(&self, ring: u64) -> u64 {
+        (self.working_set as u64).min(ring)
+    }
+
+    /// The tail update threshold of a ring of `ring` bytes: a set threshold (at most
+    /// the ring less one cell, so a stalled sender is always answered), else a quarter
+    /// of the ring's working set.
+    pub fn tail_threshold_for(&self, ring: u64) -> u64 {
+        match self.tail_threshold {
+            Some(t) => (t as u64).min(ring - 64).max(1),
+            None => (self.working_set_for(ring) / 4).max(64),
+        }
     }
 
     /// Largest packet in bytes.
@@ -493,6 +574,12 @@ impl Config {
         if !r.is_power_of_two() || !(4096..=1 << 30).contains(&r) {
             return Err(bad(format!(
                 "ring size {r} must be a power of two from 4 KiB to 1 GiB"
+            )));
+        }
+        let i = self.initial_ring_size;
+        if !i.is_power_of_two() || i < 4096 {
+            return Err(bad(format!(
+                "initial ring size {i} must be a power of two of at least 4 KiB"
             )));
         }
         let c = self.chunk_size;

@@ -715,6 +715,7 @@ fn a_ping_pong_stays_in_a_lap_sized_to_its_messages() {
             let (lap, min_laps) = if shares { with } else { without };
             let cfg = Config::default()
                 .with_ring_size(RING as usize)
+                .with_initial_ring_size(RING as usize)
                 .with_working_set(ws);
             let (mut a, mut b) = RdmaStream::pair_with(cfg).unwrap();
             let packet = (size + 24).next_multiple_of(64) as u64;

@@ -34,6 +34,7 @@ mod credit;
 mod deadlock;
 mod edge_cases;
 mod flag_payloads;
+mod growth;
 mod model;
 mod properties;
 mod send_queue;

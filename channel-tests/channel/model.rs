@@ -12,6 +12,10 @@ pub(crate) struct Tun {
     pub(crate) max_inline: Option<usize>,
     /// Ring offset past which the sender wraps early (the ring size: never).
     pub(crate) working_set: usize,
+    /// Size the rings start with (the ring size: fixed rings), growing to `ring`.
+    pub(crate) initial: usize,
+    /// A grown ring that carried nothing this long shrinks back.
+    pub(crate) idle_ms: u64,
 }
 
 impl Tun {
@@ -22,6 +26,8 @@ impl Tun {
             threshold: ring / 4,
             max_inline: None,
             working_set: ring,
+            initial: ring,
+            idle_ms: 1000,
         }
     }
 
@@ -38,6 +44,8 @@ impl Tun {
     pub(crate) fn config(&self) -> Config {
         let c = Config::default()
             .with_ring_size(self.ring)
+            .with_initial_ring_size(self.initial)
+            .with_ring_idle(Duration::from_millis(self.idle_ms))
             .with_chunk_size(self.chunk)
             .with_tail_threshold(self.threshold)
             .with_working_set(self.working_set)
@@ -89,15 +97,34 @@ pub(crate) fn tun_strategy() -> impl Strategy<Value = Tun> {
                 1 => Just(64usize),
                 3 => (1..=ring / 64).prop_map(|u| u * 64),
             ];
-            (Just(ring), chunk, threshold, max_inline, working_set)
+            // Fixed rings, or rings that start small and grow to `ring`; grown rings
+            // shrink back after an idle check or two, or after a second.
+            let initial = prop_oneof![
+                2 => Just(ring),
+                3 => (12..=log).prop_map(|l| 1usize << l),
+            ];
+            let idle_ms = prop_oneof![2 => Just(0u64), 1 => Just(1000u64)];
+            (
+                Just(ring),
+                chunk,
+                threshold,
+                max_inline,
+                working_set,
+                initial,
+                idle_ms,
+            )
         })
-        .prop_map(|(ring, chunk, threshold, max_inline, working_set)| Tun {
-            ring,
-            chunk,
-            threshold,
-            max_inline,
-            working_set,
-        })
+        .prop_map(
+            |(ring, chunk, threshold, max_inline, working_set, initial, idle_ms)| Tun {
+                ring,
+                chunk,
+                threshold,
+                max_inline,
+                working_set,
+                initial,
+                idle_ms,
+            },
+        )
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

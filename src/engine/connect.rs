@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 use super::card::{ConnCard, CTRL_SIZE};
-use super::link::{Link, SendQueue};
+use super::link::{IncomingRings, Link, SendQueue};
 use super::receiver::Receiver;
 use super::sender::{Sender, MAX_SGE};
 use super::wait::wait_policy_for;
@@ -76,7 +76,7 @@ impl<F: Fabric> Prepared<F> {
         cfg.validate()?;
         let wakes = pending.accept_wakes()?;
         let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-        let ring = RingMemory::new(fabric.alloc_region(cfg.ring_size(), rights)?)?;
+        let ring = RingMemory::new(fabric.alloc_region(cfg.initial_ring_size(), rights)?)?;
         let ctrl = ControlWords::new(fabric.alloc_region(CTRL_SIZE, rights)?)?;
         Ok(Prepared {
             fabric,
@@ -137,24 +137,17 @@ impl<F: Fabric> Prepared<F> {
         let inline_limit = caps
             .max_inline
             .min(self.cfg.max_inline().unwrap_or(usize::MAX));
-        // A packet is at most half the peer's ring, so two are always in flight.
-        let chunk = (self.cfg.chunk_size() as u64).min(peer_ring.len / 2);
-        // Packets longer than the inline limit are assembled in a registered copy of
-        // the peer's ring.
-        let staging = if (inline_limit as u64) < chunk {
-            let region = self
-                .fabric
-                .alloc_region(peer_ring.len as usize, Access::LOCAL_WRITE)?;
-            Some(StagingBuffer::new(region)?)
-        } else {
-            None
-        };
+        // A packet is at most half the peer's ring, so two are always in flight. The
+        // peer's first ring is its smallest: it grows from there and shrinks back to it.
+        let chunk = self.cfg.chunk_for(peer_ring.len);
+        let staging = staging_for(&self.fabric, &self.cfg, inline_limit, peer_ring.len)?;
         let link = Arc::new(Link {
             qp,
-            ring: self.ring,
+            incoming: Mutex::new(IncomingRings {
+                current: self.ring.clone(),
+                offered: None,
+            }),
             ctrl: self.ctrl,
-            staging,
-            peer_ring,
             peer_ctrl,
             rx_tail: AtomicU64::new(0),
             rx_explicit: AtomicU64::new(0),
@@ -185,15 +178,35 @@ impl<F: Fabric> Prepared<F> {
         Ok(Channel {
             tx: Sender::new(
                 link.clone(),
-                chunk,
+                peer_ring,
+                staging,
                 inline_limit,
                 caps.max_sge.min(MAX_SGE) - 3,
                 max_rndv_segs,
                 link.fabric.shares_caches(),
             ),
-            rx: Receiver::new(link, caps.max_rd_atomic),
+            rx: Receiver::new(link, self.ring, caps.max_rd_atomic),
         })
     }
+}
+
+/// A registered copy of a peer ring of `ring_len` bytes, where packets longer than
+/// the inline limit must be assembled before they are written; `None` where every
+/// packet goes inline.
+pub(super) fn staging_for<F: Fabric>(
+    fabric: &F,
+    cfg: &Config,
+    inline_limit: usize,
+    ring_len: u64,
+) -> io::Result<Option<StagingBuffer<F::Region>>> {
+    if (inline_limit as u64) >= cfg.chunk_for(ring_len) {
+        return Ok(None);
+    }
+    let len = usize::try_from(ring_len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "ring too large"))?;
+    Ok(Some(StagingBuffer::new(
+        fabric.alloc_region(len, Access::LOCAL_WRITE)?,
+    )?))
 }
 
 /// Send-queue accounting for the queue pair's depth: a finite queue is signalled

@@ -25,13 +25,11 @@ pub(crate) struct Link<F: Fabric> {
     /// Declared first, so dropped first: once it is gone no request reads the
     /// staging buffer or writes a caller's buffer (`StagingBuffer::post_write`).
     pub(crate) qp: F::Qp,
-    /// Incoming ring (the peer writes it).
-    pub(super) ring: RingMemory<F::Region>,
+    /// The incoming rings the peer may write: kept here, not only by the receiving
+    /// half, so that they outlive it as long as the queue pair may take writes.
+    pub(super) incoming: Mutex<IncomingRings<F::Region>>,
     /// Control words the peer writes.
     pub(crate) ctrl: ControlWords<F::Region>,
-    /// Registered copy of the outgoing ring for packets too long to write inline.
-    pub(super) staging: Option<StagingBuffer<F::Region>>,
-    pub(super) peer_ring: RemoteRegion,
     pub(crate) peer_ctrl: RemoteRegion,
     /// Master tail of the incoming ring (bytes fully consumed).
     pub(super) rx_tail: AtomicU64,
@@ -68,6 +66,20 @@ pub(crate) struct Link<F: Fabric> {
     /// writes (`QueuePair::arm_wake`) instead of sleeping on a timer.
     pub(crate) wakes: bool,
     pub(crate) fabric: F,
+}
+
+/// The incoming rings of a connection: the one being read, and the one offered to
+/// the peer and not yet switched to ([`RingOffer`](crate::ring::memory::RingOffer)).
+pub(crate) struct IncomingRings<R: crate::fabric::MemoryRegion> {
+    pub(super) current: RingMemory<R>,
+    pub(super) offered: Option<RingMemory<R>>,
+}
+
+/// The incoming rings, locked (a panic elsewhere leaves them usable).
+pub(super) fn lock_incoming<F: Fabric>(
+    link: &Link<F>,
+) -> std::sync::MutexGuard<'_, IncomingRings<F::Region>> {
+    link.incoming.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Counts posted and retired work requests where the fabric's queue is finite.
@@ -175,6 +187,14 @@ impl SendQueue {
             // A signalled success retires it and every unsignalled request before it.
             self.retired.fetch_max(wr_id + 1, Ordering::AcqRel);
         }
+    }
+
+    /// The number the next request will get: every request numbered before it was
+    /// posted already.
+    #[inline]
+    pub(crate) fn next_number(&self) -> u64 {
+        // Acquire: pairs with post_numbered's Release store.
+        self.posted.load(Ordering::Acquire)
     }
 
     /// True once request `seq` has a completion, successful or not.
@@ -348,18 +368,17 @@ impl<F: Fabric> Link<F> {
         .map(drop)
     }
 
-    /// Writes `list` to offset `at` of the peer's ring through the staging buffer.
+    /// Writes `list` to offset `at` of the peer's ring `peer_ring` through `staging`,
+    /// the registered copy of that ring.
     pub(super) fn post_staged<const N: usize>(
         &self,
+        staging: &StagingBuffer<F::Region>,
+        peer_ring: &RemoteRegion,
         at: usize,
         list: &GatherList<'_, N>,
     ) -> io::Result<()> {
-        let staging = self
-            .staging
-            .as_ref()
-            .expect("a staging buffer exists when inline writes are limited");
         self.post_numbered(false, |wr_id, signaled| {
-            staging.post_write(&self.qp, wr_id, signaled, at, list, &self.peer_ring)
+            staging.post_write(&self.qp, wr_id, signaled, at, list, peer_ring)
         })
         .map(drop)
     }

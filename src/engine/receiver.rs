@@ -7,12 +7,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::link::{Link, HEALTH_EVERY};
+use super::link::{lock_incoming, Link, HEALTH_EVERY};
 use super::sender::copy_short;
 use super::wait::{past, Backoff};
-use crate::fabric::Fabric;
+use crate::fabric::{Access, Fabric, GatherList, MemoryRegion};
 use crate::rcache::RegHandle;
-use crate::ring::memory::{CtrlWord, RingMemory};
+use crate::ring::memory::{CtrlWord, RingMemory, RingOffer, CTRL_SIZE, RING_OFFER_SLOT};
 use crate::ring::wire::{
     fits_short, is_ack_word, trailer_offset, trailer_word, Header, PacketKind, Rendezvous, RndvSeg,
     ShortHeader, CELL, HEADER_LEN, MAX_RNDV_SEGS,
@@ -85,6 +85,19 @@ pub struct Receiver<F: Fabric> {
     /// A `get` returned data without the upkeep that follows it (tail update,
     /// credit): the next call does it (see [`get_whole_packet`](Self::get_whole_packet)).
     upkeep_owed: bool,
+    /// The ring size this end starts with and shrinks back to, and the most it grows to.
+    initial_ring: u64,
+    max_ring: u64,
+    /// Ring offers made so far (the number of the last one).
+    offers_made: u64,
+    /// The ring offered and not yet switched to has this size.
+    offered_len: Option<u64>,
+    /// A request for a bigger ring that could not be served (no memory): not tried
+    /// again.
+    wanted_declined: u64,
+    /// The read position at the last idle check of a grown ring, and when it was
+    /// seen to move (see [`shrink_if_idle`](Self::shrink_if_idle)).
+    idle_mark: (u64, Option<Instant>),
 }
 
 /// What [`Receiver::peek`] found at the head of the stream.
@@ -135,11 +148,21 @@ pub(crate) struct ZcRecv {
 }
 
 impl<F: Fabric> Receiver<F> {
-    pub(super) fn new(link: Arc<Link<F>>, max_rd_atomic: usize) -> Receiver<F> {
+    pub(super) fn new(
+        link: Arc<Link<F>>,
+        ring: RingMemory<F::Region>,
+        max_rd_atomic: usize,
+    ) -> Receiver<F> {
         Receiver {
-            ring: link.ring.clone(),
-            ring_size: link.ring.size(),
-            threshold: link.cfg.tail_threshold() as u64,
+            ring_size: ring.size(),
+            threshold: link.cfg.tail_threshold_for(ring.size()),
+            initial_ring: ring.size(),
+            max_ring: (link.cfg.ring_size() as u64).max(ring.size()),
+            offers_made: 0,
+            offered_len: None,
+            wanted_declined: 0,
+            idle_mark: (0, None),
+            ring,
             backoff_pauses: link.cfg.stream_backoff(),
             link,
             read_pos: 0,
@@ -312,6 +335,9 @@ impl<F: Fabric> Receiver<F> {
                     // Release: as in release_read (nothing more was read since).
                     self.link.rx_tail.store(self.read_pos, Ordering::Release);
                 }
+                PacketKind::Switch => {
+                    self.switch_ring(len)?;
+                }
                 PacketKind::Rendezvous => {
                     self.take_rendezvous(len)?;
                     // The announcement is copied out: its cells can be reused at once.
@@ -320,6 +346,144 @@ impl<F: Fabric> Receiver<F> {
                 }
             }
         }
+    }
+
+    /// The switch packet at the read position, with `len` payload bytes, is the last
+    /// of this ring: goes on in the ring offered last, at the next boundary of its
+    /// size in the position space (where the sender went on, `Sender::take_offer`),
+    /// and frees this one. The sender wrote nothing after the switch packet into this
+    /// ring, and its writes are placed in order (fabric guarantee 1), so nothing
+    /// more can land in it.
+    fn switch_ring(&mut self, len: usize) -> io::Result<()> {
+        let mut number = [0u8; 8];
+        if len == number.len() {
+            self.ring
+                .copy_out(self.read_pos + PAYLOAD_OFFSET as u64, &mut number);
+        }
+        let number = u64::from_le_bytes(number);
+        if len != 8 || self.offered_len.is_none() || number != self.offers_made {
+            return Err(self.link.fail(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "protocol error: switch to ring offer {number} ({len} bytes) where {} is \
+                     outstanding",
+                    if self.offered_len.is_some() {
+                        self.offers_made
+                    } else {
+                        0
+                    }
+                ),
+            ));
+        }
+        self.finish_packet();
+        self.release_read();
+        let new = {
+            let mut rings = lock_incoming(&self.link);
+            let new = rings.offered.take().expect("an offer is outstanding");
+            // The old ring is freed once our own clone goes, below.
+            rings.current = new.clone();
+            new
+        };
+        self.ring = new;
+        self.ring_size = self.ring.size();
+        self.threshold = self.link.cfg.tail_threshold_for(self.ring_size);
+        self.offered_len = None;
+        self.read_pos = self.read_pos.next_multiple_of(self.ring_size);
+        self.released_pos = self.read_pos;
+        self.idle_mark = (self.read_pos, None);
+        // Release: as in release_read (nothing more was read since).
+        self.link.rx_tail.store(self.read_pos, Ordering::Release);
+        Ok(())
+    }
+
+    /// Offers the peer's sender a ring of `len` bytes for this direction: allocates
+    /// and registers it, then writes the offer slot of the peer's control region
+    /// (four words in one write, the number last). Memory refused (the process's
+    /// limit, a registration failure) declines quietly: the current ring goes on
+    /// serving.
+    fn offer_ring(&mut self, len: u64) -> io::Result<()> {
+        let link = &*self.link;
+        let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let ring = match usize::try_from(len)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+            .and_then(|l| link.fabric.alloc_region(l, rights))
+            .and_then(RingMemory::new)
+        {
+            Ok(r) => r,
+            Err(_) => {
+                self.wanted_declined = link.ctrl.ring_wanted();
+                return Ok(());
+            }
+        };
+        let offer = RingOffer {
+            addr: ring.region().addr() as u64,
+            rkey: ring.region().rkey(),
+            len,
+            number: self.offers_made + 1,
+        };
+        lock_incoming(link).offered = Some(ring);
+        let mut bytes = [0u8; 32];
+        for (chunk, w) in bytes.chunks_exact_mut(8).zip(offer.to_words()) {
+            chunk.copy_from_slice(&w.to_le_bytes());
+        }
+        let mut list = GatherList::<1>::new();
+        list.push(&bytes);
+        link.post_inline(
+            &list,
+            link.peer_ctrl.addr + RING_OFFER_SLOT,
+            link.peer_ctrl.rkey,
+        )?;
+        self.offers_made = offer.number;
+        self.offered_len = Some(len);
+        Ok(())
+    }
+
+    /// True when the peer's sender asked for a bigger ring that this end can give.
+    #[inline]
+    fn growth_wanted(&self) -> bool {
+        let wanted = self.link.ctrl.ring_wanted();
+        wanted > self.offers_made
+            && wanted != self.wanted_declined
+            && self.offered_len.is_none()
+            && self.ring_size < self.max_ring
+    }
+
+    /// Serves a request for a bigger ring: four times this one, up to the most.
+    fn serve_growth(&mut self) -> io::Result<()> {
+        if self.growth_wanted() {
+            self.offer_ring((self.ring_size * 4).min(self.max_ring))?;
+        }
+        Ok(())
+    }
+
+    /// At an idle check of a grown ring: offers the peer's sender a ring of the
+    /// initial size once this one carried nothing for the configured idle time
+    /// (`Config::with_ring_idle`). The sender takes the offer at its next `put`.
+    fn shrink_if_idle(&mut self) -> io::Result<()> {
+        if self.ring_size <= self.initial_ring || self.offered_len.is_some() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        match self.idle_mark {
+            (pos, Some(since)) if pos == self.read_pos => {
+                if now.duration_since(since) >= self.link.cfg.ring_idle() {
+                    self.offer_ring(self.initial_ring)?;
+                }
+            }
+            _ => self.idle_mark = (self.read_pos, Some(now)),
+        }
+        Ok(())
+    }
+
+    /// Bytes of registered memory this half holds for the peer to write: the
+    /// incoming ring, a ring offered and not yet switched to, the control words.
+    pub fn registered_bytes(&self) -> u64 {
+        self.ring_size + self.offered_len.unwrap_or(0) + CTRL_SIZE as u64
+    }
+
+    /// The size of this end's incoming ring now.
+    pub fn ring_size(&self) -> u64 {
+        self.ring_size
     }
 
     /// Reads the rendezvous announcement of `len` bytes at the read position (the
@@ -866,7 +1030,7 @@ impl<F: Fabric> Receiver<F> {
     /// reached the update threshold.
     #[inline]
     fn upkeep_due(&self) -> bool {
-        self.link.credit_wanted() || self.tail_update_due()
+        self.link.credit_wanted() || self.tail_update_due() || self.growth_wanted()
     }
 
     /// True when the space released but not yet told to the peer (explicitly or
@@ -901,11 +1065,12 @@ impl<F: Fabric> Receiver<F> {
         } else {
             Ok(())
         };
-        match updated.and_then(|()| link.serve_credit()) {
+        let served = updated.and_then(|()| link.serve_credit());
+        match served.and_then(|()| self.serve_growth()) {
             // The peer closed its sending side after the check above, and may have
             // left since (it closes before it goes): the update was not needed, and
             // what it sent is still here to read.
-            Err(_) if link.ctrl.end_of_stream() != 0 => Ok(()),
+            Err(_) if self.link.ctrl.end_of_stream() != 0 => Ok(()),
             r => r,
         }
     }
@@ -937,7 +1102,8 @@ impl<F: Fabric> Receiver<F> {
                 return Ok(());
             }
             self.empty_polls = 0;
-            self.link.check_health()
+            self.link.check_health()?;
+            self.shrink_if_idle()
         });
         match checked {
             // The peer closed and left between this poll's look at the ring and the

@@ -7,11 +7,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::connect::staging_for;
 use super::link::{Link, HEALTH_EVERY};
 use super::wait::{past, Backoff};
-use crate::fabric::{Fabric, GatherList};
+use crate::fabric::{Fabric, GatherList, RemoteRegion};
 use crate::rcache::{CacheStats, RdmaBuf, RegCache, RegHandle};
-use crate::ring::memory::CtrlWord;
+use crate::ring::memory::{CtrlWord, StagingBuffer};
 use crate::ring::wire::{
     cells_for, fits_short, trailer_word, Header, PacketKind, RndvSeg, ShortHeader, CELL,
     HEADER_LEN, MAX_RNDV_SEGS, ONE_CELL_PAYLOAD, OVERHEAD, SHORT_ACK_SPAN, SHORT_PAYLOAD,
@@ -40,9 +41,24 @@ pub struct Sender<F: Fabric> {
     pub(crate) link: Arc<Link<F>>,
     /// Master head of the outgoing ring (in the peer's memory).
     head: u64,
-    /// Cached replica of the peer's tail: never ahead of the real one.
+    /// Cached replica of the peer's tail: never ahead of the real one (or, in a ring
+    /// just switched to, the ring's first position: nothing before it is in there).
     tail: u64,
+    /// The peer ring we write into, and its size.
+    peer_ring: RemoteRegion,
     ring_size: u64,
+    /// The peer's first ring's size: the smallest it may offer (a rendezvous
+    /// announcement sized for it must fit every ring).
+    min_ring: u64,
+    /// Registered copy of the peer ring for packets too long to write inline.
+    staging: Option<StagingBuffer<F::Region>>,
+    /// Staging buffers of rings left behind, with the number of the first request
+    /// posted after them: freed once that request's predecessors completed.
+    retired_staging: Vec<(u64, StagingBuffer<F::Region>)>,
+    /// Ring offers taken so far (the number of the last one).
+    offers_taken: u64,
+    /// A bigger ring was asked for since the last switch.
+    growth_asked: bool,
     /// Ring offset past which the sender starts over at offset 0 when it can
     /// ([`wrap_early`]), for the largest packets; smaller ones start over sooner
     /// where the fabric shares caches ([`lap_for`](Self::lap_for)).
@@ -83,20 +99,27 @@ impl PendingZc {
 impl<F: Fabric> Sender<F> {
     pub(super) fn new(
         link: Arc<Link<F>>,
-        chunk: u64,
+        peer_ring: RemoteRegion,
+        staging: Option<StagingBuffer<F::Region>>,
         inline_limit: usize,
         max_pieces: usize,
         max_rndv_segs: usize,
         short_laps: bool,
     ) -> Sender<F> {
         Sender {
-            ring_size: link.peer_ring.len,
-            working_set: link.cfg.working_set() as u64,
+            ring_size: peer_ring.len,
+            min_ring: peer_ring.len,
+            working_set: link.cfg.working_set_for(peer_ring.len),
+            chunk: link.cfg.chunk_for(peer_ring.len),
+            peer_ring,
+            staging,
+            retired_staging: Vec::new(),
+            offers_taken: 0,
+            growth_asked: false,
             short_laps,
             link,
             head: 0,
             tail: 0,
-            chunk,
             inline_limit,
             max_pieces,
             credit_requested_at: u64::MAX,
@@ -178,6 +201,7 @@ impl<F: Fabric> Sender<F> {
             && self.stackable(len)
             && !self.closed
             && self.pending.is_none()
+            && !self.offer_pending()
             && self.head & (self.ring_size - 1) < self.lap_for(len)
             && max_payload_now(self.ring_size, self.head, self.tail, self.chunk) >= len
     }
@@ -339,6 +363,9 @@ impl<F: Fabric> Sender<F> {
         }
         link.serve_credit()?;
         while done < total {
+            if self.offer_pending() {
+                self.take_offer()?;
+            }
             // Skip empty slices so the cursor always points at a byte.
             while iov[idx].len() == off {
                 idx += 1;
@@ -540,8 +567,8 @@ impl<F: Fabric> Sender<F> {
         gather_into(&mut packet.0[..len], iov, skip);
         let header = ShortHeader::new(self.head, len, ack);
         packet.0[SHORT_PAYLOAD..].copy_from_slice(&header.word().to_le_bytes());
-        let remote = link.peer_ring.addr + (self.head & (self.ring_size - 1));
-        link.write_inline(&packet.0, remote, link.peer_ring.rkey)?;
+        let remote = self.peer_ring.addr + (self.head & (self.ring_size - 1));
+        link.write_inline(&packet.0, remote, self.peer_ring.rkey)?;
         self.head += CELL as u64;
         self.sent_ack(ack);
         Ok(len)
@@ -571,8 +598,8 @@ impl<F: Fabric> Sender<F> {
         );
         let end = self.head + bytes as u64;
         cells.0[bytes - TRAILER_LEN..bytes].copy_from_slice(&trailer_word(end).to_le_bytes());
-        let remote = link.peer_ring.addr + (self.head & (self.ring_size - 1));
-        link.write_inline(&cells.0[..bytes], remote, link.peer_ring.rkey)?;
+        let remote = self.peer_ring.addr + (self.head & (self.ring_size - 1));
+        link.write_inline(&cells.0[..bytes], remote, self.peer_ring.rkey)?;
         self.head = end;
         self.sent_ack(ack);
         Ok(len)
@@ -640,13 +667,17 @@ impl<F: Fabric> Sender<F> {
         }
         list.push(&trailer);
         let at = (self.head & (self.ring_size - 1)) as usize;
-        let remote = link.peer_ring.addr + at as u64;
+        let remote = self.peer_ring.addr + at as u64;
         if bytes <= self.inline_limit {
-            link.post_inline(&list, remote, link.peer_ring.rkey)?;
+            link.post_inline(&list, remote, self.peer_ring.rkey)?;
         } else {
             // At the offset it will have in the peer's ring: that space is ours until
             // the peer frees it, which it does only after this write landed.
-            link.post_staged(at, &list)?;
+            let staging = self
+                .staging
+                .as_ref()
+                .expect("a staging buffer exists when packets exceed the inline limit");
+            link.post_staged(staging, &self.peer_ring, at, &list)?;
         }
         self.head = end;
         self.sent_ack(ack);
@@ -703,18 +734,120 @@ impl<F: Fabric> Sender<F> {
     }
 
     /// Asks the receiver for an explicit tail update beyond the tail we know; once per
-    /// known tail, since the answer necessarily moves it.
+    /// known tail, since the answer necessarily moves it. A full ring is also the
+    /// traffic asking for a bigger one: the first stall in each ring asks for it
+    /// (the receiver offers one unless its ring is at the configured size already).
     fn request_credit(&mut self) -> io::Result<()> {
         if self.credit_requested_at != self.tail {
             self.link
                 .post_ctrl(CtrlWord::CreditRequest, self.tail + 1)?;
             self.credit_requested_at = self.tail;
         }
+        if !self.growth_asked {
+            self.link
+                .post_ctrl(CtrlWord::RingWanted, self.offers_taken + 1)?;
+            self.growth_asked = true;
+        }
         Ok(())
+    }
+
+    /// True when the receiver has offered a ring we have not taken.
+    #[inline(always)]
+    fn offer_pending(&self) -> bool {
+        self.link.ctrl.ring_offer_number() != self.offers_taken
+    }
+
+    /// Takes the receiver's ring offer: writes a [`PacketKind::Switch`] packet as the
+    /// last packet of the current ring, then writes on at the next offer-sized
+    /// boundary of the position space, at offset 0 of the new ring, where the
+    /// receiver meets the packets after the switch. Returns false when the current
+    /// ring has no cell free for the switch packet (credit asked for): the offer
+    /// waits, and so does everything else.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidData` for an offer no correct receiver makes (a number out of turn, a
+    /// size that is no power of two or smaller than its first ring, a misaligned
+    /// address); a fabric failure; the staging copy's allocation for a fabric that
+    /// needs one.
+    fn take_offer(&mut self) -> io::Result<bool> {
+        let offer = self.link.ctrl.ring_offer();
+        if offer.number != self.offers_taken + 1
+            || !offer.len.is_power_of_two()
+            || offer.len < self.min_ring
+            || offer.len > 1 << 40
+            || offer.addr % CELL as u64 != 0
+        {
+            return Err(self.link.fail(
+                io::ErrorKind::InvalidData,
+                format!("protocol error: bad ring offer {offer:?}"),
+            ));
+        }
+        if max_payload_now(self.ring_size, self.head, self.tail, self.chunk) < 8 {
+            self.refresh_tail()?;
+            if max_payload_now(self.ring_size, self.head, self.tail, self.chunk) < 8 {
+                self.request_credit()?;
+                return Ok(false);
+            }
+        }
+        // The new ring's staging copy first: if it cannot be had, nothing was sent.
+        let staging = staging_for(
+            &self.link.fabric,
+            &self.link.cfg,
+            self.inline_limit,
+            offer.len,
+        )?;
+        let number = offer.number.to_le_bytes();
+        self.write_gathered(&[IoSlice::new(&number)], 0, 8, PacketKind::Switch)?;
+        self.retire_staging();
+        if let Some(old) = std::mem::replace(&mut self.staging, staging) {
+            // Requests numbered from here on no longer read it.
+            self.retired_staging.push((self.link.sq.next_number(), old));
+        }
+        self.peer_ring = RemoteRegion {
+            addr: offer.addr,
+            len: offer.len,
+            rkey: offer.rkey,
+        };
+        self.ring_size = offer.len;
+        self.chunk = self.link.cfg.chunk_for(offer.len);
+        self.working_set = self.link.cfg.working_set_for(offer.len);
+        self.head = self.head.next_multiple_of(offer.len);
+        // Nothing before the new ring's first position is in it.
+        self.tail = self.head;
+        self.credit_requested_at = u64::MAX;
+        self.offers_taken = offer.number;
+        self.growth_asked = false;
+        Ok(true)
+    }
+
+    /// Frees the staging copies of rings left behind whose last writes completed.
+    fn retire_staging(&mut self) {
+        let sq = &self.link.sq;
+        self.retired_staging
+            .retain(|(next, _)| *next > 0 && !sq.is_completed(*next - 1));
+    }
+
+    /// Bytes of registered memory this half holds: the staging copies of the peer's
+    /// ring (where the fabric's inline limit calls for one), current and left behind.
+    pub fn registered_bytes(&self) -> u64 {
+        let mut n = self.staging.as_ref().map_or(0, |s| s.size() as u64);
+        for (_, s) in &self.retired_staging {
+            n += s.size() as u64;
+        }
+        n
+    }
+
+    /// The size of the peer ring this sender writes into now.
+    pub fn ring_size(&self) -> u64 {
+        self.ring_size
     }
 
     /// True when a `put` of one byte would make progress now (ring not full).
     pub fn can_put(&mut self) -> io::Result<bool> {
+        if self.offer_pending() && !self.closed && self.pending.is_none() {
+            self.take_offer()?;
+        }
         if max_payload_now(self.ring_size, self.head, self.tail, self.chunk) > 0 {
             return Ok(true);
         }

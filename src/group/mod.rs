@@ -1004,34 +1004,25 @@ impl Group {
     }
 
     /// rch_get_stats: connections up, handshakes, and the memory registered for
-    /// them (as `Prepared::new` and `connect` allocate it: the incoming ring and
-    /// control words, plus a staging copy of the outgoing ring where the fabric's
-    /// inline limit is below the chunk size).
+    /// them as it stands: each end's incoming ring (and one offered, not yet
+    /// switched to), its control words, and its staging copy of the peer's ring
+    /// where the fabric's inline limit calls for one.
     pub(crate) fn stats(&self) -> Stats {
-        let ring = self.cfg.ring_size();
-        let inline = self
-            .fabric
-            .caps()
-            .max_inline
-            .min(self.cfg.max_inline().unwrap_or(usize::MAX));
-        let staging = if inline < self.cfg.chunk_size().min(ring / 2) {
-            ring
-        } else {
-            0
-        };
-        let per_direction = ring + crate::engine::CTRL_SIZE + staging;
         let mut up = 0usize;
-        let mut ends = 0usize;
+        let mut registered = 0u64;
         for vc in &self.vcs {
             if let Conn::Up(u) = &vc.conn {
                 up += 1;
-                ends += if u._spare.is_some() { 2 } else { 1 };
+                registered += u.rx.registered_bytes() + u.tx.registered_bytes();
+                if let Some((rx, tx)) = &u._spare {
+                    registered += rx.registered_bytes() + tx.registered_bytes();
+                }
             }
         }
         Stats {
             connections: up,
             pending: self.handshakes + self.inbound.len(),
-            registered_bytes: ends * per_direction,
+            registered_bytes: usize::try_from(registered).unwrap_or(usize::MAX),
         }
     }
 

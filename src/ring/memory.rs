@@ -312,6 +312,9 @@ pub enum CtrlWord {
     /// From the sender into our ring: the number of the last lend ([`LEND_SLOT`]) it
     /// has pushed in full.
     LendLanded,
+    /// From the sender into our ring: the number of the [`RingOffer`] it asks for
+    /// (one more than it has taken), when it found our ring full.
+    RingWanted,
 }
 
 impl CtrlWord {
@@ -325,6 +328,7 @@ impl CtrlWord {
             CtrlWord::CreditRequest => 64,
             CtrlWord::EndOfStream => 72,
             CtrlWord::LendLanded => 80,
+            CtrlWord::RingWanted => 88,
         }
     }
 }
@@ -333,6 +337,11 @@ impl CtrlWord {
 /// naming part of its buffer for us to RDMA WRITE a zero-copy transfer's bytes into
 /// (see [`Lend`]), on a cache line of its own.
 pub const LEND_SLOT: u64 = 128;
+
+/// Byte offset of the ring offer slot: four words from the receiver of our outgoing
+/// ring naming the ring to write into after a [`Switch`](super::wire::PacketKind::Switch)
+/// packet (see [`RingOffer`]), on a cache line of its own.
+pub const RING_OFFER_SLOT: u64 = 192;
 
 /// Bytes of a connection's control region.
 pub const CTRL_SIZE: usize = 4096;
@@ -449,12 +458,86 @@ impl<R: MemoryRegion> ControlWords<R> {
         Lend::from_words([w(0), w(1), w(2), number])
     }
 
+    /// The offer the peer's sender last asked for ([`CtrlWord::RingWanted`]), 0
+    /// before the first. Relaxed: a request only; the offer it leads to is ordered
+    /// by its own slot.
+    #[inline]
+    pub fn ring_wanted(&self) -> u64 {
+        self.word(CtrlWord::RingWanted).load(Ordering::Relaxed)
+    }
+
+    /// The number of the last ring offer the peer wrote into the offer slot, 0
+    /// before the first. Relaxed: a cheap check for news on the send path;
+    /// [`ring_offer`](Self::ring_offer) orders the rest.
+    #[inline]
+    pub fn ring_offer_number(&self) -> u64 {
+        self.offer_word(3).load(Ordering::Relaxed)
+    }
+
+    /// The ring offer slot as the peer last wrote it.
+    pub fn ring_offer(&self) -> RingOffer {
+        // Acquire on the number, the slot's last word: the peer writes the four words
+        // in one request, so the others are visible once it is (fabric guarantee 2).
+        let number = self.offer_word(3).load(Ordering::Acquire);
+        // Relaxed: ordered by the Acquire above.
+        let w = |i| self.offer_word(i).load(Ordering::Relaxed);
+        RingOffer::from_words([w(0), w(1), w(2), number])
+    }
+
     #[inline]
     fn slot_word(&self, i: usize) -> &AtomicU64 {
         debug_assert!(i < 4);
         let at = LEND_SLOT as usize + 8 * i;
         // SAFETY: i < 4, so the word lies 8-aligned inside CTRL_SIZE; as in `word`.
         unsafe { &*self.mem.base.as_ptr().add(at).cast::<AtomicU64>() }
+    }
+
+    #[inline]
+    fn offer_word(&self, i: usize) -> &AtomicU64 {
+        debug_assert!(i < 4);
+        let at = RING_OFFER_SLOT as usize + 8 * i;
+        // SAFETY: i < 4, so the word lies 8-aligned inside CTRL_SIZE; as in `word`.
+        unsafe { &*self.mem.base.as_ptr().add(at).cast::<AtomicU64>() }
+    }
+}
+
+/// A ring offer: the receiver's next ring for our outgoing direction, `len` bytes
+/// (a power of two) at `addr`, writable with `rkey`. `number` counts the receiver's
+/// offers from 1 and is written last. The sender takes it by writing a
+/// [`Switch`](super::wire::PacketKind::Switch) packet as the last packet of the ring
+/// it leaves.
+///
+/// ```
+/// use rdma_channel::ring::memory::RingOffer;
+/// let o = RingOffer { addr: 0x7000, rkey: 5, len: 1 << 16, number: 2 };
+/// assert_eq!(RingOffer::from_words(o.to_words()), o);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingOffer {
+    /// The ring's start in the receiver's memory.
+    pub addr: u64,
+    /// Remote key of the ring.
+    pub rkey: u32,
+    /// The ring's size in bytes.
+    pub len: u64,
+    /// The offer's number (from 1).
+    pub number: u64,
+}
+
+impl RingOffer {
+    /// The slot's four words: `addr`, `rkey`, `len`, `number`.
+    pub fn to_words(&self) -> [u64; 4] {
+        [self.addr, u64::from(self.rkey), self.len, self.number]
+    }
+
+    /// The offer the four words describe.
+    pub fn from_words(w: [u64; 4]) -> RingOffer {
+        RingOffer {
+            addr: w[0],
+            rkey: w[1] as u32,
+            len: w[2],
+            number: w[3],
+        }
     }
 }
 
@@ -523,6 +606,11 @@ impl<R: MemoryRegion> StagingBuffer<R> {
         RegionPtr::new(region, false)
             .map(|mem| StagingBuffer { mem })
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "null staging region"))
+    }
+
+    /// Its size in bytes.
+    pub fn size(&self) -> usize {
+        self.mem.len()
     }
 
     /// Copies the pieces of `list` to offset `at` and writes them from there to the

@@ -109,6 +109,11 @@ pub enum PacketKind {
     /// physical offset 0. Lets the sender keep its traffic in the ring's first
     /// bytes, which stay in cache ([`crate::ring::wrap_early`]). One cell, no payload.
     Wrap = 4,
+    /// The last packet of this ring: the next one is in the ring the receiver offered
+    /// last ([`RingOffer`](crate::ring::memory::RingOffer)), at the position after
+    /// this packet. One cell; the payload is the offer's number (8 bytes,
+    /// little-endian), so a receiver never switches to a ring it did not offer.
+    Switch = 5,
 }
 
 impl PacketKind {
@@ -118,6 +123,7 @@ impl PacketKind {
             2 => Some(PacketKind::Pad),
             3 => Some(PacketKind::Rendezvous),
             4 => Some(PacketKind::Wrap),
+            5 => Some(PacketKind::Switch),
             _ => None,
         }
     }

@@ -290,7 +290,7 @@ impl DomainInner {
         let pid = current_pid();
         // Relaxed: only uniqueness matters, not ordering with other memory.
         let id = u64::from(pid) << 32 | (NEXT.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff);
-        let shm = Shm::create(&format!("rdmaemu-{id:016x}-domain"), LAYOUT_SIZE, false)?;
+        let shm = Shm::create(&format!("rdmaemu-{id:016x}-domain"), LAYOUT_SIZE)?;
         // SAFETY: the mapping is page-aligned, at least LAYOUT_SIZE bytes, and owned by
         // the DomainInner next to the view, so it outlives every use of the view.
         let table = unsafe { Table::new(shm.mapping().ptr()) };
@@ -342,7 +342,7 @@ impl DomainInner {
             (slot as u32, gen)
         };
         let name = format!("rdmaemu-{:016x}-{slot}-{gen}", self.id);
-        let shm = match Shm::create(&name, len, true) {
+        let shm = match Shm::create(&name, len) {
             Ok(shm) => shm,
             Err(e) => {
                 lock(&self.segs).slots[slot as usize] = None;
@@ -482,6 +482,10 @@ impl Drop for Segment {
             entry.clear();
         }
         lock(&self.domain.segs).slots[self.slot as usize] = None;
+        // Peers that mapped the segment keep their views until their queue pair
+        // goes: give the pages back now, for every mapping, so that a ring left
+        // behind (a grown or shrunk one) costs nothing from here on.
+        self.shm.release_pages();
     }
 }
 

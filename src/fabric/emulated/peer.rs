@@ -290,7 +290,7 @@ impl Peer {
         let (table, kind) = match local {
             Some(d) => (d.table, Kind::Local(d)),
             None => {
-                let map = Mapping::map_shared_fd(&domain_fd, LAYOUT_SIZE, false)?;
+                let map = Mapping::map_shared_fd(&domain_fd, LAYOUT_SIZE)?;
                 // SAFETY: the mapping is page-aligned, at least LAYOUT_SIZE bytes (checked
                 // by map_shared_fd), shared, and kept in the RemoteProc next to the view
                 // for as long as the Peer exists.
@@ -588,9 +588,8 @@ impl Peer {
                 ))
             })?,
         };
-        let map =
-            Mapping::map_shared_fd(&fd, usize::try_from(live.len).unwrap_or(usize::MAX), true)
-                .map_err(|e| Fault::remote(format!("cannot map peer segment {slot}: {e}")))?;
+        let map = Mapping::map_shared_fd(&fd, usize::try_from(live.len).unwrap_or(usize::MAX))
+            .map_err(|e| Fault::remote(format!("cannot map peer segment {slot}: {e}")))?;
         let (base, len) = (map.ptr(), map.len());
         let view = Box::into_raw(Box::new(SegView { gen, map }));
         slow.views.push(view);

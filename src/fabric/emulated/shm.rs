@@ -50,11 +50,10 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps `len` bytes of `fd` read-write and shared. `populate` pre-faults the pages
-    /// (as memory registration pins pages on a real NIC), so the first copy into the
-    /// memory does not pay for page faults.
-    fn map(fd: RawFd, len: usize, populate: bool) -> io::Result<Mapping> {
-        let flags = libc::MAP_SHARED | if populate { libc::MAP_POPULATE } else { 0 };
+    /// Maps `len` bytes of `fd` read-write and shared. Nothing is pre-faulted: a page
+    /// costs memory once it is touched, so a ring that carried little costs little.
+    fn map(fd: RawFd, len: usize) -> io::Result<Mapping> {
+        let flags = libc::MAP_SHARED;
         // SAFETY: a fresh mapping at a kernel-chosen address overlaps nothing we own;
         // the kernel validates fd and length.
         let p = unsafe {
@@ -82,11 +81,7 @@ impl Mapping {
     /// # Errors
     ///
     /// The descriptor is not a sealed memfd, is too short, or `mmap` failed.
-    pub(crate) fn map_shared_fd(
-        fd: &OwnedFd,
-        min_len: usize,
-        populate: bool,
-    ) -> io::Result<Mapping> {
+    pub(crate) fn map_shared_fd(fd: &OwnedFd, min_len: usize) -> io::Result<Mapping> {
         // SAFETY: F_GET_SEALS only reads the file's seal set.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 {
@@ -111,7 +106,7 @@ impl Mapping {
                 format!("peer memory file has {size} bytes, expected at least {min_len}"),
             ));
         }
-        Mapping::map(fd.as_raw_fd(), size, populate)
+        Mapping::map(fd.as_raw_fd(), size)
     }
 
     /// Replaces the mapped file by private anonymous memory at the same addresses, so
@@ -184,11 +179,6 @@ pub(crate) struct Shm {
     _charge: Charge,
 }
 
-/// Largest segment whose pages are faulted in at creation: rings and buffers up to
-/// this size start warm; larger ones fault as they are touched, so creating one never
-/// commits more than this in one go.
-const POPULATE_MAX: usize = 64 << 20;
-
 impl Shm {
     /// Creates a zero-filled memfd called `name` of `len` bytes (rounded up to pages),
     /// seals its size and maps it.
@@ -198,7 +188,7 @@ impl Shm {
     /// `len == 0`, a name with a NUL byte; `OutOfMemory` beyond the process's memory
     /// limit ([`crate::limits`]), checked before anything is created; or the kernel
     /// refused.
-    pub(crate) fn create(name: &str, len: usize, populate: bool) -> io::Result<Shm> {
+    pub(crate) fn create(name: &str, len: usize) -> io::Result<Shm> {
         let len = round_to_pages(len)
             .filter(|&l| l > 0)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "invalid segment length"))?;
@@ -225,7 +215,7 @@ impl Shm {
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        let map = Mapping::map(fd.as_raw_fd(), len, populate && len <= POPULATE_MAX)?;
+        let map = Mapping::map(fd.as_raw_fd(), len)?;
         Ok(Shm {
             map,
             fd,
@@ -242,6 +232,23 @@ impl Shm {
     pub(crate) fn fd(&self) -> &OwnedFd {
         &self.fd
     }
+
+    /// Frees the file's pages (a hole punched over all of it), in every process that
+    /// maps it: they read zeros afterwards. Best effort: if the kernel refuses, the
+    /// pages go when the last mapping does.
+    pub(crate) fn release_pages(&self) {
+        let len = libc::off_t::try_from(self.map.len()).unwrap_or(libc::off_t::MAX);
+        // SAFETY: fallocate on our own memfd; punching a hole keeps the size (the
+        // seals forbid changing it), so no mapping can fault on a missing page.
+        unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                len,
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -250,7 +257,7 @@ mod tests {
 
     #[test]
     fn create_is_zeroed_page_rounded_and_sealed() {
-        let shm = Shm::create("rdmaemu-test", 10, true).unwrap();
+        let shm = Shm::create("rdmaemu-test", 10).unwrap();
         assert_eq!(shm.mapping().len(), page_size());
         // SAFETY: the mapping is live and len bytes long.
         let bytes = unsafe { std::slice::from_raw_parts(shm.mapping().ptr(), shm.mapping().len()) };
@@ -262,9 +269,9 @@ mod tests {
 
     #[test]
     fn second_mapping_sees_the_same_bytes() {
-        let shm = Shm::create("rdmaemu-test", 4096, false).unwrap();
+        let shm = Shm::create("rdmaemu-test", 4096).unwrap();
         let dup = shm.fd().try_clone().unwrap();
-        let other = Mapping::map_shared_fd(&dup, 4096, false).unwrap();
+        let other = Mapping::map_shared_fd(&dup, 4096).unwrap();
         // SAFETY: both mappings are live and at least 4096 bytes long.
         unsafe {
             shm.mapping().ptr().add(100).write(42);
@@ -274,9 +281,9 @@ mod tests {
 
     #[test]
     fn released_pages_stay_addressable_and_detach_from_the_file() {
-        let shm = Shm::create("rdmaemu-test", 4096, false).unwrap();
+        let shm = Shm::create("rdmaemu-test", 4096).unwrap();
         let dup = shm.fd().try_clone().unwrap();
-        let view = Mapping::map_shared_fd(&dup, 4096, true).unwrap();
+        let view = Mapping::map_shared_fd(&dup, 4096).unwrap();
         view.release_pages();
         // SAFETY: the range is still mapped (anonymous now) and 4096 bytes long.
         unsafe {
@@ -292,9 +299,9 @@ mod tests {
 
     #[test]
     fn unsealed_or_short_files_are_refused() {
-        let shm = Shm::create("rdmaemu-test", 4096, false).unwrap();
+        let shm = Shm::create("rdmaemu-test", 4096).unwrap();
         let dup = shm.fd().try_clone().unwrap();
-        let e = Mapping::map_shared_fd(&dup, 8192, false).unwrap_err();
+        let e = Mapping::map_shared_fd(&dup, 8192).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         let name = CString::new("plain").unwrap();
         // SAFETY: valid name; we own the result.
@@ -304,7 +311,7 @@ mod tests {
         let plain = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: sizing our own memfd.
         assert_eq!(unsafe { libc::ftruncate(plain.as_raw_fd(), 4096) }, 0);
-        let e = Mapping::map_shared_fd(&plain, 1, false).unwrap_err();
+        let e = Mapping::map_shared_fd(&plain, 1).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
     }
 

@@ -1,0 +1,169 @@
+/* Memory and time as ranks per node grow (seed 003, Shipman et al., "Infiniband
+ * Scalability in Open MPI", figures 3-6), for any MPI: bench/scale.sh builds it with
+ * each MPI's mpicc and runs it the same way for each.
+ *
+ * usage: scale_mpi PATTERN [ROUNDS]
+ *   hello     MPI_Init, a barrier, then nothing
+ *   pairwise  a ping-pong of 4 KiB with rank ^ 1, ROUNDS times (default 100)
+ *   alltoall  every rank exchanges 4 KiB with every other rank, ROUNDS times
+ *             (default 3), with MPI_Isend/MPI_Irecv to all then MPI_Waitall
+ *   idle      zero-byte ping-pong latency of ranks 0 and 1, first with no other
+ *             connection, then after every rank exchanged a message with every
+ *             other (so the pair has size - 2 connected, idle peers); the other
+ *             ranks wait in MPI_Recv meanwhile (seed 003, figure 6)
+ *
+ * Prints one line of "key=value" fields from rank 0: the pattern, ranks, mean and
+ * max PSS over ranks in KiB (from /proc/self/smaps_rollup, read before
+ * MPI_Finalize, after the pattern), the pattern's time (alltoall: the slowest rank's
+ * seconds), and for idle the two latencies in microseconds (medians of 7 batches).
+ * A benchmark, never a test: nothing asserts.
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MSG 4096
+
+static long pss_kib(void)
+{
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    char line[256];
+    long kib = -1;
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Pss: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *) a, y = *(const double *) b;
+    return (x > y) - (x < y);
+}
+
+/* Median over 7 batches of the one-way zero-byte latency between ranks 0 and 1, in
+ * microseconds (valid on rank 0). */
+static double pair_latency(int rank, int iters)
+{
+    double batch[7];
+    char b = 0;
+    for (int k = 0; k < 7; k++) {
+        double t0 = 0;
+        for (int i = -iters / 10; i < iters; i++) {
+            if (i == 0)
+                t0 = MPI_Wtime();
+            if (rank == 0) {
+                MPI_Send(&b, 0, MPI_CHAR, 1, 7, MPI_COMM_WORLD);
+                MPI_Recv(&b, 0, MPI_CHAR, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            } else {
+                MPI_Recv(&b, 0, MPI_CHAR, 0, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                MPI_Send(&b, 0, MPI_CHAR, 0, 7, MPI_COMM_WORLD);
+            }
+        }
+        batch[k] = (MPI_Wtime() - t0) * 1e6 / (2.0 * iters);
+    }
+    qsort(batch, 7, sizeof batch[0], cmp_double);
+    return batch[3];
+}
+
+int main(int argc, char **argv)
+{
+    int rank, size;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    const char *pattern = argc > 1 ? argv[1] : "hello";
+    int rounds = argc > 2 ? atoi(argv[2]) : -1;
+    double elapsed = 0, lat_alone = 0, lat_idle = 0;
+
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (strcmp(pattern, "pairwise") == 0) {
+        char *buf = calloc(1, MSG);
+        int peer = rank ^ 1;
+        if (rounds < 0)
+            rounds = 100;
+        double t0 = MPI_Wtime();
+        if (peer < size)
+            for (int r = 0; r < rounds; r++) {
+                if (rank < peer) {
+                    MPI_Send(buf, MSG, MPI_CHAR, peer, 1, MPI_COMM_WORLD);
+                    MPI_Recv(buf, MSG, MPI_CHAR, peer, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                } else {
+                    MPI_Recv(buf, MSG, MPI_CHAR, peer, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                    MPI_Send(buf, MSG, MPI_CHAR, peer, 1, MPI_COMM_WORLD);
+                }
+            }
+        elapsed = MPI_Wtime() - t0;
+        free(buf);
+    } else if (strcmp(pattern, "alltoall") == 0) {
+        char *out = calloc((size_t) size, MSG), *in = calloc((size_t) size, MSG);
+        MPI_Request *req = malloc(sizeof(MPI_Request) * 2 * (size_t) size);
+        if (rounds < 0)
+            rounds = 3;
+        double t0 = MPI_Wtime();
+        for (int r = 0; r < rounds; r++) {
+            int n = 0;
+            for (int p = 0; p < size; p++)
+                if (p != rank)
+                    MPI_Irecv(in + (size_t) p * MSG, MSG, MPI_CHAR, p, 2, MPI_COMM_WORLD, &req[n++]);
+            for (int k = 1; k < size; k++) {
+                int p = (rank + k) % size;
+                memset(out + (size_t) p * MSG, r + k, MSG);
+                MPI_Isend(out + (size_t) p * MSG, MSG, MPI_CHAR, p, 2, MPI_COMM_WORLD, &req[n++]);
+            }
+            MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
+        }
+        elapsed = MPI_Wtime() - t0;
+        free(out);
+        free(in);
+        free(req);
+    } else if (strcmp(pattern, "idle") == 0) {
+        int iters = rounds < 0 ? 2000 : rounds;
+        char b = 0;
+        if (rank < 2 && size >= 2)
+            lat_alone = pair_latency(rank, iters);
+        /* Everyone connects to everyone: one zero-byte message each way per pair. */
+        MPI_Request *req = malloc(sizeof(MPI_Request) * 2 * (size_t) size);
+        int n = 0;
+        for (int p = 0; p < size; p++)
+            if (p != rank) {
+                MPI_Irecv(&b, 0, MPI_CHAR, p, 3, MPI_COMM_WORLD, &req[n++]);
+                MPI_Isend(&b, 0, MPI_CHAR, p, 3, MPI_COMM_WORLD, &req[n++]);
+            }
+        MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
+        free(req);
+        if (rank < 2 && size >= 2) {
+            lat_idle = pair_latency(rank, iters);
+            if (rank == 0)
+                for (int p = 2; p < size; p++)
+                    MPI_Send(&b, 0, MPI_CHAR, p, 4, MPI_COMM_WORLD);
+        } else {
+            MPI_Recv(&b, 0, MPI_CHAR, 0, 4, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        }
+    } else if (strcmp(pattern, "hello") != 0) {
+        if (rank == 0)
+            fprintf(stderr, "scale_mpi: unknown pattern '%s'\n", pattern);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+
+    long pss = pss_kib();
+    long sum = 0, max = 0;
+    double slowest = 0;
+    MPI_Reduce(&pss, &sum, 1, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
+    MPI_Reduce(&pss, &max, 1, MPI_LONG, MPI_MAX, 0, MPI_COMM_WORLD);
+    MPI_Reduce(&elapsed, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    if (rank == 0) {
+        printf("pattern=%s ranks=%d pss_mean_kib=%ld pss_max_kib=%ld time_s=%.4f", pattern, size,
+               sum / size, max, slowest);
+        if (strcmp(pattern, "idle") == 0)
+            printf(" lat_alone_us=%.3f lat_idle_peers_us=%.3f", lat_alone, lat_idle);
+        printf("\n");
+        fflush(stdout);
+    }
+    MPI_Finalize();
+    return 0;
+}

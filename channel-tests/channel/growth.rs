@@ -1,0 +1,150 @@
+//! Rings that grow with their traffic and shrink back when idle (ARCHITECTURE.md,
+//! "Rings that grow"), with the defaults a user gets: a 16 KiB start, growth up to
+//! the 4 MiB ring size. The property tests (`properties.rs`) run growing and
+//! shrinking rings against the byte-queue model; these check that it happens.
+
+use super::*;
+
+/// Streams `total` bytes of a counting pattern from `a` to `b` in one thread with
+/// `piece`-byte puts and gets, checking every byte.
+fn stream(a: &mut RdmaStream, b: &mut RdmaStream, total: usize, piece: usize) {
+    let data: Vec<u8> = (0..piece).map(|i| (i * 7 + 3) as u8).collect();
+    let (mut sent, mut got) = (0usize, 0usize);
+    let mut buf = vec![0u8; piece];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got < total {
+        assert!(
+            Instant::now() < deadline,
+            "stalled at {got} of {total} bytes"
+        );
+        if sent < total {
+            let at = sent % piece;
+            let n = (piece - at).min(total - sent);
+            sent += a.put(&[IoSlice::new(&data[at..at + n])]).unwrap();
+        }
+        let at = got % piece;
+        let want = (piece - at).min(total - got);
+        let n = b.get(&mut [IoSliceMut::new(&mut buf[..want])]).unwrap();
+        assert_eq!(&buf[..n], &data[at..at + n], "bytes {got}..{}", got + n);
+        got += n;
+    }
+}
+
+#[test]
+fn a_ring_starts_small_and_grows_to_the_ring_size_under_a_stream() {
+    bounded("a_ring_starts_small_and_grows", || {
+        let cfg = Config::default();
+        let (mut a, mut b) = RdmaStream::pair_with(cfg.clone()).unwrap();
+        let initial = cfg.initial_ring_size() as u64;
+        assert_eq!(initial, 16 << 10, "the default start");
+        assert_eq!(a.channel().sender().ring_size(), initial);
+        assert_eq!(b.channel().receiver().ring_size(), initial);
+        // Messages larger than the ring stall it: each stall asks for a ring four
+        // times as large, until the ring size.
+        stream(&mut a, &mut b, 32 << 20, 1 << 20);
+        let grown = b.channel().receiver().ring_size();
+        assert_eq!(grown, cfg.ring_size() as u64, "grown to the ring size");
+        assert_eq!(a.channel().sender().ring_size(), grown);
+        // The other direction never carried anything: still small.
+        assert_eq!(a.channel().receiver().ring_size(), initial);
+        // And the stream goes on, both ways.
+        stream(&mut b, &mut a, 1 << 20, 4096);
+        stream(&mut a, &mut b, 1 << 20, 100);
+    });
+}
+
+#[test]
+fn small_messages_never_grow_the_ring() {
+    bounded("small_messages_never_grow_the_ring", || {
+        let (mut a, mut b) = RdmaStream::pair().unwrap();
+        // A ping-pong of 4 KiB messages: one in flight at a time fits any ring.
+        let mut buf = vec![0u8; 4096];
+        for i in 0..2000u32 {
+            let msg = vec![i as u8; 4096];
+            a.write_all(&msg).unwrap();
+            b.read_exact(&mut buf).unwrap();
+            assert_eq!(buf, msg);
+            b.write_all(&buf).unwrap();
+            a.read_exact(&mut buf).unwrap();
+        }
+        assert_eq!(a.channel().sender().ring_size(), 16 << 10);
+        assert_eq!(b.channel().sender().ring_size(), 16 << 10);
+    });
+}
+
+#[test]
+fn a_grown_ring_shrinks_back_after_it_idled() {
+    bounded("a_grown_ring_shrinks_back_after_it_idled", || {
+        let cfg = Config::default().with_ring_idle(Duration::from_millis(50));
+        let (mut a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+        stream(&mut a, &mut b, 4 << 20, 256 << 10);
+        let grown = b.channel().receiver().ring_size();
+        assert!(grown > 16 << 10, "grew: {grown}");
+        // The receiver polls its empty ring (an idle check every 1024 empty polls):
+        // once it saw the ring idle for 50 ms, it offers the initial size, which the
+        // sender takes at its next put, before the byte it puts.
+        let mut buf = [0u8; 64];
+        for _ in 0..3 {
+            for _ in 0..1024 {
+                assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+            }
+            std::thread::sleep(Duration::from_millis(60));
+        }
+        assert_eq!(
+            b.channel().receiver().ring_size(),
+            grown,
+            "not before the put"
+        );
+        a.put(&[IoSlice::new(b"z")]).unwrap();
+        let mut one = [0u8; 1];
+        assert_eq!(get_settled(&mut b, &mut one, 1).unwrap(), 1);
+        assert_eq!(one[0], b'z');
+        assert_eq!(b.channel().receiver().ring_size(), 16 << 10);
+        assert_eq!(a.channel().sender().ring_size(), 16 << 10);
+        // Bytes after the switch are intact, and the ring can grow again.
+        stream(&mut a, &mut b, 8 << 20, 1 << 20);
+        assert!(b.channel().receiver().ring_size() > 16 << 10);
+    });
+}
+
+#[test]
+fn growth_under_two_threads_keeps_every_byte_in_order() {
+    bounded("growth_under_two_threads", || {
+        let cfg = Config::default().with_ring_idle(Duration::from_millis(1));
+        let (a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+        let total = 48usize << 20;
+        let writer = std::thread::spawn(move || {
+            let mut a = a;
+            let mut rng = Rng::new(9);
+            let mut sent = 0usize;
+            let mut i = 0u64;
+            while sent < total {
+                // Bursts of large writes, then small ones with pauses, so rings grow,
+                // idle, shrink and grow again.
+                let n = if (i / 64) % 2 == 0 {
+                    rng.below(1 << 20) as usize + 1
+                } else {
+                    std::thread::sleep(Duration::from_micros(200));
+                    rng.below(200) as usize + 1
+                };
+                let n = n.min(total - sent);
+                let chunk: Vec<u8> = (sent..sent + n).map(|k| (k % 251) as u8).collect();
+                a.write_all(&chunk).unwrap();
+                sent += n;
+                i += 1;
+            }
+            a
+        });
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 300_000];
+        while got < total {
+            let n = b.read(&mut buf).unwrap();
+            assert!(n > 0, "end of stream at {got}");
+            for (k, &byte) in buf[..n].iter().enumerate() {
+                assert_eq!(byte, ((got + k) % 251) as u8, "byte {}", got + k);
+            }
+            got += n;
+        }
+        drop(writer.join().unwrap());
+    });
+}

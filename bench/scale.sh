@@ -42,9 +42,9 @@ scripts/mpich-rch --device ch3:rch >/dev/null
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$cache/install-rch/bin/mpicc" -O2 -o "$work/scale_rch" bench/c/scale_mpi.c
-mpicc.mpich -O2 -o "$work/scale_deb" bench/c/scale_mpi.c
-mpicc.openmpi -O2 -o "$work/scale_ompi" bench/c/scale_mpi.c
+"$cache/install-rch/bin/mpicc" -O2 -Wno-stringop-overflow -o "$work/scale_rch" bench/c/scale_mpi.c
+mpicc.mpich -O2 -Wno-stringop-overflow -o "$work/scale_deb" bench/c/scale_mpi.c
+mpicc.openmpi -O2 -Wno-stringop-overflow -o "$work/scale_ompi" bench/c/scale_mpi.c
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 IFS=, read -r -a sys_list <<<"$systems"

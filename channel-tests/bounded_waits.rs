@@ -84,6 +84,51 @@ fn a_silent_client_does_not_stop_the_listener_serving_a_good_one() {
 }
 
 #[test]
+fn with_the_default_timeout_a_good_client_is_served_while_silent_ones_wait() {
+    // Handshakes run side by side: with the default 10 s handshake bound, clients
+    // that say nothing, or stop mid-frame, must not hold up one that connects
+    // 100 ms after them (served one after another, it would wait 10 s or more).
+    let dir = scratch("accept-default");
+    let path = dir.join("sock");
+    let listener = RdmaListener::bind_with(&path, Config::default()).unwrap();
+    let _silent = UnixStream::connect(&path).unwrap();
+    let mut half = UnixStream::connect(&path).unwrap();
+    half.write_all(&64u32.to_le_bytes()).unwrap();
+    let p = path.clone();
+    let good = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let mut s = RdmaStream::connect_with(&p, Config::default()).unwrap();
+        s.write_all(b"served").unwrap();
+    });
+    let start = Instant::now();
+    let mut s = listener.accept().unwrap();
+    let took = start.elapsed();
+    let mut got = [0u8; 6];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"served");
+    good.join().unwrap();
+    assert!(
+        took < Duration::from_secs(5),
+        "the good client waited {took:?} behind silent ones"
+    );
+    // The silent client is still waited for (its own 10 s have not passed): a
+    // second good client is served meanwhile too.
+    let p = path.clone();
+    let second = std::thread::spawn(move || {
+        RdmaStream::connect_with(&p, Config::default())
+            .unwrap()
+            .write_all(b"again")
+            .unwrap();
+    });
+    let mut s = listener.accept().unwrap();
+    let mut got = [0u8; 5];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"again");
+    second.join().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn bind_refuses_a_live_listeners_path_and_replaces_a_stale_one() {
     let dir = scratch("bind");
     let path = dir.join("sock");

@@ -16,8 +16,9 @@
 //! The *initiator* sends `HELLO`; the *acceptor* connects its end and answers
 //! `ACCEPT` (or `CLOSED`, `REJECT`); the initiator connects its end and answers
 //! `READY`, and only then does the acceptor write: a verbs queue pair must be ready to
-//! receive before packets arrive. [`initiate`] and [`accept`] are the two sides,
-//! blocking; [`symmetric`] is the flow for two ends that cannot tell which is which
+//! receive before packets arrive. [`initiate`] and [`accept_hello`] then
+//! [`accept_ready`] are the two sides, one frame per call (a listener runs many
+//! acceptors' steps side by side); [`symmetric`] is the flow for two ends that cannot tell which is which
 //! ([`RdmaStream::handshake`](crate::RdmaStream::handshake)): both say `HELLO`, both
 //! connect, both say `READY`.
 
@@ -245,17 +246,18 @@ pub(crate) fn initiate<F: Fabric>(
     Ok(chan)
 }
 
-/// The acceptor's side, blocking: the peer's `HELLO` (whose hello `check` must
-/// accept), connect, `ACCEPT`, the peer's `READY`. Returns the channel and the hello.
+/// The acceptor's first step: reads `HELLO` (due by `deadline`), checks its hello,
+/// prepares this end (`prepare`, called only for a hello that passed), connects to
+/// the initiator's card and answers `ACCEPT`. The channel may not be written to
+/// before [`accept_ready`] saw `READY`.
 ///
 /// # Errors
 ///
-/// `PermissionDenied` when `check` refused (the peer is told why);
-/// `ConnectionRefused` when the peer failed after our `ACCEPT`; `InvalidData` for
-/// malformed frames or cards; socket and fabric failures.
-pub(crate) fn accept<F: Fabric>(
+/// `PermissionDenied` when `check` refused (the peer is told why); `InvalidData`
+/// for malformed frames or cards; socket and fabric failures.
+pub(crate) fn accept_hello<F: Fabric>(
     s: &UnixStream,
-    prepared: Prepared<F>,
+    prepare: impl FnOnce() -> io::Result<Prepared<F>>,
     check: impl FnOnce(&[u8]) -> Result<(), String>,
     deadline: Instant,
 ) -> io::Result<(Channel<F>, Vec<u8>)> {
@@ -269,8 +271,11 @@ pub(crate) fn accept<F: Fabric>(
         let _ = send(s, TAG_CLOSED, why.as_bytes(), None);
         return Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
     }
-    let ours = prepared.card()?;
-    let chan = match prepared.connect(card) {
+    let connected = prepare().and_then(|prepared| {
+        let ours = prepared.card()?;
+        Ok((prepared.connect(card)?, ours))
+    });
+    let (chan, ours) = match connected {
         Ok(c) => c,
         Err(e) => {
             let _ = send(s, TAG_CLOSED, e.to_string().as_bytes(), None);
@@ -278,11 +283,21 @@ pub(crate) fn accept<F: Fabric>(
         }
     };
     send(s, TAG_ACCEPT, &[], Some(ours))?;
+    Ok((chan, hello))
+}
+
+/// The acceptor's last step: `READY` from the initiator, due by `deadline`.
+///
+/// # Errors
+///
+/// `ConnectionRefused` when the peer failed after our `ACCEPT`; `TimedOut`;
+/// `InvalidData` for another frame.
+pub(crate) fn accept_ready(s: &UnixStream, deadline: Instant) -> io::Result<()> {
     let (tag, body) = recv_by(s, deadline)?;
     if &tag != TAG_READY {
         return Err(refused(&tag, &body));
     }
-    Ok((chan, hello))
+    Ok(())
 }
 
 /// Both ends at once, when neither knows which it is: both send `HELLO`, both

@@ -824,10 +824,13 @@ impl std::fmt::Debug for RdmaListener {
 
 enum Listening {
     Unix {
+        /// Non-blocking: accepting polls it beside the handshakes under way.
         listener: UnixListener,
         path: std::path::PathBuf,
         cfg: Config,
         fabric: AnyFabric,
+        /// Clients accepted whose handshakes have not finished, each with its deadline.
+        handshakes: std::sync::Mutex<Vec<Handshake>>,
     },
     #[cfg(feature = "verbs")]
     Inet(crate::handshake::cm::CmListener),
@@ -893,12 +896,14 @@ impl RdmaListener {
                 format!("cannot listen at {}: {e}", path.display()),
             )
         })?;
+        listener.set_nonblocking(true)?;
         Ok(RdmaListener {
             inner: Listening::Unix {
                 listener,
                 path: path.to_path_buf(),
                 cfg,
                 fabric,
+                handshakes: std::sync::Mutex::new(Vec::new()),
             },
         })
     }
@@ -953,42 +958,30 @@ impl RdmaListener {
         }
     }
 
-    /// Waits for a peer and connects to it. A peer whose handshake fails or does not
-    /// finish within the connect timeout ([`Config::with_connect_timeout`]) is
-    /// dropped (told why where possible) and accepting goes on, so one silent client
-    /// delays the next by at most that timeout.
+    /// Waits for a peer and connects to it. Handshakes run side by side: a client
+    /// that connects and says nothing (or stops halfway) delays no other, and is
+    /// dropped (told why where possible) once its handshake passes the connect
+    /// timeout ([`Config::with_connect_timeout`]); so is one whose handshake fails.
     ///
     /// # Errors
     ///
-    /// Only a failure of the listener itself (or of allocating a connection's rings).
+    /// Only a failure of the listener itself.
     pub fn accept(&self) -> io::Result<RdmaStream> {
         match &self.inner {
             Listening::Unix {
                 listener,
                 cfg,
                 fabric,
+                handshakes,
                 ..
-            } => loop {
-                let (sock, _) = listener.accept()?;
-                // One client's handshake may take at most the connect timeout, so a
-                // silent or slow client delays the next one by that much and no more.
-                let deadline = Instant::now() + cfg.connect_timeout();
-                let prepared = Prepared::new(fabric.for_connection()?, cfg.clone())?;
-                // A stream's HELLO carries no hello (a process group's carries ranks).
-                let streams_only = |hello: &[u8]| {
-                    if hello.is_empty() {
-                        Ok(())
-                    } else {
-                        Err("this listener takes streams, not process-group connections".into())
+            } => {
+                let mut pending = handshakes.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    if let Some(c) = step_handshakes(listener, cfg, fabric, &mut pending)? {
+                        return Ok(RdmaStream::from_channel(c));
                     }
-                };
-                // A client whose handshake fails (silent, malformed, another fabric, a
-                // refused hello) is dropped, told why where it can be, and accepting
-                // goes on, as on an IP address.
-                if let Ok((c, _)) = unix::accept(&sock, prepared, streams_only, deadline) {
-                    return Ok(RdmaStream::from_channel(c));
                 }
-            },
+            }
             #[cfg(feature = "verbs")]
             Listening::Inet(l) => {
                 // A stream's connection request carries no hello.
@@ -1011,5 +1004,126 @@ impl RdmaListener {
                 }
             }
         }
+    }
+}
+
+/// A client of a listener on a Unix socket, between `accept(2)` and the end of its
+/// handshake.
+struct Handshake {
+    sock: UnixStream,
+    deadline: Instant,
+    /// Connected and `ACCEPT` sent: waiting for `READY` before anything is written.
+    accepted: Option<Channel<AnyFabric>>,
+}
+
+/// Longest wait for the rest of a frame once its first bytes are readable: a correct
+/// client sends each frame in one `sendmsg`, so it is all there at once; a client
+/// that stops mid-frame holds the others up for no longer than this.
+const REST_OF_FRAME: Duration = Duration::from_millis(100);
+
+/// One step of a listener: takes the clients waiting in `listener`'s backlog, waits
+/// (in `poll(2)`, at most until the nearest handshake deadline) until the listener
+/// or one of the handshakes under way has something to read, and moves every
+/// readable handshake on by one frame. Returns the first connection whose
+/// handshake finished. Handshakes past their deadline are dropped, their clients
+/// told so.
+fn step_handshakes(
+    listener: &UnixListener,
+    cfg: &Config,
+    fabric: &AnyFabric,
+    pending: &mut Vec<Handshake>,
+) -> io::Result<Option<Channel<AnyFabric>>> {
+    loop {
+        match listener.accept() {
+            Ok((sock, _)) => pending.push(Handshake {
+                sock,
+                deadline: Instant::now() + cfg.connect_timeout(),
+                accepted: None,
+            }),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // The client gave up before we took it: not the listener's failure.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let now = Instant::now();
+    pending.retain(|h| {
+        let alive = h.deadline > now;
+        if !alive {
+            let _ = unix::send(&h.sock, unix::TAG_CLOSED, b"handshake timed out", None);
+        }
+        alive
+    });
+    use std::os::fd::AsRawFd;
+    let mut fds = Vec::with_capacity(pending.len() + 1);
+    fds.push(libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    for h in pending.iter() {
+        fds.push(libc::pollfd {
+            fd: h.sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+    let wait = pending
+        .iter()
+        .map(|h| h.deadline.saturating_duration_since(now))
+        .min()
+        .unwrap_or(Duration::from_secs(1))
+        .min(Duration::from_secs(1));
+    let ms = libc::c_int::try_from(wait.as_millis() + 1).unwrap_or(1000);
+    // SAFETY: `fds` is a live array of initialised pollfds of the length passed.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    // Walk the handshakes that have something to read (hang-ups included), from the
+    // back so that removing one keeps the indices of the rest.
+    for i in (0..pending.len()).rev() {
+        if fds[i + 1].revents == 0 {
+            continue;
+        }
+        let h = &mut pending[i];
+        let by = h.deadline.min(Instant::now() + REST_OF_FRAME);
+        match h.accepted.take() {
+            None => {
+                let prepare = || Prepared::new(fabric.for_connection()?, cfg.clone());
+                match unix::accept_hello(&h.sock, prepare, streams_only, by) {
+                    Ok((c, _)) => h.accepted = Some(c),
+                    // A client whose handshake fails (silent, malformed, another
+                    // fabric, a refused hello) is dropped, told why where it can be.
+                    Err(_) => {
+                        pending.swap_remove(i);
+                    }
+                }
+            }
+            Some(c) => {
+                let ready = unix::accept_ready(&h.sock, by);
+                pending.swap_remove(i);
+                if ready.is_ok() {
+                    return Ok(Some(c));
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The hello check of a listener for streams: a stream's `HELLO` carries no hello (a
+/// process group's carries ranks).
+fn streams_only(hello: &[u8]) -> Result<(), String> {
+    if hello.is_empty() {
+        Ok(())
+    } else {
+        Err("this listener takes streams, not process-group connections".into())
     }
 }

@@ -699,12 +699,13 @@ impl Group {
         }
     }
 
+    /// A connection's end, in the group's one protection domain: on the emulated
+    /// fabric as on verbs, every connection of the process shares it (and its
+    /// registration cache), so a connection costs its rings and table entries, not
+    /// a domain's tables of its own.
     fn prepare(&self) -> Result<Prepared<AnyFabric>, Error> {
-        let f = self
-            .fabric
-            .for_connection()
-            .map_err(|e| Error::from_setup(&e, "fabric domain"))?;
-        Prepared::new(f, self.cfg.clone()).map_err(|e| Error::from_setup(&e, "connection memory"))
+        Prepared::new(self.fabric.clone(), self.cfg.clone())
+            .map_err(|e| Error::from_setup(&e, "connection memory"))
     }
 
     /// Accepts peers' HELLOs and advances our handshakes. True if anything changed.

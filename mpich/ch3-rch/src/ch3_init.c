@@ -9,6 +9,7 @@
 
 #include "mpidi_ch3_impl.h"
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The ABI version of the channel interface this channel implements. */
@@ -76,6 +77,36 @@ static int ex_fence(void *ctx)
     return MPIR_pmi_barrier() == MPI_SUCCESS ? 0 : -1;
 }
 
+/* True when the user set CH3 variable NAME (without its prefix) in any of the three
+ * spellings MPICH reads. */
+static int cvar_set_by_user(const char *name)
+{
+    static const char *const prefixes[] = { "MPIR_CVAR_", "MPICH_", "MPIR_PARAM_" };
+    char var[128];
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+        snprintf(var, sizeof var, "%s%s", prefixes[i], name);
+        if (getenv(var))
+            return 1;
+    }
+    return 0;
+}
+
+/* CH3 preallocates and initialises its global RMA pools in MPI_Init, right after
+ * this channel's init: 16384 operations and 16384 targets by default, 4.5 MiB
+ * touched in every process whether it ever uses RMA or not (more than everything
+ * else a rank of a 32-rank all-to-all holds; bench/scale.sh). They are overflow
+ * pools behind each window's own (256 of each), and CH3 issues pending operations
+ * and tries again when they run out, so ch3:rch starts them at 1024 unless the user
+ * chose a size. */
+#define RCH_RMA_GLOBAL_POOL 1024
+static void smaller_rma_pools(void)
+{
+    if (!cvar_set_by_user("CH3_RMA_OP_GLOBAL_POOL_SIZE"))
+        MPIR_CVAR_CH3_RMA_OP_GLOBAL_POOL_SIZE = RCH_RMA_GLOBAL_POOL;
+    if (!cvar_set_by_user("CH3_RMA_TARGET_GLOBAL_POOL_SIZE"))
+        MPIR_CVAR_CH3_RMA_TARGET_GLOBAL_POOL_SIZE = RCH_RMA_GLOBAL_POOL;
+}
+
 /* The exchange's context: this process's rank (the struct is copied by the library,
  * the context must outlive rch_finalize). */
 static int my_rank_for_exchange;
@@ -108,6 +139,7 @@ int MPIDI_CH3_Init(int has_parent, MPIDI_PG_t * pg_p, int pg_rank)
 
     mpi_errno = MPIDI_CH3I_Progress_init();
     MPIR_ERR_CHECK(mpi_errno);
+    smaller_rma_pools();
 
   fn_exit:
     MPIR_FUNC_EXIT;

@@ -303,7 +303,7 @@ impl DomainInner {
             regs: Mutex::new(SlotAlloc::new(REG_CAPACITY)),
             qps: Mutex::new(SlotAlloc::new(QP_CAPACITY)),
             segs: Mutex::new(SegSlots {
-                slots: (0..SEG_CAPACITY).map(|_| None).collect(),
+                slots: Vec::new(),
                 next_gen: 1,
             }),
         });
@@ -324,12 +324,21 @@ impl DomainInner {
     fn new_segment(self: &Arc<Self>, len: usize) -> io::Result<Arc<Segment>> {
         let (slot, gen) = {
             let mut segs = lock(&self.segs);
-            let slot = segs.slots.iter().position(Option::is_none).ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::OutOfMemory,
-                    format!("segment table full ({SEG_CAPACITY} live segments)"),
-                )
-            })?;
+            // The table grows as segments are made (a connection has a handful), so
+            // an idle domain does not carry room for all SEG_CAPACITY of them.
+            let slot = match segs.slots.iter().position(Option::is_none) {
+                Some(free) => free,
+                None if segs.slots.len() < SEG_CAPACITY as usize => {
+                    segs.slots.push(None);
+                    segs.slots.len() - 1
+                }
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::OutOfMemory,
+                        format!("segment table full ({SEG_CAPACITY} live segments)"),
+                    ))
+                }
+            };
             let gen = segs.next_gen;
             segs.next_gen = gen.wrapping_add(1).max(1);
             // Reserve the slot; base/len 0 match no registration until it is filled.

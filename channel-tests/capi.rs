@@ -370,6 +370,12 @@ fn alltoall_8_ranks_oversubscribed_pmi() {
 }
 
 #[test]
+fn poll_ready_lists_the_connections_with_something_to_read_and_only_those() {
+    external("t_ready", 5, &[], &[], "ready ok");
+    pmi("t_ready", 5, &[], &[], "ready ok");
+}
+
+#[test]
 fn wakeup_ends_another_threads_wait() {
     external("t_wakeup", 1, &[], &[], "wakeup ok");
     pmi("t_wakeup", 1, &[], &[], "wakeup ok");

@@ -121,7 +121,7 @@ extern "C" {
 
 /* Version of this interface. */
 #define RCH_VERSION_MAJOR 1
-#define RCH_VERSION_MINOR 1
+#define RCH_VERSION_MINOR 2
 
 /* Most iovec entries one rch_put_datav / rch_read_datav accepts (IOV_MAX on Linux). */
 #define RCH_IOV_MAX 1024
@@ -289,6 +289,23 @@ int rch_read_datav(rch_vc *vc, const struct iovec *iov, int n, size_t *nbytes);
  * RCH_ERR_INVALID for `len` above SSIZE_MAX), and RCH_ERR_IN_FLIGHT while reads
  * started by rch_read_datav are in flight (finish them with rch_read_datav first). */
 int rch_read_buffered(rch_vc *vc, void *buf, size_t len, size_t *nbytes);
+
+/* The connections with something to read, for an upper layer's progress loop that
+ * should not read every connection of the job on every pass: stores the peer ranks
+ * of up to `max` of them (at most 64 a call) in `ranks` and their number in *n. A connection is
+ * listed when a read on it would now return bytes or an error (its end, a
+ * failure), as rch_wait counts it; when *n is as many as the call could store,
+ * more may be ready. The cost of a call follows the
+ * connections that carried traffic lately, not the number of connections: one
+ * that went quiet (256 calls in a row with nothing) is looked at two at a time in
+ * turn, so its first new packet is seen within (quiet connections / 2) calls, and
+ * it is watched on every call again from then on. A read or put on a connection
+ * puts it back among the watched ones at once. Also answers peers that ask to
+ * connect, every 64 calls. Level-triggered: a connection stays listed while bytes
+ * are left in it. Since interface 1.2.
+ * Errors: RCH_ERR_NULL (ranks with max > 0, or n), RCH_ERR_INVALID (max < 0),
+ * RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
+int rch_poll_ready(int *ranks, int max, int *n);
 
 /* Waits until some connection may progress: a read would return data (or an error),
  * a put that last returned fewer bytes than offered now has room or its zero-copy

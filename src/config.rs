@@ -502,9 +502,26 @@ impl Config {
         (self.chunk_size as u64).min(ring / 2)
     }
 
-    /// The working set of a ring of `ring` bytes.
+    /// The working set of a ring of `ring` bytes: the configured one (the ring itself
+    /// when early wraps are off: a working set of the ring size or more); in a ring
+    /// that is still growing, at most half of it, so that its traffic still starts
+    /// over at offset 0 while the rest is slack, as in the largest ring.
+    ///
+    /// ```
+    /// let cfg = rdma_channel::Config::default();
+    /// assert_eq!(cfg.working_set_for(4 << 20), 256 << 10);
+    /// assert_eq!(cfg.working_set_for(16 << 10), 8 << 10);
+    /// let off = cfg.with_working_set(4 << 20);
+    /// assert_eq!(off.working_set_for(16 << 10), 16 << 10);
+    /// ```
     pub fn working_set_for(&self, ring: u64) -> u64 {
-        (self.working_set as u64).min(ring)
+        let ws = self.working_set as u64;
+        let most = self.ring_size as u64;
+        if ws >= most || ring >= most {
+            ws.min(ring)
+        } else {
+            ws.min(ring / 2)
+        }
     }
 
     /// The tail update threshold of a ring of `ring` bytes: a set threshold (at most

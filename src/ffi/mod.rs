@@ -592,6 +592,45 @@ fn check_timeout(t: c_int) -> Result<(), Error> {
     Ok(())
 }
 
+/// Most connections one `rch_poll_ready` call lists: what does not fit waits for the
+/// next call (the list is level-triggered), and the ranks are gathered on the stack.
+const POLL_READY_BATCH: usize = 64;
+
+/// See `rch_poll_ready` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `ranks` is NULL (with `max` 0) or valid for writing `max` ints; `n` is NULL or
+/// valid for writing an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn rch_poll_ready(ranks: *mut c_int, max: c_int, n: *mut c_int) -> c_int {
+    guard(|| {
+        if n.is_null() {
+            return Err(null("n"));
+        }
+        // SAFETY: checked non-NULL; the caller promised a writable int.
+        unsafe { out(n, 0) };
+        if max < 0 {
+            return Err(invalid(format!("max {max} is negative")));
+        }
+        if ranks.is_null() && max > 0 {
+            return Err(null("ranks"));
+        }
+        let mut found = [0usize; POLL_READY_BATCH];
+        let want = (max as usize).min(POLL_READY_BATCH);
+        let mut lib = lock()?;
+        let g = lib.ready()?;
+        let got = g.poll_ready(&mut found[..want]);
+        for (i, &r) in found[..got].iter().enumerate() {
+            // SAFETY: i < got <= max, and the caller promised `max` writable ints.
+            unsafe { out(ranks.add(i), r as c_int) };
+        }
+        // SAFETY: checked non-NULL above.
+        unsafe { out(n, got as c_int) };
+        Ok(())
+    })
+}
+
 /// See `rch_wait` in `ffi/rch.h`.
 #[no_mangle]
 pub extern "C" fn rch_wait(timeout_ms: c_int) -> c_int {

@@ -30,6 +30,11 @@ pub(crate) const PROGRESS_EVERY: u32 = 64;
 /// Data calls on connections that are up between two such looks: a process that only
 /// ever polls its established connections still answers new peers.
 const BACKGROUND_EVERY: u32 = 4096;
+/// rch_poll_ready calls a watched connection may find nothing in a row before it
+/// counts as quiet and is looked at only now and then ([`Watch`]).
+const QUIET_AFTER: u32 = 256;
+/// Quiet connections rch_poll_ready looks at per call, in turn.
+const QUIET_PER_CALL: usize = 2;
 
 /// What `rch_get_stats` reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -154,11 +159,43 @@ enum Conn {
 
 struct Vc {
     conn: Conn,
+    /// Where rch_poll_ready looks for this connection's traffic.
+    watch: Watched,
     /// A put returned less than offered (or left a zero-copy transfer in flight):
     /// rch_wait watches for room.
     want_write: bool,
     /// A read reported the connection's end or failure: rch_wait stops watching it.
     rx_done: bool,
+}
+
+/// What a look at one connection found (see `Group::readiness`).
+enum Readiness {
+    Ready,
+    Nothing,
+    Done,
+}
+
+/// Where rch_poll_ready stands with one connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Watched {
+    /// Not enrolled (never used, or done).
+    No,
+    /// Looked at on every call; the count of calls in a row that found nothing.
+    Busy(u32),
+    /// Quiet: looked at [`QUIET_PER_CALL`] at a time, in turn.
+    Quiet,
+}
+
+/// The connections rch_poll_ready watches, so that a call costs the busy ones and a
+/// few quiet ones, not every connection of the job (seed 003, figure 6: polling
+/// every peer's buffer is what made latency grow with the number of peers).
+#[derive(Debug, Default)]
+struct Watch {
+    busy: Vec<usize>,
+    quiet: Vec<usize>,
+    /// The next quiet connection to look at.
+    next_quiet: usize,
+    calls: u64,
 }
 
 /// The process group and its connections.
@@ -176,6 +213,8 @@ pub(crate) struct Group {
     hello: Hello,
     peers: Vec<Hello>,
     vcs: Vec<Vc>,
+    /// rch_poll_ready's watch over the connections.
+    watch: Watch,
     /// Accepted sockets whose HELLO has not arrived yet.
     inbound: Vec<UnixStream>,
     /// Handshakes in progress (outbound or awaiting READY), to skip the scan when none.
@@ -245,6 +284,7 @@ impl Group {
         let vcs = (0..size)
             .map(|_| Vc {
                 conn: Conn::Idle,
+                watch: Watched::No,
                 want_write: false,
                 rx_done: false,
             })
@@ -261,6 +301,7 @@ impl Group {
             hello,
             peers: Vec::new(),
             vcs,
+            watch: Watch::default(),
             inbound: Vec::new(),
             handshakes: 0,
             tick: 0,
@@ -352,6 +393,8 @@ impl Group {
         iov: &[IoSlice<'_>],
         total: usize,
     ) -> Result<usize, Error> {
+        // A peer we write to answers: its connection is watched closely.
+        self.enrol(rank);
         // SAFETY: forwarded from this function's contract.
         let r = unsafe { self.put_inner(rank, iov, total) };
         if matches!(r, Ok(n) if n > 0) {
@@ -494,6 +537,7 @@ impl Group {
         buffered: bool,
     ) -> Result<usize, Error> {
         self.background();
+        self.enrol(rank);
         let vc = &mut self.vcs[rank];
         if let Conn::Up(up) = &mut vc.conn {
             let r = if buffered {
@@ -557,6 +601,139 @@ impl Group {
             Conn::Failed(e) => Err(e.clone()),
             _ => Ok(0),
         }
+    }
+
+    /// Makes `rank`'s connection one rch_poll_ready looks at on every call: it was
+    /// just used (a read, a put) or just came up. O(1).
+    #[inline]
+    fn enrol(&mut self, rank: usize) {
+        match self.vcs[rank].watch {
+            Watched::Busy(_) => {}
+            Watched::No => {
+                self.vcs[rank].watch = Watched::Busy(0);
+                self.watch.busy.push(rank);
+            }
+            Watched::Quiet => {
+                // Rare: rch_poll_ready reports quiet connections as busy already, so
+                // only a read or put of the caller's own lands here.
+                self.watch.quiet.retain(|&q| q != rank);
+                self.vcs[rank].watch = Watched::Busy(0);
+                self.watch.busy.push(rank);
+            }
+        }
+    }
+
+    /// What rch_poll_ready makes of one connection: something to read (data, the
+    /// end, a failure: a read would return at once with more than 0 or an error),
+    /// nothing now, or nothing ever again (closed, or its end already reported).
+    fn readiness(&mut self, rank: usize) -> Readiness {
+        let vc = &mut self.vcs[rank];
+        if vc.rx_done {
+            return Readiness::Done;
+        }
+        match &mut vc.conn {
+            Conn::Up(up) => {
+                if up.rx.poll_readable().unwrap_or(true) {
+                    Readiness::Ready
+                } else {
+                    Readiness::Nothing
+                }
+            }
+            Conn::Failed(_) | Conn::Closed => Readiness::Ready,
+            _ => Readiness::Nothing,
+        }
+    }
+
+    /// rch_poll_ready: writes into `out` the ranks of connections with something to
+    /// read, at most `out.len()` of them, and returns how many. Costs the connections
+    /// that carried traffic lately, plus [`QUIET_PER_CALL`] of the quiet ones, plus a
+    /// look at the listener and handshakes every [`PROGRESS_EVERY`] calls; a quiet
+    /// connection whose peer writes is noticed within (quiet connections /
+    /// [`QUIET_PER_CALL`]) calls, and is busy from then on.
+    pub(crate) fn poll_ready(&mut self, out: &mut [usize]) -> usize {
+        self.watch.calls += 1;
+        let calls = self.watch.calls;
+        // The sockets cost system calls: looked at as often as the data calls do,
+        // more often while handshakes are under way.
+        let every = if self.handshakes > 0 || !self.inbound.is_empty() {
+            PROGRESS_EVERY
+        } else {
+            BACKGROUND_EVERY
+        };
+        if calls % u64::from(every) == 0 {
+            self.progress();
+            // A handshake a peer started may have finished in that look: its
+            // connection is watched from now on.
+            for r in 0..self.vcs.len() {
+                if self.vcs[r].watch == Watched::No
+                    && !self.vcs[r].rx_done
+                    && !matches!(self.vcs[r].conn, Conn::Idle)
+                {
+                    self.enrol(r);
+                }
+            }
+        }
+        let mut n = 0;
+        let mut i = 0;
+        while i < self.watch.busy.len() {
+            let r = self.watch.busy[i];
+            match self.readiness(r) {
+                Readiness::Ready => {
+                    self.vcs[r].watch = Watched::Busy(0);
+                    if n < out.len() {
+                        out[n] = r;
+                        n += 1;
+                    }
+                    i += 1;
+                }
+                Readiness::Nothing => match self.vcs[r].watch {
+                    Watched::Busy(empty) if empty + 1 >= QUIET_AFTER => {
+                        self.vcs[r].watch = Watched::Quiet;
+                        self.watch.busy.swap_remove(i);
+                        self.watch.quiet.push(r);
+                    }
+                    Watched::Busy(empty) => {
+                        self.vcs[r].watch = Watched::Busy(empty + 1);
+                        i += 1;
+                    }
+                    _ => {
+                        self.watch.busy.swap_remove(i);
+                    }
+                },
+                Readiness::Done => {
+                    self.vcs[r].watch = Watched::No;
+                    self.watch.busy.swap_remove(i);
+                }
+            }
+        }
+        for _ in 0..QUIET_PER_CALL {
+            let quiet = &mut self.watch.quiet;
+            if quiet.is_empty() {
+                break;
+            }
+            if self.watch.next_quiet >= quiet.len() {
+                self.watch.next_quiet = 0;
+            }
+            let at = self.watch.next_quiet;
+            let r = quiet[at];
+            match self.readiness(r) {
+                Readiness::Nothing => self.watch.next_quiet = at + 1,
+                Readiness::Ready => {
+                    self.watch.quiet.swap_remove(at);
+                    self.vcs[r].watch = Watched::Busy(0);
+                    self.watch.busy.push(r);
+                    if n < out.len() {
+                        out[n] = r;
+                        n += 1;
+                    }
+                }
+                Readiness::Done => {
+                    self.watch.quiet.swap_remove(at);
+                    self.vcs[r].watch = Watched::No;
+                }
+            }
+        }
+        n
     }
 
     /// rch_vc_close.

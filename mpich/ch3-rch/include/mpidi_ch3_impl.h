@@ -70,6 +70,7 @@ int MPIDI_CH3I_Progress_init(void);
 int MPIDI_CH3I_Progress_finalize(void);
 /* Puts the VC on the list the progress engine walks (idempotent). */
 void MPIDI_CH3I_VC_make_active(MPIDI_VC_t * vc);
+void MPIDI_CH3I_VC_make_busy(MPIDI_VC_t * vc);
 /* Turns an rch_status into an MPI error code naming the call and, for a connection,
  * the rank (-1: none), with rch_last_error()'s detail. */
 int MPIDI_CH3I_Rch_error(int rc, const char *what, int rank);

@@ -40,6 +40,15 @@ typedef struct MPIDI_CH3I_VC {
     /* Position in the channel's list of VCs that need the progress engine. */
     struct MPIDI_VC *active_next;
     int in_active_list;
+    /* Position in the list of VCs whose read-ahead stage holds bytes not handled
+     * yet (rdma-channel cannot know of them: they left its ring). */
+    struct MPIDI_VC *staged_next;
+    int in_staged_list;
+    /* Position in the list of VCs read on every pass (they had traffic lately), and
+     * the passes in a row that read nothing from it. */
+    struct MPIDI_VC *busy_next;
+    int in_busy_list;
+    int busy_quiet;
 } MPIDI_CH3I_VC;
 
 #define MPIDI_CH3_VC_DECL struct MPIDI_CH3I_VC ch;

@@ -195,6 +195,11 @@ int MPIDI_CH3_VC_Init(MPIDI_VC_t * vc)
     vcch->rvc = NULL;
     vcch->active_next = NULL;
     vcch->in_active_list = 0;
+    vcch->staged_next = NULL;
+    vcch->in_staged_list = 0;
+    vcch->busy_next = NULL;
+    vcch->in_busy_list = 0;
+    vcch->busy_quiet = 0;
     vcch->recv = MPL_malloc(sizeof(*vcch->recv), MPL_MEM_OTHER);
     MPIR_ERR_CHKANDJUMP(vcch->recv == NULL, mpi_errno, MPI_ERR_OTHER, "**nomem");
     vcch->recv->active = NULL;

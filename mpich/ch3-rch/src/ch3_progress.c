@@ -2,9 +2,11 @@
  * ch3:rch - CH3 channel over rdma-channel: the progress engine.
  *
  * One pass (progress_once) pushes the send queues of the VCs on the active list and
- * reads every connection of the job: rdma-channel's reads are non-blocking and cost
- * little on a connection that was never opened, and a peer may start talking to us
- * at any time. A blocking wait repeats passes until a request completes, and between
+ * reads the VCs with traffic: the busy ones (written to or read from lately, read
+ * directly, which costs what a look would), those rdma-channel lists as having
+ * something to read (rch_poll_ready, asked every few passes, whose cost follows the
+ * connections with traffic, not the size of the job: seed 003, figure 6), and those
+ * whose read-ahead stage still holds bytes. A pass does not touch the idle VCs. A blocking wait repeats passes until a request completes, and between
  * passes that found nothing sleeps in rch_wait (which spins briefly, then yields,
  * then naps), with CH3's global critical section released so that other threads can
  * enter MPI meanwhile; rch_wakeup ends that sleep early when another thread
@@ -26,6 +28,27 @@ static MPID_Thread_cond_t progress_completion_cond;
 
 /* VCs with a non-empty send queue or a deferred close (singly linked). */
 static MPIDI_VC_t *active_head;
+
+/* VCs whose stage holds bytes not handled yet (singly linked). */
+static MPIDI_VC_t *staged_head;
+
+/* Most connections one pass takes from rch_poll_ready (the rest wait for the next
+ * pass: the list is level-triggered). */
+#define RCH_READY_BATCH 64
+
+/* VCs read on every pass (singly linked). */
+static MPIDI_VC_t *busy_head;
+
+/* Passes in a row that read nothing from a busy VC before it leaves the busy list
+ * (rch_poll_ready finds it again when its peer writes). */
+#define RCH_BUSY_QUIET 256
+
+/* Passes between two rch_poll_ready calls while some VC is busy: a busy VC is read
+ * directly, so the call only finds the others, and one call per pass would cost a
+ * pair's latency a library call. */
+#define RCH_READY_EVERY 8
+
+static unsigned long pass_count;
 
 /* How long one rch_wait sleeps at most before the pass is repeated: progress hooks
  * (non-blocking collectives, generalized requests) also need passes. */
@@ -355,12 +378,47 @@ static int send_pass(int *made_progress)
     return mpi_errno;
 }
 
+void MPIDI_CH3I_VC_make_busy(MPIDI_VC_t * vc)
+{
+    MPIDI_CH3I_VC *vcch = &vc->ch;
+    vcch->busy_quiet = 0;
+    if (!vcch->in_busy_list) {
+        vcch->in_busy_list = 1;
+        vcch->busy_next = busy_head;
+        busy_head = vc;
+    }
+}
+
+/* Remembers a VC whose stage still holds bytes after a read: they are not in
+ * rdma-channel's ring any more, so rch_poll_ready will not report them. */
+static void note_staged(MPIDI_VC_t * vc)
+{
+    MPIDI_CH3I_VC *vcch = &vc->ch;
+    if (!vcch->in_staged_list && vcch->recv != NULL && vcch->recv->len > vcch->recv->pos) {
+        vcch->in_staged_list = 1;
+        vcch->staged_next = staged_head;
+        staged_head = vc;
+    }
+}
+
+/* Reads one VC if it can still be read, and remembers staged bytes. */
+static int read_vc(MPIDI_VC_t * vc, int *made_progress, int blocking)
+{
+    int mpi_errno = MPI_SUCCESS;
+    if (vc->ch.state == MPIDI_CH3I_VC_STATE_CONNECTED) {
+        mpi_errno = recv_progress(vc, made_progress, blocking);
+        note_staged(vc);
+    }
+    return mpi_errno;
+}
+
 static int progress_once(int *made_progress, int blocking)
 {
     int mpi_errno;
     MPIDI_PG_t *pg = MPIDI_Process.my_pg;
-    int me = MPIDI_Process.my_pg_rank;
-    int i;
+    int ready[RCH_READY_BATCH];
+    int n = 0, k, rc;
+    MPIDI_VC_t *staged, **link;
 
     mpi_errno = MPIR_Progress_hook_exec_all(made_progress);
     MPIR_ERR_CHECK(mpi_errno);
@@ -368,15 +426,71 @@ static int progress_once(int *made_progress, int blocking)
     mpi_errno = send_pass(made_progress);
     MPIR_ERR_CHECK(mpi_errno);
 
-    for (i = 0; i < MPIDI_PG_Get_size(pg); i++) {
-        MPIDI_VC_t *vc;
-        if (i == me)
-            continue;
-        MPIDI_PG_Get_vc(pg, i, &vc);
-        if (vc->ch.state != MPIDI_CH3I_VC_STATE_CONNECTED)
-            continue;
-        mpi_errno = recv_progress(vc, made_progress, blocking);
+    /* Bytes already staged first: they arrived before anything in the rings. The
+     * list is taken whole; a VC whose stage is still not empty goes back on it. */
+    staged = staged_head;
+    staged_head = NULL;
+    while (staged != NULL) {
+        MPIDI_VC_t *vc = staged;
+        staged = vc->ch.staged_next;
+        vc->ch.staged_next = NULL;
+        vc->ch.in_staged_list = 0;
+        mpi_errno = read_vc(vc, made_progress, blocking);
+        if (mpi_errno != MPI_SUCCESS) {
+            /* Keep the others' staged bytes for the next pass. */
+            while (staged != NULL) {
+                MPIDI_VC_t *rest = staged;
+                staged = rest->ch.staged_next;
+                rest->ch.staged_next = NULL;
+                note_staged(rest);
+            }
+            goto fn_fail;
+        }
+    }
+
+    /* The busy VCs, read directly; one that stayed quiet long leaves the list. */
+    link = &busy_head;
+    while (*link != NULL) {
+        MPIDI_VC_t *vc = *link;
+        MPIDI_CH3I_VC *vcch = &vc->ch;
+        int got = FALSE;
+        mpi_errno = read_vc(vc, &got, blocking);
         MPIR_ERR_CHECK(mpi_errno);
+        /* A handler that sent made its VC busy, at the head: find ours again. */
+        while (*link != vc)
+            link = &(*link)->ch.busy_next;
+        if (got) {
+            *made_progress = TRUE;
+            vcch->busy_quiet = 0;
+        }
+        if (!got && ++vcch->busy_quiet >= RCH_BUSY_QUIET) {
+            *link = vcch->busy_next;
+            vcch->busy_next = NULL;
+            vcch->in_busy_list = 0;
+        } else {
+            link = &vcch->busy_next;
+        }
+    }
+
+    /* The others, as rdma-channel sees them. */
+    if (busy_head == NULL || ++pass_count % RCH_READY_EVERY == 0) {
+        rc = rch_poll_ready(ready, RCH_READY_BATCH, &n);
+        if (rc != RCH_SUCCESS) {
+            mpi_errno = MPIDI_CH3I_Rch_error(rc, "wait", -1);
+            goto fn_fail;
+        }
+        for (k = 0; k < n; k++) {
+            MPIDI_VC_t *vc;
+            if (ready[k] == MPIDI_Process.my_pg_rank || ready[k] < 0 ||
+                ready[k] >= MPIDI_PG_Get_size(pg))
+                continue;
+            MPIDI_PG_Get_vc(pg, ready[k], &vc);
+            if (vc->ch.in_busy_list)
+                continue;       /* read above */
+            MPIDI_CH3I_VC_make_busy(vc);
+            mpi_errno = read_vc(vc, made_progress, blocking);
+            MPIR_ERR_CHECK(mpi_errno);
+        }
     }
     /* Receiving may have queued replies (CTS, CLOSE acks): send them now. */
     if (active_head != NULL) {
@@ -500,6 +614,8 @@ int MPIDI_CH3I_Progress_init(void)
     }
 #endif
     active_head = NULL;
+    staged_head = NULL;
+    busy_head = NULL;
 
     /* Every VC of the job has a connection handle (rdma-channel sets the pair up on
      * first use); handles are cheap, so look them all up now. */

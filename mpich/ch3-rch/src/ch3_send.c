@@ -41,6 +41,8 @@ int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iovp, int *np, int *done)
     rc = rch_put_datav(rvc, iov, n, &nb);
     if (rc != RCH_SUCCESS)
         return MPIDI_CH3I_Rch_error(rc, "put", vc->pg_rank);
+    /* A peer we write to answers: read it on every pass for a while. */
+    MPIDI_CH3I_VC_make_busy(vc);
     /* Advance past the bytes counted; a partly sent entry keeps its rest. */
     while (n > 0 && nb >= iov->iov_len) {
         nb -= iov->iov_len;

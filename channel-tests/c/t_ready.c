@@ -1,0 +1,118 @@
+#define _GNU_SOURCE
+/* rch_poll_ready lists the connections with something to read, and only those.
+ * Every rank connects to every other (one message each way), then rank 0 polls
+ * rch_poll_ready alone while the others stay silent, long enough for every
+ * connection to go quiet; then ranks 1, 2, ... each send one message, 150 ms
+ * apart. Rank 0 must see each of them listed (a quiet connection is looked at in
+ * turn), in that order, and never a rank that sent nothing; each message is then
+ * read with mm_recv, after which the rank must drop off the list. Also checks the
+ * argument errors. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mm.h"
+#include "rch.h"
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* Polls until a rank is listed (or 20 s pass); returns it, or -1. Fails on a listed
+ * rank that is not `expect`. */
+static int wait_listed(int expect, long *calls)
+{
+    int ranks[64], n = 0;
+    double t0 = now();
+    *calls = 0;
+    while (now() - t0 < 20.0) {
+        int rc = rch_poll_ready(ranks, 64, &n);
+        (*calls)++;
+        if (rc != RCH_SUCCESS)
+            mm_fatal("rch_poll_ready: %s", rch_strerror(rc));
+        for (int i = 0; i < n; i++)
+            if (ranks[i] != expect)
+                mm_fatal("rank %d listed while only rank %d sent", ranks[i], expect);
+        if (n > 0)
+            return ranks[0];
+    }
+    return -1;
+}
+
+int main(void)
+{
+    mm_init();
+    int me = mm_rank(), size = mm_size();
+    if (size < 3)
+        mm_fatal("t_ready runs on 3 ranks or more");
+    int ranks[64], n = -1;
+    if (rch_poll_ready(ranks, -1, &n) != RCH_ERR_INVALID || n != 0)
+        mm_fatal("max < 0 must be RCH_ERR_INVALID with *n = 0");
+    if (rch_poll_ready(ranks, 1, NULL) != RCH_ERR_NULL)
+        mm_fatal("n NULL must be RCH_ERR_NULL");
+    if (rch_poll_ready(NULL, 1, &n) != RCH_ERR_NULL)
+        mm_fatal("ranks NULL with max > 0 must be RCH_ERR_NULL");
+    if (rch_poll_ready(NULL, 0, &n) != RCH_SUCCESS || n != 0)
+        mm_fatal("max 0 lists nothing");
+
+    /* Every pair connected. */
+    char out[64][8], in[64][8];
+    mm_request *reqs[128];
+    int k = 0;
+    for (int p = 0; p < size && p < 64; p++) {
+        if (p == me)
+            continue;
+        snprintf(out[p], sizeof out[p], "hi%d", me);
+        reqs[k++] = mm_irecv(in[p], sizeof in[p], p, 1);
+        reqs[k++] = mm_isend(out[p], strlen(out[p]) + 1, p, 1);
+    }
+    mm_waitall(k, reqs);
+    mm_barrier();
+
+    if (me == 0) {
+        /* Nothing was sent since the barrier: nothing is listed, and every
+         * connection goes quiet meanwhile. */
+        double t0 = now();
+        while (now() - t0 < 0.1) {
+            if (rch_poll_ready(ranks, 64, &n) != RCH_SUCCESS)
+                mm_fatal("rch_poll_ready failed");
+            if (n != 0)
+                mm_fatal("rank %d listed before anyone sent", ranks[0]);
+        }
+        for (int p = 1; p < size; p++) {
+            long calls;
+            int got = wait_listed(p, &calls);
+            if (got != p)
+                mm_fatal("rank %d's message was never listed", p);
+            char buf[8];
+            mm_recv(buf, sizeof buf, p, 2, NULL);
+            if (strcmp(buf, "ready") != 0)
+                mm_fatal("rank %d sent '%s'", p, buf);
+            /* Read: no longer listed. */
+            for (int i = 0; i < 100; i++) {
+                if (rch_poll_ready(ranks, 64, &n) != RCH_SUCCESS)
+                    mm_fatal("rch_poll_ready failed");
+                if (n != 0)
+                    mm_fatal("rank %d still listed after its message was read", ranks[0]);
+            }
+            printf("rank %d listed after %ld calls\n", p, calls);
+        }
+        for (int p = 1; p < size; p++)
+            mm_send("done", 5, p, 3);
+    } else {
+        char buf[8];
+        usleep(150000 * me);
+        mm_send("ready", 6, 0, 2);
+        /* Silent until rank 0 is done: the barrier below would write to it. */
+        mm_recv(buf, sizeof buf, 0, 3, NULL);
+    }
+    mm_barrier();
+    if (me == 0)
+        printf("ready ok\n");
+    mm_finalize();
+    return 0;
+}

@@ -301,7 +301,8 @@ int rch_read_buffered(rch_vc *vc, void *buf, size_t len, size_t *nbytes);
  * turn, so its first new packet is seen within (quiet connections / 2) calls, and
  * it is watched on every call again from then on. A read or put on a connection
  * puts it back among the watched ones at once. Also answers peers that ask to
- * connect, every 64 calls. Level-triggered: a connection stays listed while bytes
+ * connect (a look at the sockets every 64 calls while handshakes are under way,
+ * else every 4096 calls or every few milliseconds, whichever comes first). Level-triggered: a connection stays listed while bytes
  * are left in it. Since interface 1.2.
  * Errors: RCH_ERR_NULL (ranks with max > 0, or n), RCH_ERR_INVALID (max < 0),
  * RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */

@@ -196,6 +196,25 @@ struct Watch {
     /// The next quiet connection to look at.
     next_quiet: usize,
     calls: u64,
+    /// The coarse clock (`coarse_ms`) at the last look at the sockets.
+    looked_at: u64,
+}
+
+/// Most milliseconds of the coarse clock between two looks at the sockets by
+/// rch_poll_ready.
+const LOOK_EVERY_MS: u64 = 2;
+
+/// Milliseconds of `CLOCK_MONOTONIC_COARSE`: a few nanoseconds to read (no
+/// hardware counter), at the kernel tick's resolution (1-4 ms), which is all a
+/// "look now and then" needs.
+fn coarse_ms() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the live local `t`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
+    (t.tv_sec as u64).wrapping_mul(1000) + (t.tv_nsec as u64) / 1_000_000
 }
 
 /// The process group and its connections.
@@ -653,14 +672,20 @@ impl Group {
     pub(crate) fn poll_ready(&mut self, out: &mut [usize]) -> usize {
         self.watch.calls += 1;
         let calls = self.watch.calls;
-        // The sockets cost system calls: looked at as often as the data calls do,
-        // more often while handshakes are under way.
+        // The sockets cost system calls: looked at every PROGRESS_EVERY calls while
+        // handshakes are under way, else every BACKGROUND_EVERY calls or when a
+        // coarse tick (a few ms) passed since the last look, whichever comes first:
+        // a tight loop pays for a look every few ms, and a caller that polls rarely
+        // (an MPI_Iprobe now and then) still answers a peer that asks to connect.
         let every = if self.handshakes > 0 || !self.inbound.is_empty() {
             PROGRESS_EVERY
         } else {
             BACKGROUND_EVERY
         };
-        if calls % u64::from(every) == 0 {
+        let tick = coarse_ms();
+        if calls % u64::from(every) == 0 || tick.wrapping_sub(self.watch.looked_at) >= LOOK_EVERY_MS
+        {
+            self.watch.looked_at = tick;
             self.progress();
             // A handshake a peer started may have finished in that look: its
             // connection is watched from now on.

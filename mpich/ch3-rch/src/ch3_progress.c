@@ -44,9 +44,11 @@ static MPIDI_VC_t *busy_head;
 #define RCH_BUSY_QUIET 256
 
 /* Passes between two rch_poll_ready calls while some VC is busy: a busy VC is read
- * directly, so the call only finds the others, and one call per pass would cost a
- * pair's latency a library call. */
-#define RCH_READY_EVERY 8
+ * directly, so the call only finds the others. A call costs ~100 ns (the library's
+ * lock and its own looks); every 8 passes it still added ~50 ns to a pair's MPI
+ * latency (bench/mpich-ab.sh), every 64 it is within noise, and a quiet peer's
+ * first message then waits up to 64 passes per two quiet peers. */
+#define RCH_READY_EVERY 64
 
 static unsigned long pass_count;
 

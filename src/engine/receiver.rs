@@ -448,8 +448,15 @@ impl<F: Fabric> Receiver<F> {
             && self.ring_size < self.max_ring
     }
 
-    /// Serves a request for a bigger ring: four times this one, up to the most.
+    /// Serves a request for a bigger ring: four times this one, up to the most; and
+    /// frees an offered ring the sender declined.
     fn serve_growth(&mut self) -> io::Result<()> {
+        if self.offered_len.is_some() && self.link.ctrl.ring_declined() == self.offers_made {
+            lock_incoming(&self.link).offered = None;
+            self.offered_len = None;
+            // The sender asks for no other ring until it switches; nor do we offer.
+            self.wanted_declined = self.link.ctrl.ring_wanted();
+        }
         if self.growth_wanted() {
             self.offer_ring((self.ring_size * 4).min(self.max_ring))?;
         }
@@ -1030,7 +1037,10 @@ impl<F: Fabric> Receiver<F> {
     /// reached the update threshold.
     #[inline]
     fn upkeep_due(&self) -> bool {
-        self.link.credit_wanted() || self.tail_update_due() || self.growth_wanted()
+        self.link.credit_wanted()
+            || self.tail_update_due()
+            || self.growth_wanted()
+            || (self.offered_len.is_some() && self.link.ctrl.ring_declined() == self.offers_made)
     }
 
     /// True when the space released but not yet told to the peer (explicitly or

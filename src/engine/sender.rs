@@ -768,8 +768,7 @@ impl<F: Fabric> Sender<F> {
     ///
     /// `InvalidData` for an offer no correct receiver makes (a number out of turn, a
     /// size that is no power of two or smaller than its first ring, a misaligned
-    /// address); a fabric failure; the staging copy's allocation for a fabric that
-    /// needs one.
+    /// address); a fabric failure.
     fn take_offer(&mut self) -> io::Result<bool> {
         let offer = self.link.ctrl.ring_offer();
         if offer.number != self.offers_taken + 1
@@ -790,13 +789,23 @@ impl<F: Fabric> Sender<F> {
                 return Ok(false);
             }
         }
-        // The new ring's staging copy first: if it cannot be had, nothing was sent.
-        let staging = staging_for(
+        // The new ring's staging copy first. If it cannot be had (the memory limit),
+        // the offer is declined: the receiver frees that ring, and this one goes on,
+        // asking for no other.
+        let staging = match staging_for(
             &self.link.fabric,
             &self.link.cfg,
             self.inline_limit,
             offer.len,
-        )?;
+        ) {
+            Ok(s) => s,
+            Err(_) => {
+                self.link.post_ctrl(CtrlWord::RingDeclined, offer.number)?;
+                self.offers_taken = offer.number;
+                self.growth_asked = true;
+                return Ok(false);
+            }
+        };
         let number = offer.number.to_le_bytes();
         self.write_gathered(&[IoSlice::new(&number)], 0, 8, PacketKind::Switch)?;
         self.retire_staging();

@@ -315,6 +315,10 @@ pub enum CtrlWord {
     /// From the sender into our ring: the number of the [`RingOffer`] it asks for
     /// (one more than it has taken), when it found our ring full.
     RingWanted,
+    /// From the sender into our ring: the number of the last [`RingOffer`] it
+    /// declined (it could not allocate the staging copy the ring needs); that ring
+    /// will never be written.
+    RingDeclined,
 }
 
 impl CtrlWord {
@@ -329,6 +333,7 @@ impl CtrlWord {
             CtrlWord::EndOfStream => 72,
             CtrlWord::LendLanded => 80,
             CtrlWord::RingWanted => 88,
+            CtrlWord::RingDeclined => 96,
         }
     }
 }
@@ -464,6 +469,13 @@ impl<R: MemoryRegion> ControlWords<R> {
     #[inline]
     pub fn ring_wanted(&self) -> u64 {
         self.word(CtrlWord::RingWanted).load(Ordering::Relaxed)
+    }
+
+    /// The last ring offer the peer's sender declined, 0 before any. Relaxed: a
+    /// number only; the declined ring is ours to free.
+    #[inline]
+    pub fn ring_declined(&self) -> u64 {
+        self.word(CtrlWord::RingDeclined).load(Ordering::Relaxed)
     }
 
     /// The number of the last ring offer the peer wrote into the offer slot, 0

@@ -148,3 +148,50 @@ fn growth_under_two_threads_keeps_every_byte_in_order() {
         drop(writer.join().unwrap());
     });
 }
+
+#[test]
+fn a_sending_half_dropped_right_after_its_puts_loses_nothing() {
+    bounded("a_sending_half_dropped_right_after_its_puts", || {
+        let (mut a, mut b) = RdmaStream::pair().unwrap();
+        // Grow the ring (several rings, and staging copies on verbs, left behind).
+        stream(&mut a, &mut b, 16 << 20, 1 << 20);
+        // Fill most of the grown ring without reading, so that on verbs the last
+        // writes may still be queued when the half drops; then drop the sending half
+        // alone (the connection lives on in the reading half).
+        let (read_half, write_half) = a.split();
+        let mut write_half = write_half;
+        let total = (b.channel().receiver().ring_size() as usize) * 3 / 4;
+        let piece: Vec<u8> = (0..32 << 10).map(|i| (i % 253) as u8).collect();
+        let mut sent = 0usize;
+        while sent < total {
+            let n = piece.len().min(total - sent);
+            let done = write_half.put(&[IoSlice::new(&piece[..n])]).unwrap();
+            if done == 0 {
+                // Full as far as the sender knows (a tail update still to come).
+                break;
+            }
+            sent += done;
+        }
+        assert!(sent >= 1 << 20, "only {sent} bytes fitted");
+        drop(write_half);
+        // The reader comes late: every byte is there, then end of stream.
+        std::thread::sleep(Duration::from_millis(100));
+        let mut buf = vec![0u8; 32 << 10];
+        let mut got = 0usize;
+        loop {
+            match b.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    for (k, &byte) in buf[..n].iter().enumerate() {
+                        let at = (got + k) % piece.len();
+                        assert_eq!(byte, piece[at], "byte {}", got + k);
+                    }
+                    got += n;
+                }
+                Err(e) => panic!("after {got} of {sent} bytes: {e}"),
+            }
+        }
+        assert_eq!(got, sent);
+        drop(read_half);
+    });
+}

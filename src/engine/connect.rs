@@ -143,6 +143,7 @@ impl<F: Fabric> Prepared<F> {
         let staging = staging_for(&self.fabric, &self.cfg, inline_limit, peer_ring.len)?;
         let link = Arc::new(Link {
             qp,
+            left_staging: Mutex::new(Vec::new()),
             incoming: Mutex::new(IncomingRings {
                 current: self.ring.clone(),
                 offered: None,

@@ -28,6 +28,10 @@ pub(crate) struct Link<F: Fabric> {
     /// The incoming rings the peer may write: kept here, not only by the receiving
     /// half, so that they outlive it as long as the queue pair may take writes.
     pub(super) incoming: Mutex<IncomingRings<F::Region>>,
+    /// Staging copies a dropped sending half left behind: requests it posted may
+    /// still read them (a verbs queue pair reads its source at send time, after the
+    /// post returned), so they live until the queue pair above is gone.
+    pub(super) left_staging: Mutex<Vec<StagingBuffer<F::Region>>>,
     /// Control words the peer writes.
     pub(crate) ctrl: ControlWords<F::Region>,
     pub(crate) peer_ctrl: RemoteRegion,

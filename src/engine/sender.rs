@@ -951,6 +951,18 @@ impl<F: Fabric> Drop for Sender<F> {
     fn drop(&mut self) {
         self.abort_pending();
         let _ = self.close();
+        // The end of stream and the last packets may not have been sent yet: their
+        // staging copies go to the link, which frees them after its queue pair (a
+        // region freed under a posted request fails the queue pair, and the peer
+        // would lose the bytes it had not read yet).
+        self.retire_staging();
+        let mut left = self
+            .link
+            .left_staging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        left.extend(self.staging.take());
+        left.extend(self.retired_staging.drain(..).map(|(_, s)| s));
     }
 }
 

@@ -10,18 +10,23 @@
  *   idle      zero-byte ping-pong latency of ranks 0 and 1, first before, then
  *             after every rank exchanged a message with every other (so the pair
  *             has size - 2 connected, idle peers); the other ranks sleep outside
- *             MPI meanwhile, so the pair has the CPUs to itself (seed 003, figure 6)
+ *             MPI meanwhile (blocked on a FIFO in /tmp), so the pair has the CPUs
+ *             to itself (seed 003, figure 6);
+ *             ROUNDS is the round trips per batch (default 20000, 7 batches)
  *
  * Prints one line of "key=value" fields from rank 0: the pattern, ranks, mean and
  * max PSS over ranks in KiB (from /proc/self/smaps_rollup, read before
  * MPI_Finalize, after the pattern), the pattern's time (alltoall: the slowest rank's
- * seconds), and for idle the two latencies in microseconds (medians of 7 batches).
+ * seconds, and that of its first round, in which every pair connects), and for idle
+ * the two latencies in microseconds (medians of 7 batches).
  * A benchmark, never a test: nothing asserts.
  */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define MSG 4096
@@ -71,30 +76,46 @@ static double pair_latency(int rank, int iters)
     return batch[3];
 }
 
-/* Ranks 0 and 1 measure their zero-byte latency while the others sleep outside MPI
- * (usleep, then one MPI_Iprobe every 200 ms for rank 0's "done" with tag `tag`), so
- * that on a host with fewer CPUs than ranks the pair runs alone: what the other
- * ranks cost it is their connections, not their CPU time. Returns the latency on
- * rank 0. */
+/* One idle phase: ranks 0 and 1 measure while the others sleep outside MPI, blocked
+ * in open(2) of a FIFO that rank 0 opens for writing once it is done: they wake
+ * neither the pair nor each other, and none of the MPIs has to progress a peer that
+ * does not call it. The pair starts only after a settling sleep of its own: ranks
+ * leave the barrier before at different times, and on an oversubscribed host the
+ * last ones spin in it for a while. What the other ranks cost the pair is then
+ * their connections, not their CPU time. Returns the latency on rank 0; `tag` names
+ * the phase's FIFO. */
 static double idle_phase(int rank, int size, int iters, int tag)
 {
     double lat = 0;
-    char b = 0;
+    char path[128] = "";
+    int writer = -1;
+    if (rank == 0) {
+        snprintf(path, sizeof path, "/tmp/scale_mpi_%d_%d.fifo", (int) getpid(), tag);
+        unlink(path);
+        if (mkfifo(path, 0600) != 0) {
+            perror("scale_mpi: mkfifo");
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
     if (rank < 2) {
+        usleep(size > 2 ? 1500000 : 0);
         if (size >= 2)
             lat = pair_latency(rank, iters);
-        if (rank == 0)
-            for (int p = 2; p < size; p++)
-                MPI_Send(&b, 0, MPI_CHAR, p, tag, MPI_COMM_WORLD);
+        /* Blocks until a sleeper has the FIFO open for reading (they all come). */
+        if (rank == 0 && size > 2)
+            writer = open(path, O_WRONLY);
     } else {
-        int done = 0;
-        while (!done) {
-            usleep(200000);
-            MPI_Iprobe(0, tag, MPI_COMM_WORLD, &done, MPI_STATUS_IGNORE);
-        }
-        MPI_Recv(&b, 0, MPI_CHAR, 0, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        int reader = open(path, O_RDONLY);
+        if (reader >= 0)
+            close(reader);
     }
     MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) {
+        if (writer >= 0)
+            close(writer);
+        unlink(path);
+    }
     return lat;
 }
 
@@ -106,7 +127,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char *pattern = argc > 1 ? argv[1] : "hello";
     int rounds = argc > 2 ? atoi(argv[2]) : -1;
-    double elapsed = 0, lat_alone = 0, lat_idle = 0;
+    double elapsed = 0, first = 0, lat_alone = 0, lat_idle = 0;
 
     MPI_Barrier(MPI_COMM_WORLD);
     if (strcmp(pattern, "pairwise") == 0) {
@@ -144,13 +165,15 @@ int main(int argc, char **argv)
                 MPI_Isend(out + (size_t) p * MSG, MSG, MPI_CHAR, p, 2, MPI_COMM_WORLD, &req[n++]);
             }
             MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
+            if (r == 0)
+                first = MPI_Wtime() - t0;
         }
         elapsed = MPI_Wtime() - t0;
         free(out);
         free(in);
         free(req);
     } else if (strcmp(pattern, "idle") == 0) {
-        int iters = rounds < 0 ? 2000 : rounds;
+        int iters = rounds < 0 ? 20000 : rounds;
         char b = 0;
         lat_alone = idle_phase(rank, size, iters, 5);
         /* Everyone connects to everyone: one zero-byte message each way per pair. */
@@ -172,13 +195,16 @@ int main(int argc, char **argv)
 
     long pss = pss_kib();
     long sum = 0, max = 0;
-    double slowest = 0;
+    double slowest = 0, slowest_first = 0;
     MPI_Reduce(&pss, &sum, 1, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
     MPI_Reduce(&pss, &max, 1, MPI_LONG, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(&elapsed, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    MPI_Reduce(&first, &slowest_first, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     if (rank == 0) {
         printf("pattern=%s ranks=%d pss_mean_kib=%ld pss_max_kib=%ld time_s=%.4f", pattern, size,
                sum / size, max, slowest);
+        if (strcmp(pattern, "alltoall") == 0)
+            printf(" first_round_s=%.4f", slowest_first);
         if (strcmp(pattern, "idle") == 0)
             printf(" lat_alone_us=%.3f lat_idle_peers_us=%.3f", lat_alone, lat_idle);
         printf("\n");

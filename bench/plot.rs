@@ -12,6 +12,13 @@
 //! says when it was measured). An empty or `-` value is no point: memcpy has no
 //! latency, and a system without a kept round has neither. Labels carry no commas
 //! (there is no quoting). `--out` defaults to the CSV's path with `.svg`.
+//!
+//! With `--scale`, the CSV is `bench/scale.sh --csv FILE`'s instead (header
+//! `system,label,ranks,pattern,pss_mib,a2a_s,lat_alone_us,lat_peers_us`), drawn as
+//! seed 003's figures 3-6 are: against the number of ranks on the host, the memory
+//! per process of hello world and of all-to-all, the all-to-all time, and the
+//! zero-byte latency of one pair with every other rank connected and idle, relative
+//! to the same pair alone.
 
 use std::error::Error;
 use std::path::PathBuf;
@@ -100,7 +107,11 @@ fn bytes(v: f64) -> String {
 
 /// A tick value with as many decimals as it needs (0.01, 0.1, 1, 10).
 fn number(v: f64) -> String {
-    let decimals = (-v.log10().floor()).max(0.0) as usize;
+    if v <= 0.0 {
+        return "0".to_string();
+    }
+    // A linear axis has ticks like 0.2: one decimal for them, at most six.
+    let decimals = (-v.log10().floor()).clamp(0.0, 6.0) as usize;
     format!("{v:.decimals$}")
 }
 
@@ -197,6 +208,202 @@ fn panel(
     Ok(())
 }
 
+/// One row of `bench/scale.sh`'s CSV.
+struct ScaleRow {
+    system: String,
+    label: String,
+    ranks: f64,
+    pattern: String,
+    pss_mib: Option<f64>,
+    a2a_s: Option<f64>,
+    lat_ratio: Option<f64>,
+}
+
+fn parse_scale(text: &str) -> Result<(Option<String>, Vec<ScaleRow>), String> {
+    let mut caption = None;
+    let mut rows = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if let Some(c) = line.strip_prefix('#') {
+            caption.get_or_insert_with(|| c.trim().to_string());
+            continue;
+        }
+        if line.is_empty() || line.starts_with("system,") {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        if f.len() != 8 {
+            return Err(format!(
+                "line {}: {} fields, expected system,label,ranks,pattern,pss_mib,a2a_s,lat_alone_us,lat_peers_us",
+                n + 1,
+                f.len()
+            ));
+        }
+        let value = |s: &str| -> Result<Option<f64>, String> {
+            match s {
+                "" | "-" => Ok(None),
+                _ => s
+                    .parse::<f64>()
+                    .map(|v| Some(v).filter(|&v| v > 0.0))
+                    .map_err(|_| format!("line {}: '{s}' is not a number", n + 1)),
+            }
+        };
+        let ranks = value(f[2])?.ok_or(format!("line {}: no rank count", n + 1))?;
+        let (alone, peers) = (value(f[6])?, value(f[7])?);
+        rows.push(ScaleRow {
+            system: f[0].to_string(),
+            label: f[1].to_string(),
+            ranks,
+            pattern: f[3].to_string(),
+            pss_mib: value(f[4])?,
+            a2a_s: value(f[5])?,
+            lat_ratio: alone.zip(peers).map(|(a, p)| p / a),
+        });
+    }
+    Ok((caption, rows))
+}
+
+/// One panel of the scale figure: for `pattern`'s rows, `value` against the rank
+/// count, a line per system, on a log-log plot (`log_y`) or a linear y axis.
+fn scale_panel(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    what: &str,
+    rows: &[ScaleRow],
+    pattern: &str,
+    value: fn(&ScaleRow) -> Option<f64>,
+    log_y: bool,
+) -> Result<(), Box<dyn Error>> {
+    let mut systems: Vec<(&str, &str)> = Vec::new();
+    for r in rows {
+        if !systems.iter().any(|(s, _)| *s == r.system) {
+            systems.push((&r.system, &r.label));
+        }
+    }
+    let line = |system: &str| -> Vec<(f64, f64)> {
+        let mut l: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r.system == system && r.pattern == pattern)
+            .filter_map(|r| value(r).map(|v| (r.ranks, v)))
+            .collect();
+        l.sort_by(|a, b| a.0.total_cmp(&b.0));
+        l
+    };
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, 0f64, f64::MAX, 0f64);
+    for (x, y) in systems.iter().flat_map(|(s, _)| line(s)) {
+        (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+    }
+    if x1 == 0.0 {
+        return Err(format!("no {what} values to draw").into());
+    }
+    let mut builder = ChartBuilder::on(area);
+    builder
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .caption(what, ("sans-serif", 18));
+    let x = (x0 / 1.3..x1 * 1.3).log_scale().base(2.0);
+    // Two sets of calls: a log and a linear y axis are different chart types.
+    macro_rules! draw {
+        ($chart:expr, $y_label:expr) => {{
+            let mut chart = $chart;
+            chart
+                .configure_mesh()
+                .light_line_style(WHITE)
+                .x_desc("ranks on the host")
+                .y_desc(what)
+                .x_label_formatter(&|v| format!("{v:.0}"))
+                .y_label_formatter($y_label)
+                .draw()?;
+            for (i, (system, label)) in systems.iter().enumerate() {
+                let points = line(system);
+                if points.is_empty() {
+                    continue;
+                }
+                let colour = COLOURS[i % COLOURS.len()];
+                let width = if system.starts_with("rch") && !system.contains('(') {
+                    4
+                } else {
+                    2
+                };
+                chart
+                    .draw_series(LineSeries::new(points, colour.stroke_width(width)).point_size(3))?
+                    .label(*label)
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(width))
+                    });
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .label_font(("sans-serif", 13))
+                .draw()?;
+        }};
+    }
+    if log_y {
+        draw!(
+            builder.build_cartesian_2d(x, (y0 / 1.5..y1 * 1.5).log_scale())?,
+            &|v: &f64| number(*v)
+        );
+    } else {
+        draw!(
+            builder.build_cartesian_2d(x, 0.0..(y1 * 1.2).max(1.2))?,
+            &|v: &f64| format!("{v:.1}")
+        );
+    }
+    Ok(())
+}
+
+/// The `--scale` figure: four panels, 2 x 2.
+fn draw_scale(text: &str, out: &std::path::Path) -> Result<(), Box<dyn Error>> {
+    let (caption, rows) = parse_scale(text)?;
+    if rows.is_empty() {
+        return Err("no rows".into());
+    }
+    let root = SVGBackend::new(out, (1400, 1100)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = match &caption {
+        Some(c) => root.titled(c, ("sans-serif", 16))?,
+        None => root,
+    };
+    let panels = root.split_evenly((2, 2));
+    scale_panel(
+        &panels[0],
+        "PSS per rank, hello world (MiB)",
+        &rows,
+        "hello",
+        |r| r.pss_mib,
+        true,
+    )?;
+    scale_panel(
+        &panels[1],
+        "PSS per rank, all-to-all (MiB)",
+        &rows,
+        "alltoall",
+        |r| r.pss_mib,
+        true,
+    )?;
+    scale_panel(
+        &panels[2],
+        "all-to-all time (s)",
+        &rows,
+        "alltoall",
+        |r| r.a2a_s,
+        true,
+    )?;
+    scale_panel(
+        &panels[3],
+        "0 B latency, idle peers connected / alone",
+        &rows,
+        "idle",
+        |r| r.lat_ratio,
+        false,
+    )?;
+    root.present()?;
+    Ok(())
+}
+
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
     args.windows(2).find(|w| w[0] == name).map(|w| w[1].clone())
@@ -204,11 +411,17 @@ fn arg(name: &str) -> Option<String> {
 
 fn main() -> Result<(), Box<dyn Error>> {
     // cargo bench passes --bench; only --csv and --out matter.
-    let csv = PathBuf::from(arg("--csv").ok_or("usage: plot --csv FILE [--out FILE.svg]")?);
+    let csv =
+        PathBuf::from(arg("--csv").ok_or("usage: plot [--scale] --csv FILE [--out FILE.svg]")?);
     let out = arg("--out")
         .map(PathBuf::from)
         .unwrap_or_else(|| csv.with_extension("svg"));
     let text = std::fs::read_to_string(&csv).map_err(|e| format!("{}: {e}", csv.display()))?;
+    if std::env::args().any(|a| a == "--scale") {
+        draw_scale(&text, &out).map_err(|e| format!("{}: {e}", csv.display()))?;
+        println!("{}", out.display());
+        return Ok(());
+    }
     let (caption, series) = parse(&text).map_err(|e| format!("{}: {e}", csv.display()))?;
     if series.is_empty() {
         return Err(format!("{}: no rows", csv.display()).into());

@@ -41,10 +41,15 @@ struct Series {
     points: Vec<Point>,
 }
 
-/// The comment that becomes the caption, and the series in order of first appearance.
-fn parse(text: &str) -> Result<(Option<String>, Vec<Series>), String> {
+/// The lines of one of the CSVs: the first `#` comment (the caption), and each data
+/// line's number (from 1) and its fields, which must be `header`'s many; the header
+/// line and empty lines are skipped.
+type Records<'a> = (Option<String>, Vec<(usize, Vec<&'a str>)>);
+
+fn records<'a>(text: &'a str, header: &str) -> Result<Records<'a>, String> {
+    let want = header.split(',').count();
     let mut caption = None;
-    let mut series: Vec<Series> = Vec::new();
+    let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
         if let Some(c) = line.strip_prefix('#') {
@@ -55,31 +60,42 @@ fn parse(text: &str) -> Result<(Option<String>, Vec<Series>), String> {
             continue;
         }
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
-        if f.len() != 5 {
+        if f.len() != want {
             return Err(format!(
-                "line {}: {} fields, expected system,label,size,latency_us,bw_GBps",
+                "line {}: {} fields, expected {header}",
                 n + 1,
                 f.len()
             ));
         }
+        out.push((n + 1, f));
+    }
+    Ok((caption, out))
+}
+
+/// A value field of line `n`: none where it is empty or `-`, and none where it is
+/// zero or less (a log axis has no place for it).
+fn positive(s: &str, n: usize) -> Result<Option<f64>, String> {
+    match s {
+        "" | "-" => Ok(None),
+        _ => s
+            .parse::<f64>()
+            .map(|v| Some(v).filter(|&v| v > 0.0))
+            .map_err(|_| format!("line {n}: '{s}' is not a number")),
+    }
+}
+
+/// The comment that becomes the caption, and the series in order of first appearance.
+fn parse(text: &str) -> Result<(Option<String>, Vec<Series>), String> {
+    let (caption, lines) = records(text, "system,label,size,latency_us,bw_GBps")?;
+    let mut series: Vec<Series> = Vec::new();
+    for (n, f) in lines {
         let size: f64 = f[2]
             .parse()
-            .map_err(|_| format!("line {}: size '{}' is not a number", n + 1, f[2]))?;
-        let value = |s: &str| -> Result<Option<f64>, String> {
-            match s {
-                "" | "-" => Ok(None),
-                _ => s
-                    .parse::<f64>()
-                    .map(Some)
-                    .map_err(|_| format!("line {}: '{s}' is not a number", n + 1)),
-            }
-        };
-        // A log axis has no place for zero or less.
-        let positive = |v: Option<f64>| v.filter(|&v| v > 0.0);
+            .map_err(|_| format!("line {n}: size '{}' is not a number", f[2]))?;
         let point = Point {
             size,
-            latency_us: positive(value(f[3])?),
-            bw_gbps: positive(value(f[4])?),
+            latency_us: positive(f[3], n)?,
+            bw_gbps: positive(f[4], n)?,
         };
         match series.iter_mut().find(|s| s.system == f[0]) {
             Some(s) => s.points.push(point),
@@ -220,43 +236,21 @@ struct ScaleRow {
 }
 
 fn parse_scale(text: &str) -> Result<(Option<String>, Vec<ScaleRow>), String> {
-    let mut caption = None;
+    let (caption, lines) = records(
+        text,
+        "system,label,ranks,pattern,pss_mib,a2a_s,lat_alone_us,lat_peers_us",
+    )?;
     let mut rows = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if let Some(c) = line.strip_prefix('#') {
-            caption.get_or_insert_with(|| c.trim().to_string());
-            continue;
-        }
-        if line.is_empty() || line.starts_with("system,") {
-            continue;
-        }
-        let f: Vec<&str> = line.split(',').map(str::trim).collect();
-        if f.len() != 8 {
-            return Err(format!(
-                "line {}: {} fields, expected system,label,ranks,pattern,pss_mib,a2a_s,lat_alone_us,lat_peers_us",
-                n + 1,
-                f.len()
-            ));
-        }
-        let value = |s: &str| -> Result<Option<f64>, String> {
-            match s {
-                "" | "-" => Ok(None),
-                _ => s
-                    .parse::<f64>()
-                    .map(|v| Some(v).filter(|&v| v > 0.0))
-                    .map_err(|_| format!("line {}: '{s}' is not a number", n + 1)),
-            }
-        };
-        let ranks = value(f[2])?.ok_or(format!("line {}: no rank count", n + 1))?;
-        let (alone, peers) = (value(f[6])?, value(f[7])?);
+    for (n, f) in lines {
+        let ranks = positive(f[2], n)?.ok_or(format!("line {n}: no rank count"))?;
+        let (alone, peers) = (positive(f[6], n)?, positive(f[7], n)?);
         rows.push(ScaleRow {
             system: f[0].to_string(),
             label: f[1].to_string(),
             ranks,
             pattern: f[3].to_string(),
-            pss_mib: value(f[4])?,
-            a2a_s: value(f[5])?,
+            pss_mib: positive(f[4], n)?,
+            a2a_s: positive(f[5], n)?,
             lat_ratio: alone.zip(peers).map(|(a, p)| p / a),
         });
     }

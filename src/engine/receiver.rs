@@ -95,6 +95,10 @@ pub struct Receiver<F: Fabric> {
     /// A request for a bigger ring that could not be served (no memory): not tried
     /// again.
     wanted_declined: u64,
+    /// The sum of the peer sender's two growth words (`RingWanted`, `RingDeclined`,
+    /// both only ever rising) when [`serve_growth`](Self::serve_growth) last looked:
+    /// the upkeep of every call compares one sum instead of weighing a request.
+    growth_seen: u64,
     /// The read position at the last idle check of a grown ring, and when it was
     /// seen to move (see [`shrink_if_idle`](Self::shrink_if_idle)).
     idle_mark: (u64, Option<Instant>),
@@ -161,6 +165,7 @@ impl<F: Fabric> Receiver<F> {
             offers_made: 0,
             offered_len: None,
             wanted_declined: 0,
+            growth_seen: 0,
             idle_mark: (0, None),
             ring,
             backoff_pauses: link.cfg.stream_backoff(),
@@ -354,6 +359,8 @@ impl<F: Fabric> Receiver<F> {
     /// and frees this one. The sender wrote nothing after the switch packet into this
     /// ring, and its writes are placed in order (fabric guarantee 1), so nothing
     /// more can land in it.
+    #[cold]
+    #[inline(never)]
     fn switch_ring(&mut self, len: usize) -> io::Result<()> {
         let mut number = [0u8; 8];
         if len == number.len() {
@@ -388,6 +395,9 @@ impl<F: Fabric> Receiver<F> {
         self.ring_size = self.ring.size();
         self.threshold = self.link.cfg.tail_threshold_for(self.ring_size);
         self.offered_len = None;
+        // A request for the next size may have come while the offer was out (the
+        // sender asks once per ring, once it switched): look again.
+        self.growth_seen = u64::MAX;
         self.read_pos = self.read_pos.next_multiple_of(self.ring_size);
         self.released_pos = self.read_pos;
         self.idle_mark = (self.read_pos, None);
@@ -401,6 +411,8 @@ impl<F: Fabric> Receiver<F> {
     /// (four words in one write, the number last). Memory refused (the process's
     /// limit, a registration failure) declines quietly: the current ring goes on
     /// serving.
+    #[cold]
+    #[inline(never)]
     fn offer_ring(&mut self, len: u64) -> io::Result<()> {
         let link = &*self.link;
         let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
@@ -448,9 +460,24 @@ impl<F: Fabric> Receiver<F> {
             && self.ring_size < self.max_ring
     }
 
+    /// True when the peer's sender wrote a growth word since the last look
+    /// ([`serve_growth`](Self::serve_growth)).
+    #[inline]
+    fn growth_news(&self) -> bool {
+        let ctrl = &self.link.ctrl;
+        ctrl.ring_wanted().wrapping_add(ctrl.ring_declined()) != self.growth_seen
+    }
+
     /// Serves a request for a bigger ring: four times this one, up to the most; and
-    /// frees an offered ring the sender declined.
+    /// frees an offered ring the sender declined. Cold and out of line: a few times
+    /// in a connection's life, and `maintain`, which runs on every call, stays small
+    /// enough to be inlined.
+    #[cold]
+    #[inline(never)]
     fn serve_growth(&mut self) -> io::Result<()> {
+        let ctrl = &self.link.ctrl;
+        // Noted first: a word written after this look is news for the next call.
+        self.growth_seen = ctrl.ring_wanted().wrapping_add(ctrl.ring_declined());
         if self.offered_len.is_some() && self.link.ctrl.ring_declined() == self.offers_made {
             lock_incoming(&self.link).offered = None;
             self.offered_len = None;
@@ -466,6 +493,8 @@ impl<F: Fabric> Receiver<F> {
     /// At an idle check of a grown ring: offers the peer's sender a ring of the
     /// initial size once this one carried nothing for the configured idle time
     /// (`Config::with_ring_idle`). The sender takes the offer at its next `put`.
+    #[cold]
+    #[inline(never)]
     fn shrink_if_idle(&mut self) -> io::Result<()> {
         if self.ring_size <= self.initial_ring || self.offered_len.is_some() {
             return Ok(());
@@ -1033,14 +1062,11 @@ impl<F: Fabric> Receiver<F> {
     }
 
     /// True when [`maintain`](Self::maintain) would write something: the peer's
-    /// sender waits for credit, or the released space not yet told to the peer
-    /// reached the update threshold.
+    /// sender waits for credit, the released space not yet told to the peer reached
+    /// the update threshold, or the sender wrote a growth word.
     #[inline]
     fn upkeep_due(&self) -> bool {
-        self.link.credit_wanted()
-            || self.tail_update_due()
-            || self.growth_wanted()
-            || (self.offered_len.is_some() && self.link.ctrl.ring_declined() == self.offers_made)
+        self.link.credit_wanted() || self.tail_update_due() || self.growth_news()
     }
 
     /// True when the space released but not yet told to the peer (explicitly or
@@ -1060,6 +1086,7 @@ impl<F: Fabric> Receiver<F> {
     /// Delayed tail update and credit service: after every `get` that returned data
     /// (for the straight path, on the next call: see `upkeep_owed`), every empty poll
     /// and every wait step.
+    #[inline]
     fn maintain(&mut self) -> io::Result<()> {
         self.upkeep_owed = false;
         let link = &*self.link;
@@ -1076,7 +1103,14 @@ impl<F: Fabric> Receiver<F> {
             Ok(())
         };
         let served = updated.and_then(|()| link.serve_credit());
-        match served.and_then(|()| self.serve_growth()) {
+        let grown = served.and_then(|()| {
+            if self.growth_news() {
+                self.serve_growth()
+            } else {
+                Ok(())
+            }
+        });
+        match grown {
             // The peer closed its sending side after the check above, and may have
             // left since (it closes before it goes): the update was not needed, and
             // what it sent is still here to read.

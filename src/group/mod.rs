@@ -623,9 +623,18 @@ impl Group {
     }
 
     /// Makes `rank`'s connection one rch_poll_ready looks at on every call: it was
-    /// just used (a read, a put) or just came up. O(1).
-    #[inline]
+    /// just used (a read, a put) or just came up. O(1); on every put and read, so
+    /// the common case (already busy) is one inlined check.
+    #[inline(always)]
     fn enrol(&mut self, rank: usize) {
+        if !matches!(self.vcs[rank].watch, Watched::Busy(_)) {
+            self.enrol_now(rank);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn enrol_now(&mut self, rank: usize) {
         match self.vcs[rank].watch {
             Watched::Busy(_) => {}
             Watched::No => {

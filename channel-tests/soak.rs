@@ -704,6 +704,8 @@ fn soak_rank() {
     let _ = sampler.join();
     // The last sample, with every connection closed, and the final idle check.
     println!("{}", sh.sample(&p).line(p.rank));
+    // A session that failed leaves its connection counted: its error is the news.
+    assert!(errors.is_empty(), "rank {}: {}", p.rank, errors.join("\n"));
     {
         let live = lock(&sh.live);
         assert_eq!(*live, 0, "connections left open");
@@ -719,7 +721,6 @@ fn soak_rank() {
         sh.idle_checks.load(Ordering::Relaxed),
         bad.len()
     );
-    assert!(errors.is_empty(), "rank {}: {}", p.rank, errors.join("\n"));
     println!("SOAK-DONE {}", p.rank);
 }
 
@@ -743,9 +744,16 @@ fn warm_up() {
             let mut got = Vec::new();
             r.read_to_end(&mut got).map_err(|e| ioe(&e))?;
             t.join().unwrap().map_err(|e| ioe(&e))?;
-            (got == stream_vec(seed ^ 1, 0, 512 << 10))
-                .then_some(())
-                .ok_or_else(|| "warm-up bytes differ".to_string())
+            let want = stream_vec(seed ^ 1, 0, 512 << 10);
+            if got == want {
+                return Ok(());
+            }
+            let first = got.iter().zip(&want).position(|(g, w)| g != w);
+            Err(format!(
+                "warm-up bytes differ: {} bytes read of {}, first difference at {first:?}",
+                got.len(),
+                want.len()
+            ))
         })
     };
     let (ta, tb) = (side(a, 2), side(b, 3));

@@ -79,6 +79,16 @@ keep_rounds() {
     done
 }
 
+# The usual run_round: every system of "${order[@]}" once, through probed, its lines
+# into "$work/<system>.round$kept". The driver defines `run SYSTEM`; $1 names it in
+# the failure message.
+probed_round() {
+    local s
+    for s in "${order[@]}"; do
+        probed run "$s" > "$work/$s.round$kept" || echo "$1: $s failed" >&2
+    done
+}
+
 # Runs "$@" (one system's turn in a round) between two probes, and again (at most
 # four times in all) while either probe read above $probe_max ns: the slow phases of
 # the shared host come and go within seconds, so the probes around a whole round

@@ -37,12 +37,7 @@ run() {
         deb) mpiexec.mpich -n 2 "$work/osu_deb" --sizes "$sizes" ;;
     esac | awk '/^ *[0-9]+ +[0-9.]+ +[0-9.]+$/ { print $1, $2, $3 }'
 }
-run_round() {
-    local s
-    for s in "${order[@]}"; do
-        probed run "$s" > "$work/$s.round$kept" || echo "mpich-ab: $s failed" >&2
-    done
-}
+run_round() { probed_round mpich-ab; }
 keep_rounds mpich-ab
 echo
 echo "A: $a_prefix"

@@ -53,12 +53,7 @@ run() {
         ompi) mpirun.openmpi -np 2 --bind-to none "$work/osu_ompi" --sizes "$sizes" ;;
     esac | awk '/^ *[0-9]+ +[0-9.]+ +[0-9.]+$/ { print $1, $2, $3 }'
 }
-run_round() {
-    local s
-    for s in "${order[@]}"; do
-        probed run "$s" > "$work/$s.round$kept" || echo "mpich-compare: $s failed" >&2
-    done
-}
+run_round() { probed_round mpich-compare; }
 keep_rounds mpich-compare
 
 

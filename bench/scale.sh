@@ -2,7 +2,7 @@
 # Memory per rank and time as ranks per node grow, ch3:rch beside Debian's MPICH
 # (ch4:ucx) and Open MPI in one run (seed 003's figures 3-6; issue #32).
 #
-# usage: bench/scale.sh [--ranks 2,8,32,64] [--patterns hello,pairwise,alltoall,idle]
+# usage: bench/scale.sh [--ranks 2,8,32,64] [--patterns hello,pairwise,alltoall,idle[,quiet]]
 #                       [--systems rch,deb,ompi] [--lib LABEL=DIR ...] [--out FILE]
 #                       [--idle-runs 3] [--probe-max 80] [--csv FILE]
 #
@@ -11,11 +11,13 @@
 # /proc/self/smaps_rollup before MPI_Finalize), the all-to-all time (slowest rank,
 # 4 KiB to every other rank, 3 rounds) and, for `idle`, the zero-byte latency of
 # ranks 0 and 1 before and after every rank connected to every other (seed 003,
-# figure 6). `--lib LABEL=DIR` adds a ch3:rch column run with another build of
+# figure 6); `quiet` (not in the default set) is `idle` with a 2 ms pause before
+# each round trip, so each message finds its receiver waiting with every
+# connection quiet (rdma-channel's doorbell, issue #32). `--lib LABEL=DIR` adds a ch3:rch column run with another build of
 # rdma-channel's C library (LD_LIBRARY_PATH=DIR, which overrides libmpi's RUNPATH),
 # for before/after tables in one run. Systems run interleaved per cell. More ranks
 # than this machine's CPUs are oversubscribed; each MPI is left at its own defaults.
-# The idle pattern runs --idle-runs times (default 3) per cell, each run between two
+# The idle and quiet patterns run --idle-runs times (default 3) per cell, each run between two
 # cache-line hand-off probes and run again while either read above --probe-max ns
 # (default 80: the shared host's slow phases, bench/lib.sh); its cell gives the
 # medians and their ratio. Prints a markdown table (and writes it to --out). A
@@ -91,7 +93,7 @@ field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 idle() {
     local alone=() peers=() line="" i
     for ((i = 0; i < idle_runs; i++)); do
-        line=$(probed run "$1" "$2" idle) || true
+        line=$(probed run "$1" "$2" "${3:-idle}") || true
         [ "$line" = failed ] && { echo failed; return; }
         alone+=("$(field lat_alone_us "$line")")
         peers+=("$(field lat_idle_peers_us "$line")")
@@ -124,8 +126,8 @@ for np in "${np_list[@]}"; do
     for pat in "${pat_list[@]}"; do
         row="| $np | $pat |"
         for s in "${sys_list[@]}"; do
-            if [ "$pat" = idle ]; then
-                line=$(idle "$s" "$np")
+            if [ "$pat" = idle ] || [ "$pat" = quiet ]; then
+                line=$(idle "$s" "$np" "$pat")
             else
                 line=$(run "$s" "$np" "$pat")
             fi
@@ -138,7 +140,7 @@ for np in "${np_list[@]}"; do
             cell=$(awk -v a="$mean" -v b="$max" 'BEGIN {printf "%.1f [%.1f]", a / 1024, b / 1024}')
             case "$pat" in
                 alltoall) cell+=", $(field time_s "$line") s (first round $(field first_round_s "$line") s)" ;;
-                idle) cell+=$(awk -v a="$(field med_alone "$line")" -v b="$(field med_peers "$line")" \
+                idle|quiet) cell+=$(awk -v a="$(field med_alone "$line")" -v b="$(field med_peers "$line")" \
                     'BEGIN { printf ", %.3f / %.3f us (%.2fx)", a, b, (a > 0 ? b / a : 0) }') ;;
             esac
             row+=" $cell |"

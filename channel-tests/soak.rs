@@ -724,6 +724,26 @@ fn soak_rank() {
     println!("SOAK-DONE {}", p.rank);
 }
 
+/// The warm-up below, many times in one process, with large blocks mapped by malloc
+/// as in a rank: each side reads with `read_to_end`, whose buffer grows (and moves,
+/// by mremap) while zero-copy reads land in it, so a registration cached for memory
+/// that moved or was unmapped would put bytes where the reader no longer looks. A
+/// rank's warm-up once read wrong bytes on verbs (issue #32's closing note); this
+/// repeats it on its own.
+#[test]
+fn warm_up_repeated() {
+    if role().is_some() {
+        return;
+    }
+    // SAFETY: mallopt only changes a setting of the allocator (process-wide; the
+    // other tests of this binary start processes of their own).
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10) };
+    let times = common::scaled(40).max(2);
+    for _ in 0..times {
+        warm_up();
+    }
+}
+
 /// One connection that moves a zero-copy message each way before the baseline, so
 /// that whatever the library sets up once per process (fabric globals, the
 /// registration cache's watcher) is not mistaken for a leak.

@@ -121,7 +121,7 @@ extern "C" {
 
 /* Version of this interface. */
 #define RCH_VERSION_MAJOR 1
-#define RCH_VERSION_MINOR 2
+#define RCH_VERSION_MINOR 3
 
 /* Most iovec entries one rch_put_datav / rch_read_datav accepts (IOV_MAX on Linux). */
 #define RCH_IOV_MAX 1024
@@ -297,9 +297,15 @@ int rch_read_buffered(rch_vc *vc, void *buf, size_t len, size_t *nbytes);
  * failure), as rch_wait counts it; when *n is as many as the call could store,
  * more may be ready. The cost of a call follows the
  * connections that carried traffic lately, not the number of connections: one
- * that went quiet (256 calls in a row with nothing) is looked at two at a time in
- * turn, so its first new packet is seen within (quiet connections / 2) calls, and
- * it is watched on every call again from then on. A read or put on a connection
+ * that went quiet (256 calls in a row with nothing) asks its peer to ring this
+ * process's doorbell (one word per peer, which the peer's sender sets after its
+ * next write; one load per call shows whether any was set), so its first new
+ * packet is seen at the next call, and it is watched on every call again from then
+ * on. Since interface 1.3: before, and still for peers of other hosts and the
+ * loopback, which have no doorbell, quiet connections are looked at two at a time
+ * in turn (first packet seen within quiet connections / 2 calls); those with a
+ * doorbell are also looked at in turn, one every 16 calls, which catches a write
+ * that raced the request to ring. A read or put on a connection
  * puts it back among the watched ones at once. Also answers peers that ask to
  * connect (a look at the sockets every 64 calls while handshakes are under way,
  * else every 4096 calls or every few milliseconds, whichever comes first). Level-triggered: a connection stays listed while bytes
@@ -353,6 +359,24 @@ typedef struct rch_stats {
 
 /* Fills *stats. Errors: RCH_ERR_NULL, RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
 int rch_get_stats(rch_stats *stats);
+
+/* How rch_poll_ready finds traffic, for a program or test that wants to see it
+ * (cumulative since rch_init). Since interface 1.3. */
+typedef struct rch_watch_stats {
+    /* Connections looked at on every rch_poll_ready call now. */
+    int busy;
+    /* Quiet connections now (found by their doorbell or in turn). */
+    int quiet;
+    /* Quiet connections whose peers ring this process's doorbell now. */
+    int quiet_belled;
+    /* Quiet connections found with something to read through their doorbell. */
+    unsigned long long found_by_bell;
+    /* Quiet connections found with something to read by a look in turn. */
+    unsigned long long found_in_turn;
+} rch_watch_stats;
+
+/* Fills *stats. Errors: RCH_ERR_NULL, RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
+int rch_get_watch_stats(rch_watch_stats *stats);
 
 /* A static, constant description of a status code ("unknown status code" for others). */
 const char *rch_strerror(int code);

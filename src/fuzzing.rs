@@ -56,7 +56,7 @@ pub fn handshake_hello(body: &[u8]) -> io::Result<(Vec<u8>, Vec<u8>)> {
     unix::parse_hello(card).map(|(hello, card)| (hello, card.bytes))
 }
 
-/// Decodes a process group's hello card (`rch2,...` text) and returns its encoding
+/// Decodes a process group's hello card (`rch3,...` text) and returns its encoding
 /// of the decoded fields.
 ///
 /// # Errors
@@ -180,9 +180,11 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         socket: "rch-4242-00ff12ab34cd56ef".into(),
         host: "0f1e2d3c4b5a6978-f0000098".into(),
         cm,
+        bell: None,
     };
     let hello_v = Hello {
         fabric: FabricKind::Verbs,
+        bell: Some(region(0x7f00_0002_0000, 64 + 8 * 64, 0x1234)),
         ..hello(Some("169.254.77.2:40001".parse().expect("address")))
     };
     let pmi = |s: &str| s.as_bytes().to_vec();
@@ -294,7 +296,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         (
             "pmi_reply",
             "get",
-            pmi("cmd=get_result rc=0 msg=success value=rch2,emulated,42,x,h,-"),
+            pmi("cmd=get_result rc=0 msg=success value=rch3,emulated,42,x,h,-,-"),
         ),
         (
             "pmi_reply",

@@ -13,6 +13,9 @@
  *             MPI meanwhile (blocked on a FIFO in /tmp), so the pair has the CPUs
  *             to itself (seed 003, figure 6);
  *             ROUNDS is the round trips per batch (default 20000, 7 batches)
+ *   quiet     as idle, but rank 0 spins 2 ms outside MPI before each round trip,
+ *             so the message reaches a rank 1 that has waited in MPI_Recv, its
+ *             connections quiet (ROUNDS default 300)
  *
  * Prints one line of "key=value" fields from rank 0: the pattern, ranks, mean and
  * max PSS over ranks in KiB (from /proc/self/smaps_rollup, read before
@@ -52,17 +55,25 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* Median over 7 batches of the one-way zero-byte latency between ranks 0 and 1, in
- * microseconds (valid on rank 0). */
-static double pair_latency(int rank, int iters)
+ * microseconds (valid on rank 0). With `pause_us` > 0, rank 0 spins that long
+ * outside MPI before each round trip, so rank 1 has waited in MPI_Recv that long
+ * when the message comes, and only the round trips are timed. */
+static double pair_latency(int rank, int iters, double pause_us)
 {
     double batch[7];
     char b = 0;
     for (int k = 0; k < 7; k++) {
-        double t0 = 0;
+        double t0 = 0, paused = 0;
         for (int i = -iters / 10; i < iters; i++) {
             if (i == 0)
-                t0 = MPI_Wtime();
+                t0 = MPI_Wtime(), paused = 0;
             if (rank == 0) {
+                if (pause_us > 0) {
+                    double p0 = MPI_Wtime();
+                    while (MPI_Wtime() - p0 < pause_us * 1e-6)
+                        ;
+                    paused += MPI_Wtime() - p0;
+                }
                 MPI_Send(&b, 0, MPI_CHAR, 1, 7, MPI_COMM_WORLD);
                 MPI_Recv(&b, 0, MPI_CHAR, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             } else {
@@ -70,7 +81,7 @@ static double pair_latency(int rank, int iters)
                 MPI_Send(&b, 0, MPI_CHAR, 0, 7, MPI_COMM_WORLD);
             }
         }
-        batch[k] = (MPI_Wtime() - t0) * 1e6 / (2.0 * iters);
+        batch[k] = (MPI_Wtime() - t0 - paused) * 1e6 / (2.0 * iters);
     }
     qsort(batch, 7, sizeof batch[0], cmp_double);
     return batch[3];
@@ -84,7 +95,7 @@ static double pair_latency(int rank, int iters)
  * last ones spin in it for a while. What the other ranks cost the pair is then
  * their connections, not their CPU time. Returns the latency on rank 0; `tag` names
  * the phase's FIFO. */
-static double idle_phase(int rank, int size, int iters, int tag)
+static double idle_phase(int rank, int size, int iters, int tag, double pause_us)
 {
     double lat = 0;
     char path[128] = "";
@@ -101,7 +112,7 @@ static double idle_phase(int rank, int size, int iters, int tag)
     if (rank < 2) {
         usleep(size > 2 ? 1500000 : 0);
         if (size >= 2)
-            lat = pair_latency(rank, iters);
+            lat = pair_latency(rank, iters, pause_us);
         /* Blocks until a sleeper has the FIFO open for reading (they all come). */
         if (rank == 0 && size > 2)
             writer = open(path, O_WRONLY);
@@ -172,10 +183,12 @@ int main(int argc, char **argv)
         free(out);
         free(in);
         free(req);
-    } else if (strcmp(pattern, "idle") == 0) {
-        int iters = rounds < 0 ? 20000 : rounds;
+    } else if (strcmp(pattern, "idle") == 0 || strcmp(pattern, "quiet") == 0) {
+        int quiet = strcmp(pattern, "quiet") == 0;
+        int iters = rounds >= 0 ? rounds : quiet ? 300 : 20000;
+        double pause_us = quiet ? 2000 : 0;
         char b = 0;
-        lat_alone = idle_phase(rank, size, iters, 5);
+        lat_alone = idle_phase(rank, size, iters, 5, pause_us);
         /* Everyone connects to everyone: one zero-byte message each way per pair. */
         MPI_Request *req = malloc(sizeof(MPI_Request) * 2 * (size_t) size);
         int n = 0;
@@ -186,7 +199,7 @@ int main(int argc, char **argv)
             }
         MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
         free(req);
-        lat_idle = idle_phase(rank, size, iters, 6);
+        lat_idle = idle_phase(rank, size, iters, 6, pause_us);
     } else if (strcmp(pattern, "hello") != 0) {
         if (rank == 0)
             fprintf(stderr, "scale_mpi: unknown pattern '%s'\n", pattern);
@@ -205,7 +218,7 @@ int main(int argc, char **argv)
                sum / size, max, slowest);
         if (strcmp(pattern, "alltoall") == 0)
             printf(" first_round_s=%.4f", slowest_first);
-        if (strcmp(pattern, "idle") == 0)
+        if (strcmp(pattern, "idle") == 0 || strcmp(pattern, "quiet") == 0)
             printf(" lat_alone_us=%.3f lat_idle_peers_us=%.3f", lat_alone, lat_idle);
         printf("\n");
         fflush(stdout);

@@ -3,10 +3,11 @@
  * Every rank connects to every other (one message each way), then rank 0 polls
  * rch_poll_ready alone while the others stay silent, long enough for every
  * connection to go quiet; then ranks 1, 2, ... each send one message, 150 ms
- * apart. Rank 0 must see each of them listed (a quiet connection is looked at in
- * turn), in that order, and never a rank that sent nothing; each message is then
- * read with mm_recv, after which the rank must drop off the list. Also checks the
- * argument errors. */
+ * apart. Rank 0 must see each of them listed (a quiet connection's peer rings
+ * rank 0's doorbell after writing; quiet connections are also looked at in turn),
+ * in that order, and never a rank that sent nothing; each message is then read
+ * with mm_recv, after which the rank must drop off the list; rch_get_watch_stats
+ * must count the doorbell's finds. Also checks the argument errors. */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -101,6 +102,22 @@ int main(void)
             }
             printf("rank %d listed after %ld calls\n", p, calls);
         }
+        /* Every rank wrote to a connection that had long gone quiet: each was
+         * found through this process's doorbell, which its sender rang after the
+         * write (a look in turn may have got there first, but the ring came all
+         * the same, so the bell's count is at least one per sender less those). */
+        rch_watch_stats ws;
+        if (rch_get_watch_stats(NULL) != RCH_ERR_NULL)
+            mm_fatal("rch_get_watch_stats(NULL) must be RCH_ERR_NULL");
+        if (rch_get_watch_stats(&ws) != RCH_SUCCESS)
+            mm_fatal("rch_get_watch_stats: %s", rch_last_error());
+        printf("watch: busy %d quiet %d (belled %d), found by bell %llu, in turn %llu\n", ws.busy,
+               ws.quiet, ws.quiet_belled, ws.found_by_bell, ws.found_in_turn);
+        if (ws.found_by_bell + ws.found_in_turn < (unsigned long long)(size - 1))
+            mm_fatal("%d quiet connections were read, but only %llu counted as found", size - 1,
+                     ws.found_by_bell + ws.found_in_turn);
+        if (ws.found_by_bell == 0)
+            mm_fatal("no quiet connection was found through the doorbell");
         for (int p = 1; p < size; p++)
             mm_send("done", 5, p, 3);
     } else {

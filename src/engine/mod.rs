@@ -15,8 +15,12 @@
 //! | `Tail` | receiver of our ring | its tail (explicit, delayed update) |
 //! | `ReceiverClosed` | receiver of our ring | nonzero once it stopped reading |
 //! | `ZeroCopyDone` | receiver of our ring | number of the last zero-copy announcement it has read in full |
+//! | `BellWanted` | receiver of our ring | number of its last request to ring its process's doorbell after our next write |
 //! | `CreditRequest` | sender into our ring | credit request: the tail it knows + 1, when out of room |
 //! | `EndOfStream` | sender into our ring | end of stream: its final head + 1 |
+//! | `LendLanded` | sender into our ring | number of the last lend it pushed in full |
+//! | `RingWanted` | sender into our ring | number of the ring offer it asks for (it found our ring full) |
+//! | `RingDeclined` | sender into our ring | number of the last ring offer it declined |
 //!
 //! The rooms: `link.rs` (what both halves share), `connect.rs` ([`Prepared`]),
 //! `sender.rs`, `receiver.rs`, `card.rs` (the connection card), `wait.rs`

@@ -69,6 +69,8 @@ pub struct Receiver<F: Fabric> {
     pub(crate) reads: Option<ReadsInFlight<F::Region>>,
     /// Number of the last lend sent to the peer.
     pub(crate) lends_sent: u64,
+    /// Requests to ring our doorbell sent to the peer ([`ask_for_bell`](Self::ask_for_bell)).
+    bells_asked: u64,
     /// Polls of an unlanded lend since the last health check.
     lend_polls: u32,
     /// Pauses of the stream backoff (`Config::with_stream_backoff`).
@@ -182,6 +184,7 @@ impl<F: Fabric> Receiver<F> {
             max_reads: max_rd_atomic.clamp(1, MAX_READS_IN_FLIGHT),
             reads: None,
             lends_sent: 0,
+            bells_asked: 0,
             lend_polls: 0,
             backoff_armed: false,
             backoff_piggy: u64::MAX,
@@ -1295,6 +1298,19 @@ impl<F: Fabric> Receiver<F> {
         self.maintain()?;
         self.idle()?;
         Ok(false)
+    }
+
+    /// Asks the peer's sender to ring this process's doorbell after its next write
+    /// (a process group calls it when it stops looking at this connection's ring
+    /// on every poll; the peer's group told its sender where the doorbell is). Look
+    /// at the ring once more afterwards: a write already under way is not rung for.
+    ///
+    /// # Errors
+    ///
+    /// A fabric failure while sending the request.
+    pub(crate) fn ask_for_bell(&mut self) -> io::Result<()> {
+        self.bells_asked += 1;
+        self.link.post_ctrl(CtrlWord::BellWanted, self.bells_asked)
     }
 
     /// Stops reading: the peer's `put` fails with `BrokenPipe` from now on. Dropping

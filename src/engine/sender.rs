@@ -12,7 +12,7 @@ use super::link::{Link, HEALTH_EVERY};
 use super::wait::{past, Backoff};
 use crate::fabric::{Fabric, GatherList, RemoteRegion};
 use crate::rcache::{CacheStats, RdmaBuf, RegCache, RegHandle};
-use crate::ring::memory::{CtrlWord, StagingBuffer};
+use crate::ring::memory::{BellTarget, CtrlWord, StagingBuffer};
 use crate::ring::wire::{
     cells_for, fits_short, trailer_word, Header, PacketKind, RndvSeg, ShortHeader, CELL,
     HEADER_LEN, MAX_RNDV_SEGS, ONE_CELL_PAYLOAD, OVERHEAD, SHORT_ACK_SPAN, SHORT_PAYLOAD,
@@ -80,6 +80,10 @@ pub struct Sender<F: Fabric> {
     pub(crate) zc_polls: u32,
     /// Most segments one announcement may name (so it fits one packet).
     pub(crate) max_rndv_segs: usize,
+    /// The peer's doorbell, rung when it asks ([`set_bell`](Self::set_bell)).
+    bell: Option<BellTarget>,
+    /// The peer's last request to be rung that we answered.
+    bells_answered: u64,
 }
 
 /// A zero-copy transfer the peer has been told about and has not confirmed.
@@ -128,7 +132,50 @@ impl<F: Fabric> Sender<F> {
             zc_next_id: 1,
             zc_polls: 0,
             max_rndv_segs,
+            bell: None,
+            bells_answered: 0,
         }
+    }
+
+    /// From now on, rings the peer's doorbell at `target` after the next write each
+    /// time the peer asks for it ([`CtrlWord::BellWanted`]: its receiver stopped
+    /// looking at this connection's ring and looks at its doorbell instead). A
+    /// process group sets it on its connections; a peer that never asks costs one
+    /// load per put.
+    pub(crate) fn set_bell(&mut self, target: BellTarget) {
+        self.bell = Some(target);
+    }
+
+    /// Rings the doorbell if the peer asked since we last did. Called after every
+    /// write a peer's receiver may be waiting for (data, an announcement, the end).
+    ///
+    /// The peer asks with a control-word write and then looks at its ring once more;
+    /// we write, then load the request. Neither side fences (that would cost every
+    /// put), so a write racing the request can be missed by both: the peer's group
+    /// still looks at its quiet connections in turn, slowly, and finds it then.
+    #[inline(always)]
+    fn ring_if_asked(&mut self) {
+        if self.bell.is_some() && self.link.ctrl.bell_wanted() != self.bells_answered {
+            self.ring_bell();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn ring_bell(&mut self) {
+        let Some(t) = self.bell else {
+            return;
+        };
+        self.bells_answered = self.link.ctrl.bell_wanted();
+        let one = 1u64.to_le_bytes();
+        // The slot before the summary, on one queue pair, so they land in that order
+        // (fabric guarantee 1): a peer that sees the summary finds the slot. A failed
+        // write means a failed connection, which the next call reports; the data
+        // itself was written.
+        let _ = self
+            .link
+            .write_inline(&one, t.slot, t.rkey)
+            .and_then(|()| self.link.write_inline(&one, t.summary, t.rkey));
     }
 
     /// Writes as much of `iov` as the ring has room for, in order, and returns the
@@ -186,10 +233,13 @@ impl<F: Fabric> Sender<F> {
         }
         link.check_peer_reading()?;
         link.serve_credit()?;
-        if let Some(ack) = self.short_ack(len) {
-            return self.write_short(iov, 0, len, ack);
-        }
-        self.write_small(iov, 0, len)
+        let n = if let Some(ack) = self.short_ack(len) {
+            self.write_short(iov, 0, len, ack)?
+        } else {
+            self.write_small(iov, 0, len)?
+        };
+        self.ring_if_asked();
+        Ok(n)
     }
 
     /// True when `len` bytes go out as one stacked packet at the head now, with
@@ -344,6 +394,13 @@ impl<F: Fabric> Sender<F> {
         iov: &[IoSlice<'_>],
         lent: Option<Lent>,
     ) -> io::Result<usize> {
+        let r = self.put_loop(iov, lent);
+        // Even after 0 bytes or an error: an announcement may have gone out.
+        self.ring_if_asked();
+        r
+    }
+
+    fn put_loop(&mut self, iov: &[IoSlice<'_>], lent: Option<Lent>) -> io::Result<usize> {
         if self.closed {
             return Err(io::Error::new(io::ErrorKind::BrokenPipe, "put after close"));
         }
@@ -882,7 +939,9 @@ impl<F: Fabric> Sender<F> {
         if self.link.error().is_some() {
             return Ok(());
         }
-        self.link.post_ctrl(CtrlWord::EndOfStream, self.head + 1)
+        self.link.post_ctrl(CtrlWord::EndOfStream, self.head + 1)?;
+        self.ring_if_asked();
+        Ok(())
     }
 
     /// Bytes written into the ring so far, padding and headers included.

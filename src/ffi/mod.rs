@@ -40,7 +40,7 @@ use crate::group::Group;
 use error::{report, Error};
 use exchange::Callbacks;
 use state::{lock, Phase};
-use sys::{iovec, rch_exchange, rch_stats, rch_status, rch_vc, size_t};
+use sys::{iovec, rch_exchange, rch_stats, rch_status, rch_vc, rch_watch_stats, size_t};
 
 /// Most iovec entries per data call (`RCH_IOV_MAX`).
 pub(crate) const IOV_MAX: usize = 1024;
@@ -702,6 +702,31 @@ pub unsafe extern "C" fn rch_get_stats(stats: *mut rch_stats) -> c_int {
     })
 }
 
+/// See `rch_get_watch_stats` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `stats` is NULL or valid for writing an `rch_watch_stats`.
+#[no_mangle]
+pub unsafe extern "C" fn rch_get_watch_stats(stats: *mut rch_watch_stats) -> c_int {
+    guard(|| {
+        if stats.is_null() {
+            return Err(null("stats"));
+        }
+        let w = lock()?.group()?.watch_stats();
+        let s = rch_watch_stats {
+            busy: w.busy as c_int,
+            quiet: w.quiet as c_int,
+            quiet_belled: w.quiet_belled as c_int,
+            found_by_bell: w.found_by_bell,
+            found_in_turn: w.found_in_turn,
+        };
+        // SAFETY: checked non-NULL; the caller promised a writable struct.
+        unsafe { out(stats, s) };
+        Ok(())
+    })
+}
+
 /// See `rch_strerror` in `ffi/rch.h`.
 #[no_mangle]
 pub extern "C" fn rch_strerror(code: c_int) -> *const c_char {
@@ -742,6 +767,7 @@ same_signature!(
     rch_vc_wait_writable,
     rch_vc_close,
     rch_get_stats,
+    rch_get_watch_stats,
     rch_strerror,
     rch_last_error,
 );

@@ -31,17 +31,18 @@
 //! The fabrics notice a dead peer too, but an RC queue pair on verbs only when it
 //! sends, and a process that only reads never does.
 
-use crate::fabric::FabricKind;
+use crate::fabric::{FabricKind, RemoteRegion};
 
 /// Longest hello card, in bytes (`RCH_CARD_MAX`).
 pub(crate) const CARD_MAX: usize = 255;
 
 /// What a process publishes about itself: how peers of its host reach it (the
-/// fabric and the abstract socket), which host it is on, and where peers of other
-/// hosts reach it through rdma_cm (if it can be reached that way):
+/// fabric and the abstract socket), which host it is on, where peers of other
+/// hosts reach it through rdma_cm (if it can be reached that way), and its
+/// doorbell, which the senders of its host ring when it asks (if it has one):
 ///
 /// ```text
-/// rch2,<fabric>,<pid>,<socket name>,<host id>,<ip:port or ->
+/// rch3,<fabric>,<pid>,<socket name>,<host id>,<ip:port or ->,<addr:len:rkey in hex or ->
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Hello {
@@ -53,6 +54,9 @@ pub(crate) struct Hello {
     pub(crate) host: String,
     /// Its rdma_cm listener, if it has one.
     pub(crate) cm: Option<std::net::SocketAddr>,
+    /// Its doorbell ([`Doorbell`](crate::ring::memory::Doorbell)) on its fabric,
+    /// if it has one.
+    pub(crate) bell: Option<RemoteRegion>,
 }
 
 /// A field of a hello card: printable ASCII without the separator, spaces or `=`.
@@ -66,8 +70,12 @@ fn field_ok(f: &str) -> bool {
 impl Hello {
     pub(crate) fn encode(&self) -> String {
         let cm = self.cm.map_or_else(|| "-".to_string(), |a| a.to_string());
+        let bell = self.bell.map_or_else(
+            || "-".to_string(),
+            |b| format!("{:x}:{:x}:{:x}", b.addr, b.len, b.rkey),
+        );
         format!(
-            "rch2,{},{},{},{},{cm}",
+            "rch3,{},{},{},{},{cm},{bell}",
             self.fabric, self.pid, self.socket, self.host
         )
     }
@@ -75,9 +83,9 @@ impl Hello {
     pub(crate) fn decode(b: &[u8]) -> Result<Hello, String> {
         let s = std::str::from_utf8(b).map_err(|_| "not UTF-8".to_string())?;
         let parts: Vec<&str> = s.trim_end_matches('\0').split(',').collect();
-        if parts.len() != 6 || parts[0] != "rch2" {
+        if parts.len() != 7 || parts[0] != "rch3" {
             return Err(format!(
-                "{s:?} is not an rch2 hello card (do all ranks run the same rdma-channel?)"
+                "{s:?} is not an rch3 hello card (do all ranks run the same rdma-channel?)"
             ));
         }
         let fabric = parts[1]
@@ -100,14 +108,34 @@ impl Hello {
                     .map_err(|_| format!("bad rdma_cm address {a:?} in hello card"))?,
             ),
         };
+        let bell = match parts[6] {
+            "-" => None,
+            b => Some(parse_bell(b).ok_or_else(|| format!("bad doorbell {b:?} in hello card"))?),
+        };
         Ok(Hello {
             fabric,
             pid,
             socket: socket.to_string(),
             host: host.to_string(),
             cm,
+            bell,
         })
     }
+}
+
+/// `addr:len:rkey` in hex.
+fn parse_bell(s: &str) -> Option<RemoteRegion> {
+    let mut it = s.split(':');
+    let mut next = || u64::from_str_radix(it.next()?, 16).ok();
+    let (addr, len, rkey) = (next()?, next()?, next()?);
+    if it.next().is_some() {
+        return None;
+    }
+    Some(RemoteRegion {
+        addr,
+        len,
+        rkey: u32::try_from(rkey).ok()?,
+    })
 }
 
 /// This process's host identity: processes with the same one share a kernel and a
@@ -147,12 +175,21 @@ mod tests {
             socket: "rch-42-00ff".into(),
             host: host_id(),
             cm: Some("169.254.77.2:40001".parse().unwrap()),
+            bell: Some(RemoteRegion {
+                addr: 0x7f00_1234_0000,
+                len: 4160,
+                rkey: 0xdead_beef,
+            }),
         };
         let s = h.encode();
         assert!(s.len() <= CARD_MAX && !s.contains(' ') && !s.contains('='));
         assert_eq!(Hello::decode(s.as_bytes()), Ok(h.clone()));
-        let without_cm = Hello { cm: None, ..h };
-        assert!(without_cm.encode().ends_with(",-"));
+        let without_cm = Hello {
+            cm: None,
+            bell: None,
+            ..h
+        };
+        assert!(without_cm.encode().ends_with(",-,-"));
         assert_eq!(
             Hello::decode(without_cm.encode().as_bytes()),
             Ok(without_cm)
@@ -160,14 +197,19 @@ mod tests {
         for bad in [
             &b""[..],
             b"rch1:emulated:42:x",
-            b"rch2,emulated,42,x,h",
-            b"rch2,nic,42,x,h,-",
-            b"rch2,emulated,-1,x,h,-",
-            b"rch2,emulated,42,,h,-",
-            b"rch2,emulated,42,a b,h,-",
-            b"rch2,emulated,42,x,h=1,-",
-            b"rch2,emulated,42,x,h,10.0.0.1",
-            b"rch2,emulated,42,x,h,-,extra",
+            b"rch2,emulated,42,x,h,-",
+            b"rch3,emulated,42,x,h,-",
+            b"rch3,nic,42,x,h,-,-",
+            b"rch3,emulated,-1,x,h,-,-",
+            b"rch3,emulated,42,,h,-,-",
+            b"rch3,emulated,42,a b,h,-,-",
+            b"rch3,emulated,42,x,h=1,-,-",
+            b"rch3,emulated,42,x,h,10.0.0.1,-",
+            b"rch3,emulated,42,x,h,-,10:20",
+            b"rch3,emulated,42,x,h,-,10:20:1ffffffff",
+            b"rch3,emulated,42,x,h,-,10:20:30:40",
+            b"rch3,emulated,42,x,h,-,g:20:30",
+            b"rch3,emulated,42,x,h,-,-,extra",
             b"\xff\xfe",
         ] {
             assert!(Hello::decode(bad).is_err(), "{bad:?}");

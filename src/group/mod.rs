@@ -18,8 +18,9 @@ use self::exchange::Exchange;
 use self::hello::Hello;
 use crate::config::Config;
 use crate::engine::{available_cpus, Backoff, Prepared, Receiver, Sender, CONTENDED_SPIN};
-use crate::fabric::{AnyFabric, Card, Fabric};
+use crate::fabric::{Access, AnyFabric, Card, Fabric};
 use crate::handshake::unix;
+use crate::ring::memory::Doorbell;
 
 /// Key under which every process publishes its hello card.
 pub(crate) const HELLO_KEY: &str = "rch-hello";
@@ -33,8 +34,13 @@ const BACKGROUND_EVERY: u32 = 4096;
 /// rch_poll_ready calls a watched connection may find nothing in a row before it
 /// counts as quiet and is looked at only now and then ([`Watch`]).
 const QUIET_AFTER: u32 = 256;
-/// Quiet connections rch_poll_ready looks at per call, in turn.
+/// Quiet connections without a doorbell that rch_poll_ready looks at per call, in
+/// turn.
 const QUIET_PER_CALL: usize = 2;
+/// rch_poll_ready calls between two looks at one quiet connection with a doorbell,
+/// in turn: its peer rings when it writes, so these looks only catch the write that
+/// raced the request to ring (`Sender::ring_if_asked`) and a peer that failed.
+const BELLED_TURN_EVERY: u64 = 16;
 
 /// What `rch_get_stats` reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -45,6 +51,16 @@ pub(crate) struct Stats {
     pub(crate) pending: usize,
     /// Memory registered for the connections.
     pub(crate) registered_bytes: usize,
+}
+
+/// How rch_poll_ready finds traffic (rch_get_watch_stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WatchStats {
+    pub(crate) busy: usize,
+    pub(crate) quiet: usize,
+    pub(crate) quiet_belled: usize,
+    pub(crate) found_by_bell: u64,
+    pub(crate) found_in_turn: u64,
 }
 
 /// A connection that is up: our sending and receiving halves.
@@ -166,6 +182,9 @@ struct Vc {
     want_write: bool,
     /// A read reported the connection's end or failure: rch_wait stops watching it.
     rx_done: bool,
+    /// The peer's sender rings our doorbell when asked: a connection of this host
+    /// (not the loopback, whose halves live in a domain of their own).
+    belled: bool,
 }
 
 /// What a look at one connection found (see `Group::readiness`).
@@ -182,7 +201,9 @@ enum Watched {
     No,
     /// Looked at on every call; the count of calls in a row that found nothing.
     Busy(u32),
-    /// Quiet: looked at [`QUIET_PER_CALL`] at a time, in turn.
+    /// Quiet: found by its peer ringing our doorbell if `belled`, and looked at in
+    /// turn ([`QUIET_PER_CALL`] per call, or one every [`BELLED_TURN_EVERY`] calls
+    /// if belled).
     Quiet,
 }
 
@@ -195,6 +216,15 @@ struct Watch {
     quiet: Vec<usize>,
     /// The next quiet connection to look at.
     next_quiet: usize,
+    /// Quiet connections whose peers ring our doorbell.
+    quiet_belled: Vec<usize>,
+    next_belled: usize,
+    /// Slots found rung by the last look at the doorbell (kept to reuse its memory).
+    rung: Vec<usize>,
+    /// Quiet connections found with something to read: by their peer's ring, and
+    /// by a look in turn.
+    found_by_bell: u64,
+    found_in_turn: u64,
     calls: u64,
     /// The coarse clock (`coarse_ms`) at the last look at the sockets.
     looked_at: u64,
@@ -234,6 +264,9 @@ pub(crate) struct Group {
     vcs: Vec<Vc>,
     /// rch_poll_ready's watch over the connections.
     watch: Watch,
+    /// Where the senders of our host ring when we ask (`Vc::belled`); `None` if it
+    /// could not be allocated (then quiet connections are only looked at in turn).
+    doorbell: Option<Doorbell<<AnyFabric as Fabric>::Region>>,
     /// Accepted sockets whose HELLO has not arrived yet.
     inbound: Vec<UnixStream>,
     /// Handshakes in progress (outbound or awaiting READY), to skip the scan when none.
@@ -278,7 +311,16 @@ impl Group {
         #[cfg(not(feature = "verbs"))]
         let remote_why =
             Some("rdma-channel was built without the verbs feature (rdma_cm)".to_string());
+        // One word per rank: a few KiB even for thousands of ranks, registered once.
+        let doorbell = fabric
+            .alloc_region(
+                Doorbell::<<AnyFabric as Fabric>::Region>::bytes_for(size as usize),
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+            .and_then(|r| Doorbell::new(r, size as usize))
+            .ok();
         let hello = Hello {
+            bell: doorbell.as_ref().map(Doorbell::remote),
             fabric: fabric.kind(),
             pid: std::process::id(),
             socket,
@@ -306,6 +348,7 @@ impl Group {
                 watch: Watched::No,
                 want_write: false,
                 rx_done: false,
+                belled: false,
             })
             .collect();
         Ok(Group {
@@ -321,6 +364,7 @@ impl Group {
             peers: Vec::new(),
             vcs,
             watch: Watch::default(),
+            doorbell,
             inbound: Vec::new(),
             handshakes: 0,
             tick: 0,
@@ -645,6 +689,7 @@ impl Group {
                 // Rare: rch_poll_ready reports quiet connections as busy already, so
                 // only a read or put of the caller's own lands here.
                 self.watch.quiet.retain(|&q| q != rank);
+                self.watch.quiet_belled.retain(|&q| q != rank);
                 self.vcs[rank].watch = Watched::Busy(0);
                 self.watch.busy.push(rank);
             }
@@ -674,10 +719,12 @@ impl Group {
 
     /// rch_poll_ready: writes into `out` the ranks of connections with something to
     /// read, at most `out.len()` of them, and returns how many. Costs the connections
-    /// that carried traffic lately, plus [`QUIET_PER_CALL`] of the quiet ones, plus a
-    /// look at the listener and handshakes every [`PROGRESS_EVERY`] calls; a quiet
-    /// connection whose peer writes is noticed within (quiet connections /
-    /// [`QUIET_PER_CALL`]) calls, and is busy from then on.
+    /// that carried traffic lately, one load of the doorbell, [`QUIET_PER_CALL`] of
+    /// the quiet connections that have no doorbell, and now and then a quiet one that
+    /// has, and a look at the listener and handshakes every [`PROGRESS_EVERY`] calls.
+    /// A quiet connection whose peer writes is noticed at the next call through the
+    /// doorbell (or, without one, within (quiet connections / [`QUIET_PER_CALL`])
+    /// calls), and is busy from then on.
     pub(crate) fn poll_ready(&mut self, out: &mut [usize]) -> usize {
         self.watch.calls += 1;
         let calls = self.watch.calls;
@@ -708,6 +755,10 @@ impl Group {
             }
         }
         let mut n = 0;
+        // Quiet connections whose peers rang: busy again, and looked at below.
+        if self.doorbell.as_ref().is_some_and(Doorbell::rung) {
+            self.answer_bells();
+        }
         let mut i = 0;
         while i < self.watch.busy.len() {
             let r = self.watch.busy[i];
@@ -722,9 +773,11 @@ impl Group {
                 }
                 Readiness::Nothing => match self.vcs[r].watch {
                     Watched::Busy(empty) if empty + 1 >= QUIET_AFTER => {
-                        self.vcs[r].watch = Watched::Quiet;
                         self.watch.busy.swap_remove(i);
-                        self.watch.quiet.push(r);
+                        if self.go_quiet(r) {
+                            // It wrote meanwhile: busy after all.
+                            self.watch.busy.push(r);
+                        }
                     }
                     Watched::Busy(empty) => {
                         self.vcs[r].watch = Watched::Busy(empty + 1);
@@ -741,33 +794,119 @@ impl Group {
             }
         }
         for _ in 0..QUIET_PER_CALL {
-            let quiet = &mut self.watch.quiet;
-            if quiet.is_empty() {
-                break;
-            }
-            if self.watch.next_quiet >= quiet.len() {
-                self.watch.next_quiet = 0;
-            }
-            let at = self.watch.next_quiet;
-            let r = quiet[at];
-            match self.readiness(r) {
-                Readiness::Nothing => self.watch.next_quiet = at + 1,
-                Readiness::Ready => {
-                    self.watch.quiet.swap_remove(at);
-                    self.vcs[r].watch = Watched::Busy(0);
-                    self.watch.busy.push(r);
-                    if n < out.len() {
-                        out[n] = r;
-                        n += 1;
-                    }
-                }
-                Readiness::Done => {
-                    self.watch.quiet.swap_remove(at);
-                    self.vcs[r].watch = Watched::No;
-                }
-            }
+            n += self.look_in_turn(false, &mut out[n..]);
+        }
+        if calls % BELLED_TURN_EVERY == 0 {
+            n += self.look_in_turn(true, &mut out[n..]);
         }
         n
+    }
+
+    /// Makes busy connection `r` quiet: on the list it is looked at in turn from,
+    /// and, if its peer rings, with a request to ring sent. False, unless the look
+    /// that follows the request finds it has something to read after all (then it
+    /// stays busy, and the caller lists it again).
+    #[cold]
+    #[inline(never)]
+    fn go_quiet(&mut self, r: usize) -> bool {
+        let vc = &mut self.vcs[r];
+        if !vc.belled {
+            vc.watch = Watched::Quiet;
+            self.watch.quiet.push(r);
+            return false;
+        }
+        let Conn::Up(up) = &mut vc.conn else {
+            vc.watch = Watched::Quiet;
+            self.watch.quiet_belled.push(r);
+            return false;
+        };
+        // A failed request leaves the connection to the looks in turn, which
+        // report its failure.
+        let _ = up.rx.ask_for_bell();
+        // The request first, then this look (see `Sender::ring_if_asked`).
+        if !matches!(self.readiness(r), Readiness::Nothing) {
+            self.vcs[r].watch = Watched::Busy(0);
+            return true;
+        }
+        self.vcs[r].watch = Watched::Quiet;
+        self.watch.quiet_belled.push(r);
+        false
+    }
+
+    /// Takes the slots rung on our doorbell and makes their quiet connections busy
+    /// (the busy loop that follows looks at them).
+    #[cold]
+    #[inline(never)]
+    fn answer_bells(&mut self) {
+        let Some(bell) = &self.doorbell else {
+            return;
+        };
+        let mut rung = std::mem::take(&mut self.watch.rung);
+        rung.clear();
+        bell.take(|r| rung.push(r));
+        for &r in &rung {
+            if r < self.vcs.len() && self.vcs[r].watch == Watched::Quiet {
+                self.watch.quiet_belled.retain(|&q| q != r);
+                self.vcs[r].watch = Watched::Busy(0);
+                self.watch.busy.push(r);
+                self.watch.found_by_bell += 1;
+            }
+        }
+        self.watch.rung = rung;
+    }
+
+    /// Looks at the next quiet connection of one list (those with a doorbell if
+    /// `belled`) and lists it in `out` if it has something to read; returns how many
+    /// it listed (0 or 1).
+    fn look_in_turn(&mut self, belled: bool, out: &mut [usize]) -> usize {
+        let (list, next) = if belled {
+            (&mut self.watch.quiet_belled, &mut self.watch.next_belled)
+        } else {
+            (&mut self.watch.quiet, &mut self.watch.next_quiet)
+        };
+        if list.is_empty() {
+            return 0;
+        }
+        if *next >= list.len() {
+            *next = 0;
+        }
+        let at = *next;
+        let r = list[at];
+        match self.readiness(r) {
+            Readiness::Nothing => {
+                if belled {
+                    self.watch.next_belled = at + 1;
+                } else {
+                    self.watch.next_quiet = at + 1;
+                }
+                0
+            }
+            Readiness::Ready => {
+                self.unlist_quiet(belled, at);
+                self.vcs[r].watch = Watched::Busy(0);
+                self.watch.busy.push(r);
+                self.watch.found_in_turn += 1;
+                if let Some(o) = out.first_mut() {
+                    *o = r;
+                    1
+                } else {
+                    0
+                }
+            }
+            Readiness::Done => {
+                self.unlist_quiet(belled, at);
+                self.vcs[r].watch = Watched::No;
+                0
+            }
+        }
+    }
+
+    fn unlist_quiet(&mut self, belled: bool, at: usize) {
+        if belled {
+            self.watch.quiet_belled.swap_remove(at);
+        } else {
+            self.watch.quiet.swap_remove(at);
+        }
     }
 
     /// rch_vc_close.
@@ -1082,7 +1221,24 @@ impl Group {
                 format!("rank {r} closed the handshake (finalised or died): {e}"),
             )),
         };
+        self.install_bell(r);
         true
+    }
+
+    /// A connection of this host just came up with rank `r`: its sender rings `r`'s
+    /// doorbell when `r` asks, and `r`'s sender ours (it runs this same code).
+    fn install_bell(&mut self, r: usize) {
+        let mine = self.doorbell.is_some();
+        let target = self.peers[r]
+            .bell
+            .and_then(|b| Doorbell::<<AnyFabric as Fabric>::Region>::target(b, self.rank as usize));
+        let vc = &mut self.vcs[r];
+        if let Conn::Up(up) = &mut vc.conn {
+            if let Some(t) = target {
+                up.tx.set_bell(t);
+            }
+            vc.belled = mine;
+        }
     }
 
     /// A peer's HELLO arrived on an accepted socket.
@@ -1155,6 +1311,7 @@ impl Group {
                 Conn::Failed(e)
             }
         };
+        self.install_bell(from);
     }
 
     fn accept(&self, s: &UnixStream, peer: Card) -> Result<Up, Error> {
@@ -1180,6 +1337,9 @@ impl Group {
         write: bool,
         sockets: bool,
     ) -> bool {
+        if only.is_none() && !sockets {
+            return self.poll_watched(read, write);
+        }
         let mut ready = false;
         if sockets && (self.progress()) {
             ready = true;
@@ -1213,6 +1373,51 @@ impl Group {
             }
         }
         ready
+    }
+
+    /// rch_wait's look between two full ones: the connections rch_poll_ready keeps
+    /// busy, the doorbell, and the quiet connections that have none, so a wait
+    /// over many quiet connections spins at the cost of the busy ones. The full
+    /// look (every [`PROGRESS_EVERY`] polls and while sleeping) covers the rest: a
+    /// write that raced a request to ring, a blocked put on a quiet connection, a
+    /// connection that came up meanwhile.
+    fn poll_watched(&mut self, read: bool, write: bool) -> bool {
+        if read && self.doorbell.as_ref().is_some_and(Doorbell::rung) {
+            self.answer_bells();
+        }
+        let mut ready = false;
+        let quiet = if read { self.watch.quiet.len() } else { 0 };
+        for i in 0..self.watch.busy.len() + quiet {
+            let r = match i.checked_sub(self.watch.busy.len()) {
+                None => self.watch.busy[i],
+                Some(q) => self.watch.quiet[q],
+            };
+            let vc = &mut self.vcs[r];
+            if let Conn::Up(up) = &mut vc.conn {
+                if read && !vc.rx_done && up.rx.poll_readable().unwrap_or(true) {
+                    ready = true;
+                }
+                if up.confirm.is_none()
+                    && write
+                    && vc.want_write
+                    && up.tx.poll_writable().unwrap_or(true)
+                {
+                    ready = true;
+                }
+            }
+        }
+        ready
+    }
+
+    /// rch_get_watch_stats.
+    pub(crate) fn watch_stats(&self) -> WatchStats {
+        WatchStats {
+            busy: self.watch.busy.len(),
+            quiet: self.watch.quiet.len() + self.watch.quiet_belled.len(),
+            quiet_belled: self.watch.quiet_belled.len(),
+            found_by_bell: self.watch.found_by_bell,
+            found_in_turn: self.watch.found_in_turn,
+        }
     }
 
     /// rch_get_stats: connections up, handshakes, and the memory registered for

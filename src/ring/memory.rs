@@ -1,5 +1,5 @@
 //! The memory a connection's peer writes, and the sender's staging copy: the only raw
-//! memory the engine touches, behind three small types.
+//! memory the engine touches, behind four small types.
 //!
 //! * [`RingMemory`]: the incoming ring. Words are polled atomically (the peer's fabric
 //!   writes them like a NIC's DMA, never torn: fabric guarantee 3), payload is copied
@@ -8,6 +8,8 @@
 //!   memory ordering the protocol needs and why.
 //! * [`StagingBuffer`]: the registered copy of the outgoing ring that packets are
 //!   assembled in when the fabric cannot write them inline.
+//! * [`Doorbell`]: one per process, not per connection: a word per peer that its
+//!   sender sets when asked, so quiet connections cost one load per poll.
 //!
 //! Every access is bounds-checked against the region (positions are reduced with the
 //! ring's mask; copies are checked), so the safety of this file does not depend on the
@@ -16,7 +18,7 @@
 
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::wire::{CELL, SHORT_HEADER_OFFSET};
@@ -305,6 +307,9 @@ pub enum CtrlWord {
     /// From the receiver of our outgoing ring: the number of the last zero-copy
     /// announcement it has read in full.
     ZeroCopyDone,
+    /// From the receiver of our outgoing ring: the number of its last request to
+    /// ring its [`Doorbell`] when we next write (it stopped looking at the ring).
+    BellWanted,
     /// From the sender into our ring: credit request, the tail it knows + 1.
     CreditRequest,
     /// From the sender into our ring: end of stream, its final head + 1.
@@ -329,6 +334,7 @@ impl CtrlWord {
             CtrlWord::Tail => 0,
             CtrlWord::ReceiverClosed => 8,
             CtrlWord::ZeroCopyDone => 16,
+            CtrlWord::BellWanted => 24,
             CtrlWord::CreditRequest => 64,
             CtrlWord::EndOfStream => 72,
             CtrlWord::LendLanded => 80,
@@ -420,6 +426,15 @@ impl<R: MemoryRegion> ControlWords<R> {
     #[inline]
     pub fn zero_copy_done(&self) -> u64 {
         self.word(CtrlWord::ZeroCopyDone).load(Ordering::Acquire)
+    }
+
+    /// The number of the peer receiver's last request to be rung
+    /// ([`CtrlWord::BellWanted`]), 0 before the first. Relaxed: a request only; the
+    /// bell it leads to orders nothing (the receiver reads the ring with its own
+    /// Acquire loads).
+    #[inline]
+    pub fn bell_wanted(&self) -> u64 {
+        self.word(CtrlWord::BellWanted).load(Ordering::Relaxed)
     }
 
     /// The peer sender's credit request (the tail it knows + 1), 0 before the first.
@@ -692,9 +707,138 @@ impl<R: MemoryRegion> StagingBuffer<R> {
     }
 }
 
+/// Bytes before a [`Doorbell`]'s slots: its summary word, on a cache line of its own.
+pub const BELL_SLOTS: u64 = 64;
+
+/// A process's doorbell: one word per peer, which that peer's sender sets (an 8-byte
+/// RDMA WRITE of 1) when this process asked it to ([`CtrlWord::BellWanted`]), then
+/// the summary word the same way. A process with many quiet connections looks at
+/// the summary on each poll instead of at every ring (MPICH nemesis and Open MPI
+/// keep one receive queue per process for the same reason; seed 003, figure 6).
+///
+/// Layout: bytes 0..8, the summary (nonzero: some slot was set since the last
+/// [`take`](Self::take)); bytes `BELL_SLOTS + 8 i ..`, peer `i`'s slot.
+///
+/// ```
+/// use rdma_channel::fabric::{emulated::EmuFabric, Access, Fabric};
+/// use rdma_channel::ring::memory::Doorbell;
+/// let fabric = EmuFabric::new()?;
+/// let len = Doorbell::<<EmuFabric as Fabric>::Region>::bytes_for(4);
+/// let bell = Doorbell::new(fabric.alloc_region(len, Access::REMOTE_WRITE)?, 4)?;
+/// assert!(!bell.rung());
+/// let target = Doorbell::<<EmuFabric as Fabric>::Region>::target(bell.remote(), 2).unwrap();
+/// assert_eq!(target.slot - target.summary, 64 + 2 * 8);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct Doorbell<R: MemoryRegion> {
+    mem: RegionPtr<R>,
+    slots: usize,
+}
+
+/// Where a sender rings a peer's [`Doorbell`]: its own slot and the summary word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BellTarget {
+    /// Address of the sender's slot in the peer's doorbell.
+    pub slot: u64,
+    /// Address of the doorbell's summary word.
+    pub summary: u64,
+    /// Remote key of the doorbell.
+    pub rkey: u32,
+}
+
+impl<R: MemoryRegion> Doorbell<R> {
+    /// Bytes of a doorbell for `slots` peers.
+    pub const fn bytes_for(slots: usize) -> usize {
+        BELL_SLOTS as usize + 8 * slots
+    }
+
+    /// Takes over `region` as the doorbell of `slots` peers.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` unless the region is 64-byte aligned and holds
+    /// [`bytes_for`](Self::bytes_for)`(slots)` bytes.
+    pub fn new(region: R, slots: usize) -> io::Result<Doorbell<R>> {
+        RegionPtr::new(region, true)
+            .filter(|mem| mem.len() >= Self::bytes_for(slots))
+            .map(|mem| Doorbell { mem, slots })
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "a doorbell of {slots} slots is {} bytes, 64-byte aligned",
+                        Self::bytes_for(slots)
+                    ),
+                )
+            })
+    }
+
+    /// Where peers write, for the process's hello card.
+    pub fn remote(&self) -> RemoteRegion {
+        self.mem.region.remote()
+    }
+
+    /// The bytes this doorbell holds registered.
+    pub fn registered_bytes(&self) -> usize {
+        self.mem.len()
+    }
+
+    /// Where the peer in `slot` rings the doorbell published as `remote`; `None`
+    /// when the slot lies outside it (a peer's card that does not fit its group).
+    pub fn target(remote: RemoteRegion, slot: usize) -> Option<BellTarget> {
+        let end = (slot as u64).checked_mul(8)?.checked_add(BELL_SLOTS + 8)?;
+        (end <= remote.len && remote.addr % 64 == 0).then(|| BellTarget {
+            slot: remote.addr + end - 8,
+            summary: remote.addr,
+            rkey: remote.rkey,
+        })
+    }
+
+    #[inline]
+    fn word(&self, i: usize) -> &AtomicU64 {
+        debug_assert!(i <= self.slots);
+        let at = if i == 0 {
+            0
+        } else {
+            BELL_SLOTS as usize + 8 * (i - 1)
+        };
+        // SAFETY: word 0 is the summary and word i > 0 slot i - 1 < slots, so it lies
+        // 8-aligned (the region is 64-aligned) inside the region, whose length `new`
+        // checked; the region lives as long as `self`; peers' fabrics write these
+        // words whole (fabric guarantee 3) and we only access them atomically.
+        unsafe { &*self.mem.base.as_ptr().add(at).cast::<AtomicU64>() }
+    }
+
+    /// True when some peer rang since the last [`take`](Self::take): one load.
+    /// Relaxed: a hint to look; `take` orders what it finds.
+    #[inline]
+    pub fn rung(&self) -> bool {
+        self.word(0).load(Ordering::Relaxed) != 0
+    }
+
+    /// Clears the summary, then calls `found` with each slot that is set, clearing
+    /// it. A peer that rings during the call is seen by this call or sets the
+    /// summary again for the next.
+    pub fn take(&self, mut found: impl FnMut(usize)) {
+        self.word(0).store(0, Ordering::Relaxed);
+        // SeqCst: the clear above must be visible before the slots below are read
+        // (a store then loads: only a full fence orders them, even on x86). A peer
+        // sets its slot before the summary, so a slot this scan misses was set
+        // after the clear, and its summary write comes after that too.
+        fence(Ordering::SeqCst);
+        for i in 0..self.slots {
+            let w = self.word(i + 1);
+            if w.load(Ordering::Relaxed) != 0 {
+                w.store(0, Ordering::Relaxed);
+                found(i);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    //! Plain-memory tests of the three types (they run under Miri: no syscalls).
+    //! Plain-memory tests of the four types (they run under Miri: no syscalls).
 
     use super::*;
     use crate::fabric::{Access, Caps, Completion, QpState};
@@ -760,6 +904,35 @@ mod tests {
     fn poke(addr: *mut u8, off: usize, v: u64) {
         // SAFETY: callers pass offsets of aligned words inside a live region.
         unsafe { (*addr.add(off).cast::<AtomicU64>()).store(v, Ordering::Release) };
+    }
+
+    #[test]
+    fn a_doorbell_reports_each_rung_slot_once_and_refuses_a_short_region() {
+        type Bell = Doorbell<HeapRegion>;
+        assert!(Bell::new(HeapRegion::new(Bell::bytes_for(5) - 8, 0), 5).is_err());
+        assert!(Bell::new(HeapRegion::new(Bell::bytes_for(5), 8), 5).is_err());
+        let bell = Bell::new(HeapRegion::new(Bell::bytes_for(5), 0), 5).unwrap();
+        let remote = bell.remote();
+        assert_eq!(Bell::target(remote, 5), None, "slot 5 of 0..5");
+        assert_eq!(Bell::target(remote, usize::MAX), None);
+        let base = bell.mem.base.as_ptr();
+        let ring = |slot: usize| {
+            let t = Bell::target(remote, slot).unwrap();
+            poke(base, (t.slot - remote.addr) as usize, 1);
+            poke(base, (t.summary - remote.addr) as usize, 1);
+        };
+        assert!(!bell.rung());
+        ring(4);
+        ring(1);
+        assert!(bell.rung());
+        let mut found = Vec::new();
+        bell.take(|i| found.push(i));
+        assert_eq!(found, [1, 4]);
+        assert!(!bell.rung());
+        bell.take(|i| panic!("slot {i} reported twice"));
+        ring(0);
+        bell.take(|i| found.push(i));
+        assert_eq!(found, [1, 4, 0]);
     }
 
     #[test]

@@ -369,6 +369,10 @@ typedef struct rch_watch_stats {
     int quiet;
     /* Quiet connections whose peers ring this process's doorbell now. */
     int quiet_belled;
+    /* Doorbell words found set: rings of peers' senders, whether or not their
+     * connection was still quiet when the ring was seen (a look in turn may have
+     * found its data first). */
+    unsigned long long rings;
     /* Quiet connections found with something to read through their doorbell. */
     unsigned long long found_by_bell;
     /* Quiet connections found with something to read by a look in turn. */

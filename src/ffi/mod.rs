@@ -718,6 +718,7 @@ pub unsafe extern "C" fn rch_get_watch_stats(stats: *mut rch_watch_stats) -> c_i
             busy: w.busy as c_int,
             quiet: w.quiet as c_int,
             quiet_belled: w.quiet_belled as c_int,
+            rings: w.rings,
             found_by_bell: w.found_by_bell,
             found_in_turn: w.found_in_turn,
         };

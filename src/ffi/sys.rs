@@ -63,13 +63,14 @@ const_assert_eq!(offset_of!(rch_stats, registered_bytes), 8);
 const_assert_eq!(size_of::<rch_stats>(), 16);
 const_assert_eq!(align_of::<rch_stats>(), align_of::<usize>());
 
-// rch_watch_stats: three ints, padding, then two unsigned long longs.
+// rch_watch_stats: three ints, padding, then three unsigned long longs.
 const_assert_eq!(offset_of!(rch_watch_stats, busy), 0);
 const_assert_eq!(offset_of!(rch_watch_stats, quiet), 4);
 const_assert_eq!(offset_of!(rch_watch_stats, quiet_belled), 8);
-const_assert_eq!(offset_of!(rch_watch_stats, found_by_bell), 16);
-const_assert_eq!(offset_of!(rch_watch_stats, found_in_turn), 24);
-const_assert_eq!(size_of::<rch_watch_stats>(), 32);
+const_assert_eq!(offset_of!(rch_watch_stats, rings), 16);
+const_assert_eq!(offset_of!(rch_watch_stats, found_by_bell), 24);
+const_assert_eq!(offset_of!(rch_watch_stats, found_in_turn), 32);
+const_assert_eq!(size_of::<rch_watch_stats>(), 40);
 
 // Status codes are C ints on the wire (the functions return `int`).
 const_assert_eq!(rch_status::RCH_SUCCESS, 0);

@@ -59,6 +59,7 @@ pub(crate) struct WatchStats {
     pub(crate) busy: usize,
     pub(crate) quiet: usize,
     pub(crate) quiet_belled: usize,
+    pub(crate) rings: u64,
     pub(crate) found_by_bell: u64,
     pub(crate) found_in_turn: u64,
 }
@@ -221,6 +222,8 @@ struct Watch {
     next_belled: usize,
     /// Slots found rung by the last look at the doorbell (kept to reuse its memory).
     rung: Vec<usize>,
+    /// Doorbell words found set.
+    rings: u64,
     /// Quiet connections found with something to read: by their peer's ring, and
     /// by a look in turn.
     found_by_bell: u64,
@@ -844,6 +847,7 @@ impl Group {
         let mut rung = std::mem::take(&mut self.watch.rung);
         rung.clear();
         bell.take(|r| rung.push(r));
+        self.watch.rings += rung.len() as u64;
         for &r in &rung {
             if r < self.vcs.len() && self.vcs[r].watch == Watched::Quiet {
                 self.watch.quiet_belled.retain(|&q| q != r);
@@ -1415,6 +1419,7 @@ impl Group {
             busy: self.watch.busy.len(),
             quiet: self.watch.quiet.len() + self.watch.quiet_belled.len(),
             quiet_belled: self.watch.quiet_belled.len(),
+            rings: self.watch.rings,
             found_by_bell: self.watch.found_by_bell,
             found_in_turn: self.watch.found_in_turn,
         }

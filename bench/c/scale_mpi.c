@@ -15,7 +15,7 @@
  *             ROUNDS is the round trips per batch (default 20000, 7 batches)
  *   quiet     as idle, but rank 0 spins 2 ms outside MPI before each round trip,
  *             so the message reaches a rank 1 that has waited in MPI_Recv, its
- *             connections quiet (ROUNDS default 300)
+ *             connections quiet (ROUNDS default 300; the median round trip)
  *
  * Prints one line of "key=value" fields from rank 0: the pattern, ranks, mean and
  * max PSS over ranks in KiB (from /proc/self/smaps_rollup, read before
@@ -57,31 +57,47 @@ static int cmp_double(const void *a, const void *b)
 /* Median over 7 batches of the one-way zero-byte latency between ranks 0 and 1, in
  * microseconds (valid on rank 0). With `pause_us` > 0, rank 0 spins that long
  * outside MPI before each round trip, so rank 1 has waited in MPI_Recv that long
- * when the message comes, and only the round trips are timed. */
+ * when the message comes; each round trip is then timed on its own and the median
+ * of them all is returned (a batch's mean would be the few round trips that met a
+ * timer interrupt or a page fault). */
 static double pair_latency(int rank, int iters, double pause_us)
 {
     double batch[7];
+    double *each = pause_us > 0 ? malloc(sizeof(double) * 7 * (size_t) iters) : NULL;
+    int timed = 0;
     char b = 0;
     for (int k = 0; k < 7; k++) {
-        double t0 = 0, paused = 0;
+        double t0 = 0;
         for (int i = -iters / 10; i < iters; i++) {
             if (i == 0)
-                t0 = MPI_Wtime(), paused = 0;
+                t0 = MPI_Wtime();
             if (rank == 0) {
-                if (pause_us > 0) {
+                double r0 = 0;
+                if (each) {
                     double p0 = MPI_Wtime();
                     while (MPI_Wtime() - p0 < pause_us * 1e-6)
                         ;
-                    paused += MPI_Wtime() - p0;
+                    r0 = MPI_Wtime();
                 }
                 MPI_Send(&b, 0, MPI_CHAR, 1, 7, MPI_COMM_WORLD);
                 MPI_Recv(&b, 0, MPI_CHAR, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                if (each && i >= 0)
+                    each[timed++] = (MPI_Wtime() - r0) * 1e6 / 2.0;
             } else {
                 MPI_Recv(&b, 0, MPI_CHAR, 0, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
                 MPI_Send(&b, 0, MPI_CHAR, 0, 7, MPI_COMM_WORLD);
             }
         }
-        batch[k] = (MPI_Wtime() - t0 - paused) * 1e6 / (2.0 * iters);
+        batch[k] = (MPI_Wtime() - t0) * 1e6 / (2.0 * iters);
+    }
+    if (each) {
+        double m = 0;
+        if (timed > 0) {
+            qsort(each, (size_t) timed, sizeof each[0], cmp_double);
+            m = each[timed / 2];
+        }
+        free(each);
+        return m;
     }
     qsort(batch, 7, sizeof batch[0], cmp_double);
     return batch[3];

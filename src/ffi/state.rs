@@ -89,13 +89,18 @@ pub(crate) fn wait(
     let start = Instant::now();
     let limit = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
     let mut backoff = None;
-    // The sockets (listener, handshakes, rdma_cm events) cost system calls: look at
-    // them every PROGRESS_EVERY polls and while sleeping, not on entry, so that an
-    // upper layer calling rch_wait once per message (MPI's blocking progress) pays
-    // nothing extra when data is already there. A single poll (timeout 0) looks.
+    // The sockets (listener, handshakes, rdma_cm events, each connection's liveness)
+    // cost system calls: look at them while sleeping and now and then while
+    // spinning (`Group::sockets_due`), not on entry, so that an upper layer calling
+    // rch_wait once per message (MPI's blocking progress) pays nothing extra when
+    // data is already there. A single poll (timeout 0) looks.
     let mut i: u32 = if timeout_ms == 0 { 0 } else { 1 };
     // Relaxed, as in wake_waiters: a stale read costs one more nap at most.
     let woken_at = WAKEUPS.load(Ordering::Relaxed);
+    // Connections looked at since the last snooze, and how many make one (a full
+    // look's worth).
+    let mut spent = 0usize;
+    let mut charge: usize;
     loop {
         {
             let mut lib = lock()?;
@@ -105,10 +110,22 @@ pub(crate) fn wait(
             }
             let b = backoff
                 .get_or_insert_with(|| g.idle_backoff.take().unwrap_or_else(|| g.wait_policy()));
-            let sockets = i % PROGRESS_EVERY == 0 || b.is_sleeping();
-            if g.poll(only, read, write, sockets) {
+            // Every connection every PROGRESS_EVERY polls and before each sleep; the
+            // sockets (system calls, one per connection for its liveness) then only
+            // as often as rch_poll_ready looks at them, and before each sleep.
+            let full = i % PROGRESS_EVERY == 0 || b.is_sleeping();
+            let sockets = b.is_sleeping() || i == 0 || (full && g.sockets_due());
+            let (ready, looked) = g.poll(only, read, write, full, sockets);
+            if ready {
                 return Ok(());
             }
+            // The backoff's spins count full looks (one connection each, as when
+            // every poll looked at every connection): a look at a few watched
+            // connections spends a fraction of one. Counted in polls, a wait over
+            // 30 quiet connections went to sleep after 5 us instead of ~150 us, and
+            // a pair's zero-byte MPI latency with them went from 0.3 to 4 us.
+            spent += looked;
+            charge = if only.is_some() { 1 } else { g.size as usize };
         }
         i = i.wrapping_add(1);
         if WAKEUPS.load(Ordering::Relaxed) != woken_at {
@@ -128,6 +145,11 @@ pub(crate) fn wait(
                 format!("no progress within {timeout_ms} ms"),
             ));
         }
+        if spent < charge {
+            std::hint::spin_loop();
+            continue;
+        }
+        spent = 0;
         backoff.as_mut().expect("set above").snooze();
     }
 }

@@ -1332,16 +1332,38 @@ impl Group {
         Ok(Up::new(rx, tx, None, None))
     }
 
-    /// One look at every connection for rch_wait: true when a read or a blocked put
-    /// may progress, or a handshake moved. `all` includes the listener and sockets.
+    /// True when a spinning rch_wait should look at the sockets now: on the same
+    /// terms as rch_poll_ready (every [`PROGRESS_EVERY`] calls while handshakes are
+    /// under way, else once a coarse tick passed since the last look). A look costs
+    /// a system call per connection (its liveness socket), so a spinning wait over
+    /// 63 peers that looked every 64 polls spent most of its time in them.
+    pub(crate) fn sockets_due(&mut self) -> bool {
+        if self.handshakes > 0 || !self.inbound.is_empty() {
+            return true;
+        }
+        let tick = coarse_ms();
+        if tick.wrapping_sub(self.watch.looked_at) >= LOOK_EVERY_MS {
+            self.watch.looked_at = tick;
+            return true;
+        }
+        false
+    }
+
+    /// One look for rch_wait: whether a read or a blocked put may progress, or a
+    /// handshake moved, and how many connections it looked at (rch_wait's backoff
+    /// counts its spins in connections looked at, see `ffi::state::wait`). `full`
+    /// looks at every connection (else the watched ones,
+    /// [`poll_watched`](Self::poll_watched)); `sockets` also at the listener,
+    /// handshakes and each connection's liveness socket.
     pub(crate) fn poll(
         &mut self,
         only: Option<usize>,
         read: bool,
         write: bool,
+        full: bool,
         sockets: bool,
-    ) -> bool {
-        if only.is_none() && !sockets {
+    ) -> (bool, usize) {
+        if only.is_none() && !full && !sockets {
             return self.poll_watched(read, write);
         }
         let mut ready = false;
@@ -1352,6 +1374,7 @@ impl Group {
             Some(r) => r..r + 1,
             None => 0..self.vcs.len(),
         };
+        let looked = range.len();
         for r in range {
             let vc = &mut self.vcs[r];
             match &mut vc.conn {
@@ -1376,7 +1399,7 @@ impl Group {
                 _ => {}
             }
         }
-        ready
+        (ready, looked)
     }
 
     /// rch_wait's look between two full ones: the connections rch_poll_ready keeps
@@ -1385,7 +1408,7 @@ impl Group {
     /// look (every [`PROGRESS_EVERY`] polls and while sleeping) covers the rest: a
     /// write that raced a request to ring, a blocked put on a quiet connection, a
     /// connection that came up meanwhile.
-    fn poll_watched(&mut self, read: bool, write: bool) -> bool {
+    fn poll_watched(&mut self, read: bool, write: bool) -> (bool, usize) {
         if read && self.doorbell.as_ref().is_some_and(Doorbell::rung) {
             self.answer_bells();
         }
@@ -1410,7 +1433,7 @@ impl Group {
                 }
             }
         }
-        ready
+        (ready, 1 + self.watch.busy.len() + quiet)
     }
 
     /// rch_get_watch_stats.

@@ -686,20 +686,17 @@ pub extern "C" fn rch_vc_close(vc: *mut rch_vc) -> c_int {
 /// `stats` is NULL or valid for writing an `rch_stats`.
 #[no_mangle]
 pub unsafe extern "C" fn rch_get_stats(stats: *mut rch_stats) -> c_int {
-    guard(|| {
-        if stats.is_null() {
-            return Err(null("stats"));
-        }
-        let s = lock()?.group()?.stats();
-        let s = rch_stats {
-            connections: s.connections as c_int,
-            pending: s.pending as c_int,
-            registered_bytes: s.registered_bytes as _,
-        };
-        // SAFETY: checked non-NULL; the caller promised a writable struct.
-        unsafe { out(stats, s) };
-        Ok(())
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        write_stats(stats, |g| {
+            let s = g.stats();
+            rch_stats {
+                connections: s.connections as c_int,
+                pending: s.pending as c_int,
+                registered_bytes: s.registered_bytes as _,
+            }
+        })
+    }
 }
 
 /// See `rch_get_watch_stats` in `ffi/rch.h`.
@@ -709,21 +706,36 @@ pub unsafe extern "C" fn rch_get_stats(stats: *mut rch_stats) -> c_int {
 /// `stats` is NULL or valid for writing an `rch_watch_stats`.
 #[no_mangle]
 pub unsafe extern "C" fn rch_get_watch_stats(stats: *mut rch_watch_stats) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        write_stats(stats, |g| {
+            let w = g.watch_stats();
+            rch_watch_stats {
+                busy: w.busy as c_int,
+                quiet: w.quiet as c_int,
+                quiet_belled: w.quiet_belled as c_int,
+                rings: w.rings,
+                found_by_bell: w.found_by_bell,
+                found_in_turn: w.found_in_turn,
+            }
+        })
+    }
+}
+
+/// The rch_get_*stats calls: `RCH_ERR_NULL` for a NULL `dst`, else writes what
+/// `read` makes of the group into it.
+///
+/// # Safety
+///
+/// `dst` is NULL or valid for writing a `T`.
+unsafe fn write_stats<T>(dst: *mut T, read: impl FnOnce(&Group) -> T) -> c_int {
     guard(|| {
-        if stats.is_null() {
+        if dst.is_null() {
             return Err(null("stats"));
         }
-        let w = lock()?.group()?.watch_stats();
-        let s = rch_watch_stats {
-            busy: w.busy as c_int,
-            quiet: w.quiet as c_int,
-            quiet_belled: w.quiet_belled as c_int,
-            rings: w.rings,
-            found_by_bell: w.found_by_bell,
-            found_in_turn: w.found_in_turn,
-        };
-        // SAFETY: checked non-NULL; the caller promised a writable struct.
-        unsafe { out(stats, s) };
+        let v = read(lock()?.group()?);
+        // SAFETY: checked non-NULL; the caller promised a writable `T`.
+        unsafe { out(dst, v) };
         Ok(())
     })
 }

@@ -188,6 +188,20 @@ struct Vc {
     belled: bool,
 }
 
+impl Vc {
+    /// rch_wait's look at one connection that is up: a read would return now
+    /// (`read`), or a put would progress (`write`). Both are looked at, as each
+    /// look also does the connection's upkeep.
+    fn up_ready(&mut self, read: bool, write: bool) -> bool {
+        let Conn::Up(up) = &mut self.conn else {
+            return false;
+        };
+        let readable = read && !self.rx_done && up.rx.poll_readable().unwrap_or(true);
+        let writable = write && up.confirm.is_none() && up.tx.poll_writable().unwrap_or(true);
+        readable | writable
+    }
+}
+
 /// What a look at one connection found (see `Group::readiness`).
 enum Readiness {
     Ready,
@@ -1382,16 +1396,8 @@ impl Group {
                     if sockets && !vc.rx_done && up.peer_gone() {
                         ready = true;
                     }
-                    if read && !vc.rx_done && up.rx.poll_readable().unwrap_or(true) {
-                        ready = true;
-                    }
-                    if up.confirm.is_none()
-                        && write
-                        && (vc.want_write || only.is_some())
-                        && up.tx.poll_writable().unwrap_or(true)
-                    {
-                        ready = true;
-                    }
+                    let write = write && (vc.want_write || only.is_some());
+                    ready |= vc.up_ready(read, write);
                 }
                 Conn::Closed | Conn::Failed(_) if only.is_some() => ready = true,
                 // A put on a connection nobody opened yet progresses: it starts one.
@@ -1420,18 +1426,8 @@ impl Group {
                 Some(q) => self.watch.quiet[q],
             };
             let vc = &mut self.vcs[r];
-            if let Conn::Up(up) = &mut vc.conn {
-                if read && !vc.rx_done && up.rx.poll_readable().unwrap_or(true) {
-                    ready = true;
-                }
-                if up.confirm.is_none()
-                    && write
-                    && vc.want_write
-                    && up.tx.poll_writable().unwrap_or(true)
-                {
-                    ready = true;
-                }
-            }
+            let write = write && vc.want_write;
+            ready |= vc.up_ready(read, write);
         }
         (ready, 1 + self.watch.busy.len() + quiet)
     }

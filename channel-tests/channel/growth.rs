@@ -53,22 +53,48 @@ fn a_ring_starts_small_and_grows_to_the_ring_size_under_a_stream() {
     });
 }
 
+/// `rounds` round trips of `size`-byte messages from `a` to `b` and back, checked.
+fn ping_pong(a: &mut RdmaStream, b: &mut RdmaStream, rounds: u32, size: usize) {
+    let mut buf = vec![0u8; size];
+    for i in 0..rounds {
+        let msg = vec![i as u8; size];
+        a.write_all(&msg).unwrap();
+        b.read_exact(&mut buf).unwrap();
+        assert_eq!(buf, msg);
+        b.write_all(&buf).unwrap();
+        a.read_exact(&mut buf).unwrap();
+        assert_eq!(buf, msg);
+    }
+}
+
 #[test]
 fn small_messages_never_grow_the_ring() {
     bounded("small_messages_never_grow_the_ring", || {
         let (mut a, mut b) = RdmaStream::pair().unwrap();
-        // A ping-pong of 4 KiB messages: one in flight at a time fits any ring.
-        let mut buf = vec![0u8; 4096];
-        for i in 0..2000u32 {
-            let msg = vec![i as u8; 4096];
-            a.write_all(&msg).unwrap();
-            b.read_exact(&mut buf).unwrap();
-            assert_eq!(buf, msg);
-            b.write_all(&buf).unwrap();
-            a.read_exact(&mut buf).unwrap();
-        }
+        // A ping-pong of 64-byte messages: the reply's piggybacked tail answers for
+        // every packet, and no packet comes near the update threshold.
+        ping_pong(&mut a, &mut b, 5000, 64);
+        // A few larger messages are not traffic yet.
+        ping_pong(&mut a, &mut b, 12, 4096);
         assert_eq!(a.channel().sender().ring_size(), 16 << 10);
         assert_eq!(b.channel().sender().ring_size(), 16 << 10);
+    });
+}
+
+#[test]
+fn a_ping_pong_grows_the_ring_only_as_far_as_its_messages_need() {
+    bounded("a_ping_pong_grows_the_ring_as_far_as_needed", || {
+        let (mut a, mut b) = RdmaStream::pair().unwrap();
+        // 4 KiB messages never fill a 16 KiB ring, but each crosses its 2 KiB tail
+        // update threshold, costing an explicit update per message: after 16 of
+        // them the receiver offers a ring four times larger, whose 8 KiB threshold
+        // the reply's piggybacked tail keeps ahead of. Both directions, and no
+        // further.
+        ping_pong(&mut a, &mut b, 2000, 4096);
+        for (half, side) in [(&mut a, "a"), (&mut b, "b")] {
+            assert_eq!(half.channel().sender().ring_size(), 64 << 10, "{side}");
+            assert_eq!(half.channel().receiver().ring_size(), 64 << 10, "{side}");
+        }
     });
 }
 

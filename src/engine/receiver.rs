@@ -25,6 +25,9 @@ use crate::zerocopy::{serve_all_lends, Lent};
 pub(crate) const READ_PIECE: usize = 1 << 20;
 /// Most zero-copy reads one receiver keeps in flight.
 const MAX_READS_IN_FLIGHT: usize = 16;
+/// Packets that alone reach the tail update threshold, in one ring, after which the
+/// receiver offers a bigger ring (see [`Receiver::grow_for_packets`]).
+const GROW_AFTER_BIG_PACKETS: u32 = 16;
 
 /// A packet that landed whole at the read position.
 struct Landed {
@@ -104,6 +107,14 @@ pub struct Receiver<F: Fabric> {
     /// The read position at the last idle check of a grown ring, and when it was
     /// seen to move (see [`shrink_if_idle`](Self::shrink_if_idle)).
     idle_mark: (u64, Option<Instant>),
+    /// Packets released in this ring that alone reached the tail update threshold
+    /// (see [`grow_for_packets`](Self::grow_for_packets)).
+    big_packets: u32,
+    /// The packets asked for a bigger ring ([`count_big_packet`](Self::count_big_packet)).
+    grow_for_packets: bool,
+    /// A ring offered was refused (no memory here, or the sender declined it): this
+    /// end offers no bigger one unasked.
+    growth_refused: bool,
 }
 
 /// What [`Receiver::peek`] found at the head of the stream.
@@ -169,6 +180,9 @@ impl<F: Fabric> Receiver<F> {
             wanted_declined: 0,
             growth_seen: 0,
             idle_mark: (0, None),
+            big_packets: 0,
+            grow_for_packets: false,
+            growth_refused: false,
             ring,
             backoff_pauses: link.cfg.stream_backoff(),
             link,
@@ -404,6 +418,8 @@ impl<F: Fabric> Receiver<F> {
         self.read_pos = self.read_pos.next_multiple_of(self.ring_size);
         self.released_pos = self.read_pos;
         self.idle_mark = (self.read_pos, None);
+        self.big_packets = 0;
+        self.grow_for_packets = false;
         // Release: as in release_read (nothing more was read since).
         self.link.rx_tail.store(self.read_pos, Ordering::Release);
         Ok(())
@@ -427,6 +443,7 @@ impl<F: Fabric> Receiver<F> {
             Ok(r) => r,
             Err(_) => {
                 self.wanted_declined = link.ctrl.ring_wanted();
+                self.growth_refused = true;
                 return Ok(());
             }
         };
@@ -471,8 +488,9 @@ impl<F: Fabric> Receiver<F> {
         ctrl.ring_wanted().wrapping_add(ctrl.ring_declined()) != self.growth_seen
     }
 
-    /// Serves a request for a bigger ring: four times this one, up to the most; and
-    /// frees an offered ring the sender declined. Cold and out of line: a few times
+    /// Serves a request for a bigger ring (the sender's, or this end's packets'):
+    /// four times this one, up to the most; and frees an offered ring the sender
+    /// declined. Cold and out of line: a few times
     /// in a connection's life, and `maintain`, which runs on every call, stays small
     /// enough to be inlined.
     #[cold]
@@ -486,11 +504,42 @@ impl<F: Fabric> Receiver<F> {
             self.offered_len = None;
             // The sender asks for no other ring until it switches; nor do we offer.
             self.wanted_declined = self.link.ctrl.ring_wanted();
+            self.growth_refused = true;
         }
+        let len = (self.ring_size * 4).min(self.max_ring);
         if self.growth_wanted() {
-            self.offer_ring((self.ring_size * 4).min(self.max_ring))?;
+            self.offer_ring(len)?;
+        } else if std::mem::take(&mut self.grow_for_packets)
+            && self.offered_len.is_none()
+            && len > self.ring_size
+            && !self.growth_refused
+            // A threshold set by the user does not grow with the ring: nor then does it.
+            && self.link.cfg.tail_threshold_for(len) > self.threshold
+        {
+            self.offer_ring(len)?;
         }
         Ok(())
+    }
+
+    /// Counts a released packet that alone reached the tail update threshold (a
+    /// quarter of the working set); the [`GROW_AFTER_BIG_PACKETS`]th in this ring
+    /// has the next [`serve_growth`](Self::serve_growth) offer a ring four times
+    /// this one. Each such packet costs the fabric an extra write (an explicit tail
+    /// update) unless a reply happens to carry the tail, and request and reply
+    /// traffic never fills a ring, so the stall that asks for growth through the
+    /// sender ([`RingWanted`](crate::engine::CtrlWord::RingWanted)) never comes.
+    /// Growth stops once the packets stay below the threshold; a few messages never
+    /// grow a ring.
+    #[cold]
+    #[inline(never)]
+    fn count_big_packet(&mut self) {
+        self.big_packets += 1;
+        if self.big_packets >= GROW_AFTER_BIG_PACKETS {
+            self.big_packets = 0;
+            self.grow_for_packets = true;
+            // Makes growth_news true for the next upkeep, as after a switch.
+            self.growth_seen = u64::MAX;
+        }
     }
 
     /// At an idle check of a grown ring: offers the peer's sender a ring of the
@@ -710,7 +759,7 @@ impl<F: Fabric> Receiver<F> {
     /// next packet is finished), the stores overlap the wait for the next message.
     /// The sender learns of the space one packet later, which costs nothing: it
     /// already learns through piggybacked or threshold-delayed tails.
-    #[inline]
+    #[inline(always)]
     fn release_read(&mut self) {
         if self.released_pos == self.read_pos {
             return;
@@ -722,6 +771,9 @@ impl<F: Fabric> Receiver<F> {
         // whose Release orders the clearing stores.
         self.ring.clear_boundaries(start, cells);
         self.released_pos = self.read_pos;
+        if (cells * CELL) as u64 >= self.threshold {
+            self.count_big_packet();
+        }
         // Release: our copies out of the packet happen before anyone who reads this tail
         // (the sender half piggybacking it, or publish_tail) lets the peer reuse it.
         self.link.rx_tail.store(self.read_pos, Ordering::Release);
@@ -1092,14 +1144,14 @@ impl<F: Fabric> Receiver<F> {
     #[inline]
     fn maintain(&mut self) -> io::Result<()> {
         self.upkeep_owed = false;
-        let link = &*self.link;
         // Once the peer's sending side has closed, nobody reuses ring space or waits
         // for credit: an update would only be a write to an end that may be gone (on
         // verbs a destroyed queue pair, whose failure would end the connection while
         // its last bytes are still unread here).
-        if link.ctrl.end_of_stream() != 0 {
+        if self.link.ctrl.end_of_stream() != 0 {
             return Ok(());
         }
+        let link = &*self.link;
         let updated = if self.tail_update_due() {
             link.publish_tail()
         } else {

@@ -507,15 +507,13 @@ impl<F: Fabric> Receiver<F> {
             self.growth_refused = true;
         }
         let len = (self.ring_size * 4).min(self.max_ring);
-        if self.growth_wanted() {
-            self.offer_ring(len)?;
-        } else if std::mem::take(&mut self.grow_for_packets)
+        let for_packets = std::mem::take(&mut self.grow_for_packets)
             && self.offered_len.is_none()
             && len > self.ring_size
             && !self.growth_refused
             // A threshold set by the user does not grow with the ring: nor then does it.
-            && self.link.cfg.tail_threshold_for(len) > self.threshold
-        {
+            && self.link.cfg.tail_threshold_for(len) > self.threshold;
+        if self.growth_wanted() || for_packets {
             self.offer_ring(len)?;
         }
         Ok(())

@@ -328,13 +328,15 @@ pub enum CtrlWord {
 
 impl CtrlWord {
     /// Byte offset in the control region. The sender's words and the receiver's sit
-    /// on different cache lines, as two threads may poll them.
+    /// on different cache lines, as two threads may poll them; `BellWanted`, which
+    /// our sender loads after every put, has a line of its own, away from `Tail`,
+    /// which the peer rewrites every few packets.
     pub const fn offset(self) -> u64 {
         match self {
             CtrlWord::Tail => 0,
             CtrlWord::ReceiverClosed => 8,
             CtrlWord::ZeroCopyDone => 16,
-            CtrlWord::BellWanted => 24,
+            CtrlWord::BellWanted => 256,
             CtrlWord::CreditRequest => 64,
             CtrlWord::EndOfStream => 72,
             CtrlWord::LendLanded => 80,

@@ -171,11 +171,15 @@ impl<F: Fabric> Sender<F> {
         // The slot before the summary, on one queue pair, so they land in that order
         // (fabric guarantee 1): a peer that sees the summary finds the slot. A failed
         // write means a failed connection, which the next call reports; the data
-        // itself was written.
+        // itself was written. post_inline, not write_inline: the fabric may remember
+        // where write_inline's target lies (the ring, for the data path's next
+        // packet), and the doorbell should not take the ring's place.
+        let mut list = GatherList::<1>::new();
+        list.push(&one);
         let _ = self
             .link
-            .write_inline(&one, t.slot, t.rkey)
-            .and_then(|()| self.link.write_inline(&one, t.summary, t.rkey));
+            .post_inline(&list, t.slot, t.rkey)
+            .and_then(|()| self.link.post_inline(&list, t.summary, t.rkey));
     }
 
     /// Writes as much of `iov` as the ring has room for, in order, and returns the

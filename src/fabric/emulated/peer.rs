@@ -26,7 +26,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -211,8 +211,8 @@ impl Drop for SegCache {
 /// Where a peer registration that fast writes go to lies in this process, taken from
 /// a full check (`Peer::fast_write_target`) so that later writes to it repeat only the
 /// checks whose answer can change: the domain and queue pair still there, the key
-/// still live, the segment view still current. Immutable once published.
-#[derive(Debug)]
+/// still live, the segment view still current.
+#[derive(Debug, Clone, Copy)]
 struct FastTarget {
     rkey: u32,
     /// The registration's start in the owner's address space, and how many bytes
@@ -226,27 +226,76 @@ struct FastTarget {
     view: *const SegView,
 }
 
-/// Fills of the fast-target cache a peer allows: a connection writes its small
-/// packets to one registration (the peer's ring), so a handful covers reconnects and
-/// re-registrations, and a caller that alternates keys cannot grow memory.
-const FAST_TARGET_FILLS: usize = 16;
-
-/// The one-entry cache of [`FastTarget`]s.
+/// The one-entry cache of a [`FastTarget`]: the target the last remembered write went
+/// to, behind a sequence lock. Rewritten in place, so it costs no memory however
+/// often the target changes (a ring that grows and shrinks is a new registration
+/// each time); a reader that raced a rewrite takes the full check. A stale target is
+/// harmless: [`Peer::cached_target`] checks that it is still live before using it.
 #[derive(Debug, Default)]
 struct FastCache {
-    /// The target the last remembered write went to (null before the first).
-    current: AtomicPtr<FastTarget>,
-    /// Every target published (freed with the peer; a reader may hold any of them).
-    /// Boxed so that a target stays where `current` points when the vector grows.
-    #[allow(clippy::vec_box)]
-    all: Mutex<Vec<Box<FastTarget>>>,
+    /// Odd while a target is being written. Before the first, every field is zero:
+    /// a target of no bytes, which no write fits.
+    seq: AtomicU64,
+    rkey: AtomicU32,
+    slot: AtomicU32,
+    va: AtomicU64,
+    len: AtomicU64,
+    base: AtomicPtr<u8>,
+    view: AtomicPtr<SegView>,
+    /// Serialises writers.
+    write: Mutex<()>,
 }
 
-// SAFETY: a FastTarget is immutable after publication; its pointers name memory the
-// Peer owns (a segment view and its mapping) and keeps until it is dropped.
-unsafe impl Send for FastTarget {}
-// SAFETY: as for Send: shared references only read immutable fields.
-unsafe impl Sync for FastTarget {}
+impl FastCache {
+    /// Where `[addr, addr + n)` of registration `rkey` lies in this process, with the
+    /// slot and view of the segment it is in, if the cached target holds it and no
+    /// write raced this read. The caller checks that the target is still live.
+    #[inline(always)]
+    fn find(&self, rkey: u32, addr: u64, n: u64) -> Option<(*mut u8, u32, *const SegView)> {
+        // Acquire: the fields loaded below are at least those of this sequence
+        // number's write.
+        let before = self.seq.load(Ordering::Acquire);
+        // Relaxed: the sequence check below tells whether they belong together (an
+        // early `None` from a torn read is only a full check more).
+        if self.rkey.load(Ordering::Relaxed) != rkey {
+            return None;
+        }
+        let off = addr.checked_sub(self.va.load(Ordering::Relaxed))?;
+        let len = self.len.load(Ordering::Relaxed);
+        if off > len || n > len - off {
+            return None;
+        }
+        let base = self.base.load(Ordering::Relaxed);
+        let slot = self.slot.load(Ordering::Relaxed);
+        let view = self.view.load(Ordering::Relaxed).cast_const();
+        // Acquire fence: the field loads above happen before the second sequence
+        // load, so a write that began meanwhile shows as a changed number.
+        std::sync::atomic::fence(Ordering::Acquire);
+        if before % 2 == 1 || self.seq.load(Ordering::Relaxed) != before {
+            return None;
+        }
+        // wrapping_add: off + n <= len, which lies inside the view's mapping.
+        Some((base.wrapping_add(off as usize), slot, view))
+    }
+
+    /// Replaces the cached target.
+    fn write(&self, t: FastTarget) {
+        let _g = lock(&self.write);
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq + 1, Ordering::Relaxed);
+        // Release fence: a reader that sees any field stored below also sees the odd
+        // number stored above, and retries.
+        std::sync::atomic::fence(Ordering::Release);
+        self.rkey.store(t.rkey, Ordering::Relaxed);
+        self.slot.store(t.slot, Ordering::Relaxed);
+        self.va.store(t.va, Ordering::Relaxed);
+        self.len.store(t.len, Ordering::Relaxed);
+        self.base.store(t.base, Ordering::Relaxed);
+        self.view.store(t.view.cast_mut(), Ordering::Relaxed);
+        // Release: the fields are visible to a reader that loads this number.
+        self.seq.store(seq + 2, Ordering::Release);
+    }
+}
 
 /// The far end of a connection.
 #[derive(Debug)]
@@ -378,46 +427,28 @@ impl Peer {
     /// generation), and the view of its segment is still the current one.
     #[inline(always)]
     fn cached_target(&self, rkey: u32, addr: u64, n: u64) -> Option<*mut u8> {
-        // Acquire: pairs with the Release store in `remember`, so the target's fields
-        // are initialised.
-        let t = self.fast.current.load(Ordering::Acquire);
-        // SAFETY: non-null targets are boxes in `fast.all`, freed only with `self`.
-        let t = unsafe { t.as_ref() }?;
-        let off = addr.checked_sub(t.va)?;
-        if t.rkey != rkey || off > t.len || n > t.len - off || !self.table.alive() {
+        let (dst, slot, view) = self.fast.find(rkey, addr, n)?;
+        if !self.table.alive() {
             return None;
         }
         // Acquire loads, as in check_alive, snapshot and segment.
         if self.table.qp(self.qp_key & 0xffff)?.load(Ordering::Acquire) != self.qp_key
             || !self.table.reg(rkey & 0xffff)?.has_key(rkey)
             || !ptr::eq(
-                self.segs
-                    .cells
-                    .get(t.slot as usize)?
-                    .load(Ordering::Acquire),
-                t.view,
+                self.segs.cells.get(slot as usize)?.load(Ordering::Acquire),
+                view,
             )
         {
             return None;
         }
-        // wrapping_add: off + n <= len, which lies inside the view's mapping.
-        Some(t.base.wrapping_add(off as usize))
+        Some(dst)
     }
 
-    /// Publishes `target` as the one [`cached_target`](Self::cached_target) checks,
-    /// unless this peer has used up its fills.
+    /// Makes `target` the one [`cached_target`](Self::cached_target) checks.
     #[cold]
+    #[inline(never)]
     fn remember(&self, target: FastTarget) {
-        let mut all = lock(&self.fast.all);
-        if all.len() >= FAST_TARGET_FILLS {
-            return;
-        }
-        let boxed = Box::new(target);
-        let p: *const FastTarget = &*boxed;
-        all.push(boxed);
-        // Release: the fields written above are visible to the Acquire load in
-        // cached_target. The box does not move when the vector grows.
-        self.fast.current.store(p.cast_mut(), Ordering::Release);
+        self.fast.write(target);
     }
 
     /// The full check behind [`fast_write_target`](Self::fast_write_target): where
@@ -722,5 +753,84 @@ fn os_fault(call: &str, pid: i32, e: io::Error) -> Fault {
         Fault::transport(format!("{call}: the peer process {pid} is gone"))
     } else {
         Fault::remote(format!("{call} on the peer process {pid} failed: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(rkey: u32, va: u64, base: *mut u8) -> FastTarget {
+        FastTarget {
+            rkey,
+            va,
+            len: 4096,
+            base,
+            slot: rkey,
+            view: ptr::null(),
+        }
+    }
+
+    #[test]
+    fn the_fast_cache_holds_the_last_target_however_often_it_changes() {
+        let cache = FastCache::default();
+        let mut mem = [0u8; 4096];
+        let base = mem.as_mut_ptr();
+        // Empty: no write fits the zero-length target.
+        assert!(cache.find(0, 0, 1).is_none());
+        // Far more targets than a connection has rings in a day of growing and
+        // shrinking (the boxed cache this replaced stopped remembering after 16).
+        for k in 1..=1000u32 {
+            cache.write(target(k, 1 << 20, base));
+            let (dst, slot, _) = cache.find(k, (1 << 20) + 64, 8).expect("cached");
+            assert_eq!(dst, base.wrapping_add(64));
+            assert_eq!(slot, k);
+            // Another key, or bytes outside the target, take the full check.
+            assert!(cache.find(k + 1, (1 << 20) + 64, 8).is_none());
+            assert!(cache.find(k, (1 << 20) + 4090, 8).is_none());
+            assert!(cache.find(k, (1 << 20) - 8, 8).is_none());
+        }
+    }
+
+    #[test]
+    fn a_read_that_races_a_write_takes_the_full_check() {
+        let cache = FastCache::default();
+        let mut mem = [0u8; 4096];
+        cache.write(target(7, 0, mem.as_mut_ptr()));
+        // A writer between its two sequence stores: the number is odd.
+        cache.seq.fetch_add(1, Ordering::Relaxed);
+        assert!(cache.find(7, 0, 8).is_none());
+        cache.seq.fetch_add(1, Ordering::Relaxed);
+        assert!(cache.find(7, 0, 8).is_some());
+    }
+
+    #[test]
+    fn concurrent_reads_never_mix_two_targets() {
+        let cache = std::sync::Arc::new(FastCache::default());
+        let writer = {
+            let cache = std::sync::Arc::clone(&cache);
+            std::thread::spawn(move || {
+                for k in 1..=20_000u32 {
+                    // Each target's fields all name k.
+                    let base = ptr::null_mut::<u8>().wrapping_add(k as usize * 4096);
+                    cache.write(target(k, u64::from(k) << 20, base));
+                }
+            })
+        };
+        let mut seen = 0;
+        while !writer.is_finished() {
+            for k in [1u32, 5_000, 10_000, 15_000, 20_000] {
+                if let Some((dst, slot, _)) = cache.find(k, u64::from(k) << 20, 8) {
+                    assert_eq!(slot, k);
+                    assert_eq!(dst as usize, k as usize * 4096);
+                    seen += 1;
+                }
+            }
+        }
+        writer.join().unwrap();
+        assert!(
+            cache.find(20_000, 20_000u64 << 20, 8).is_some(),
+            "seen {seen}"
+        );
     }
 }

@@ -26,7 +26,7 @@ pub(crate) const READ_PIECE: usize = 1 << 20;
 /// Most zero-copy reads one receiver keeps in flight.
 const MAX_READS_IN_FLIGHT: usize = 16;
 /// Packets that alone reach the tail update threshold, in one ring, after which the
-/// receiver offers a bigger ring (see [`Receiver::grow_for_packets`]).
+/// receiver offers a bigger ring (see `Receiver::count_big_packet`).
 const GROW_AFTER_BIG_PACKETS: u32 = 16;
 
 /// A packet that landed whole at the read position.
@@ -108,7 +108,7 @@ pub struct Receiver<F: Fabric> {
     /// seen to move (see [`shrink_if_idle`](Self::shrink_if_idle)).
     idle_mark: (u64, Option<Instant>),
     /// Packets released in this ring that alone reached the tail update threshold
-    /// (see [`grow_for_packets`](Self::grow_for_packets)).
+    /// (see [`count_big_packet`](Self::count_big_packet)).
     big_packets: u32,
     /// The packets asked for a bigger ring ([`count_big_packet`](Self::count_big_packet)).
     grow_for_packets: bool,
@@ -490,9 +490,8 @@ impl<F: Fabric> Receiver<F> {
 
     /// Serves a request for a bigger ring (the sender's, or this end's packets'):
     /// four times this one, up to the most; and frees an offered ring the sender
-    /// declined. Cold and out of line: a few times
-    /// in a connection's life, and `maintain`, which runs on every call, stays small
-    /// enough to be inlined.
+    /// declined. Cold and out of line: a few times in a connection's life, and
+    /// `maintain`, which runs on every call, stays small enough to be inlined.
     #[cold]
     #[inline(never)]
     fn serve_growth(&mut self) -> io::Result<()> {
@@ -1142,14 +1141,14 @@ impl<F: Fabric> Receiver<F> {
     #[inline]
     fn maintain(&mut self) -> io::Result<()> {
         self.upkeep_owed = false;
+        let link = &*self.link;
         // Once the peer's sending side has closed, nobody reuses ring space or waits
         // for credit: an update would only be a write to an end that may be gone (on
         // verbs a destroyed queue pair, whose failure would end the connection while
         // its last bytes are still unread here).
-        if self.link.ctrl.end_of_stream() != 0 {
+        if link.ctrl.end_of_stream() != 0 {
             return Ok(());
         }
-        let link = &*self.link;
         let updated = if self.tail_update_due() {
             link.publish_tail()
         } else {

@@ -640,6 +640,8 @@ fn invalid_configurations_are_rejected() {
 /// The stream backoff pauses a receiver that is only receiving (two or more messages
 /// since it last sent), once per message, and never one that replies to each message,
 /// even when it polls once more before replying: counted by `Receiver::stream_backoffs`.
+/// The pause is taken by the get after the empty poll that found the ring empty, and
+/// not at all when the receiver sends in between (the ack that ends a window).
 #[test]
 fn stream_backoff_only_for_a_receiver_that_only_receives_and_once_per_message() {
     bounded("stream_backoff", || {
@@ -673,7 +675,28 @@ fn stream_backoff_only_for_a_receiver_that_only_receives_and_once_per_message() 
         // Once b sends, it is a replying end again: one message since is no stream.
         b.put(&[IoSlice::new(b"ack")]).unwrap();
         assert_eq!(send_one(&mut a, &mut b, 1), 20, "one message since the ack");
-        assert_eq!(send_one(&mut a, &mut b, 1), 21, "two since the ack");
+        let mut buf = [0u8; 8];
+        assert_eq!(
+            send_one(&mut a, &mut b, 1),
+            20,
+            "two since the ack: the pause is the next get's"
+        );
+        assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+        assert_eq!(
+            b.channel().receiver().stream_backoffs(),
+            21,
+            "two since the ack, paused"
+        );
+        // A third message and its empty poll arm the pause again; b answers before its
+        // next get, so that get does not pause: the stream it was for has ended.
+        assert_eq!(send_one(&mut a, &mut b, 1), 21, "three since the ack");
+        b.put(&[IoSlice::new(b"ack")]).unwrap();
+        assert_eq!(b.get(&mut [IoSliceMut::new(&mut buf)]).unwrap(), 0);
+        assert_eq!(
+            b.channel().receiver().stream_backoffs(),
+            21,
+            "answered: no pause"
+        );
         // Turned off: no backoff at all.
         let (mut a, mut b) = RdmaStream::pair_with(cfg().with_stream_backoff(0)).unwrap();
         for _ in 0..10 {

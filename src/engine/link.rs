@@ -469,18 +469,26 @@ impl<F: Fabric> Link<F> {
     /// stalled sender may not be reading them).
     #[inline]
     pub(super) fn serve_credit(&self) -> io::Result<()> {
+        self.serve_credit_asked().map(|_| ())
+    }
+
+    /// [`serve_credit`](Self::serve_credit), and whether a request was pending
+    /// (answered now or not).
+    #[inline]
+    pub(super) fn serve_credit_asked(&self) -> io::Result<bool> {
         let req = self.ctrl.credit_request();
         // Relaxed on credit_served: two halves racing here at worst publish the same
-        // tail twice (publish_tail is serialised and idempotent). Acquire on rx_tail:
-        // as in publish_tail.
-        if req != self.credit_served.load(Ordering::Relaxed)
-            && self.rx_tail.load(Ordering::Acquire) >= req
-        {
+        // tail twice (publish_tail is serialised and idempotent).
+        if req == self.credit_served.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        // Acquire on rx_tail: as in publish_tail.
+        if self.rx_tail.load(Ordering::Acquire) >= req {
             self.publish_tail()?;
             // Relaxed: as the load above.
             self.credit_served.store(req, Ordering::Relaxed);
         }
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -799,15 +799,17 @@ impl<F: Fabric> Sender<F> {
     /// traffic asking for a bigger one: the first stall in each ring asks for it
     /// (the receiver offers one unless its ring is at the configured size already).
     fn request_credit(&mut self) -> io::Result<()> {
-        if self.credit_requested_at != self.tail {
-            self.link
-                .post_ctrl(CtrlWord::CreditRequest, self.tail + 1)?;
-            self.credit_requested_at = self.tail;
-        }
+        // Growth first: the receiver looks at the growth words when it sees the
+        // credit request (Receiver::maintain), and the two writes land in order.
         if !self.growth_asked {
             self.link
                 .post_ctrl(CtrlWord::RingWanted, self.offers_taken + 1)?;
             self.growth_asked = true;
+        }
+        if self.credit_requested_at != self.tail {
+            self.link
+                .post_ctrl(CtrlWord::CreditRequest, self.tail + 1)?;
+            self.credit_requested_at = self.tail;
         }
         Ok(())
     }

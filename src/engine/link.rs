@@ -348,6 +348,12 @@ impl<F: Fabric> Link<F> {
         self.post_inline(&list, remote_addr, rkey)
     }
 
+    /// Readies this end for writing through the peer's `region` (see
+    /// [`QueuePair::prepare_remote`]).
+    pub(super) fn prepare_remote(&self, region: RemoteRegion) {
+        self.qp.prepare_remote(region);
+    }
+
     /// Writes `list` inline to `remote_addr` in the peer's memory.
     #[inline(always)]
     pub(crate) fn post_inline<const N: usize>(

@@ -436,7 +436,7 @@ impl<F: Fabric> Receiver<F> {
     /// serving.
     #[cold]
     #[inline(never)]
-    fn offer_ring(&mut self, len: u64) -> io::Result<()> {
+    fn offer_ring(&mut self, len: u64, resident: bool) -> io::Result<()> {
         let link = &*self.link;
         let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
         let ring = match usize::try_from(len)
@@ -451,6 +451,9 @@ impl<F: Fabric> Receiver<F> {
                 return Ok(());
             }
         };
+        if resident {
+            ring.region().make_resident();
+        }
         let offer = RingOffer {
             addr: ring.region().addr() as u64,
             rkey: ring.region().rkey(),
@@ -516,8 +519,14 @@ impl<F: Fabric> Receiver<F> {
             && !self.growth_refused
             // A threshold set by the user does not grow with the ring: nor then does it.
             && self.link.cfg.tail_threshold_for(len) > self.threshold;
-        if self.growth_wanted() || for_packets {
-            self.offer_ring(len)?;
+        // A ring the sender filled is made resident at once: traffic that filled the
+        // last ring writes through the next within a few laps, and one pass costs
+        // less than a fault per page, in the middle of that traffic, on both ends
+        // (1 MiB ping-pong on a fresh connection, bench/ab.sh). A ring offered for
+        // big packets keeps to laps inside its working set: its pages fault as used.
+        let filled = self.growth_wanted();
+        if filled || for_packets {
+            self.offer_ring(len, filled)?;
         }
         Ok(())
     }
@@ -556,7 +565,7 @@ impl<F: Fabric> Receiver<F> {
         match self.idle_mark {
             (pos, Some(since)) if pos == self.read_pos => {
                 if now.duration_since(since) >= self.link.cfg.ring_idle() {
-                    self.offer_ring(self.initial_ring)?;
+                    self.offer_ring(self.initial_ring, false)?;
                 }
             }
             _ => self.idle_mark = (self.read_pos, Some(now)),

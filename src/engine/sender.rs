@@ -881,6 +881,11 @@ impl<F: Fabric> Sender<F> {
             len: offer.len,
             rkey: offer.rkey,
         };
+        if self.growth_asked {
+            // We filled the last ring, so the receiver made this one resident
+            // (Receiver::serve_growth): ready our end for writing through it too.
+            self.link.prepare_remote(self.peer_ring);
+        }
         self.ring_size = offer.len;
         self.chunk = self.link.cfg.chunk_for(offer.len);
         self.working_set = self.link.cfg.working_set_for(offer.len);

@@ -468,6 +468,10 @@ impl MemoryRegion for AnyRegion {
         forward!(self, AnyRegion, r => r.access())
     }
 
+    fn make_resident(&self) {
+        forward!(self, AnyRegion, r => r.make_resident())
+    }
+
     #[inline]
     fn remote(&self) -> super::RemoteRegion {
         forward!(self, AnyRegion, r => r.remote())
@@ -521,6 +525,10 @@ impl QueuePair for AnyQp {
     #[inline]
     fn poll(&self, out: &mut [Completion]) -> usize {
         forward!(self, AnyQp, q => q.poll(out))
+    }
+
+    fn prepare_remote(&self, region: super::RemoteRegion) {
+        forward!(self, AnyQp, q => q.prepare_remote(region))
     }
 
     #[inline]

@@ -196,6 +196,12 @@ pub trait MemoryRegion: Send + Sync {
     fn rkey(&self) -> u32;
     /// Rights granted at registration.
     fn access(&self) -> Access;
+    /// Backs the whole region with memory now, in one pass, instead of page by page
+    /// as it is first touched: for memory that is about to be written through (a
+    /// receive ring that grew because its traffic filled the last one). Best effort;
+    /// the contents do not change. The default does nothing: memory registered with
+    /// an RDMA device is resident already (registration pins it).
+    fn make_resident(&self) {}
     /// The triple a peer needs to address this region.
     fn remote(&self) -> RemoteRegion {
         RemoteRegion {
@@ -467,6 +473,15 @@ pub trait QueuePair: Send + Sync {
         let mut list = GatherList::<1>::new();
         list.push(bytes);
         self.post_inline_write(0, &list, remote_addr, rkey, false)
+    }
+
+    /// Prepares the peer's `region` for this end's writes in one pass, where the
+    /// fabric would otherwise do it page by page at the first writes: the emulated
+    /// fabric maps the peer's memory into this process. For memory the peer made
+    /// resident ([`MemoryRegion::make_resident`]); best effort, nothing is written.
+    /// The default does nothing: an RDMA device needs nothing of the sender.
+    fn prepare_remote(&self, region: RemoteRegion) {
+        let _ = region;
     }
 
     /// Moves up to `out.len()` completions into `out` and returns how many.

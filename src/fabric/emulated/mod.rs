@@ -725,6 +725,16 @@ impl MemoryRegion for EmuRegion {
     fn access(&self) -> Access {
         self.access
     }
+
+    /// Faults in the region's pages in one pass, when it is memory of this fabric's
+    /// own (from `alloc_region`); memory registered by the caller is left as it is.
+    fn make_resident(&self) {
+        if self._segment.is_some() {
+            // SAFETY: [addr, addr + len) is the start of the segment's live mapping,
+            // which `_segment` keeps alive while `self` lives.
+            unsafe { shm::populate(self.addr, self.len) };
+        }
+    }
 }
 
 impl Drop for EmuRegion {
@@ -836,7 +846,69 @@ impl PendingQp for EmuPending {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::{CompletionStatus, Opcode, QueuePair, Sge, WorkRequest};
+    use crate::fabric::{CompletionStatus, Opcode, QueuePair, RemoteRegion, Sge, WorkRequest};
+
+    /// Pages of `[addr, addr + len)` in memory (mincore: for shared memory, in the
+    /// page cache, whichever process faulted them in).
+    fn resident_pages(addr: *mut u8, len: usize) -> usize {
+        let page = shm::page_size();
+        let mut vec = vec![0u8; len.div_ceil(page)];
+        // SAFETY: the range is a live mapping of the caller's; mincore only reads the
+        // kernel's page tables into `vec`, which has a byte per page.
+        let r = unsafe { libc::mincore(addr.cast(), len, vec.as_mut_ptr()) };
+        assert_eq!(r, 0, "mincore: {}", io::Error::last_os_error());
+        vec.iter().filter(|&&b| b & 1 != 0).count()
+    }
+
+    #[test]
+    fn make_resident_faults_in_every_page_and_changes_no_byte() {
+        let f = EmuFabric::new().unwrap();
+        let len = 1 << 20;
+        let r = f
+            .alloc_region(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(
+            resident_pages(r.addr(), len),
+            0,
+            "nothing is faulted in at first"
+        );
+        // SAFETY: the region is ours, `len` bytes long, and nobody else writes it.
+        unsafe { r.addr().add(5000).write(0x5a) };
+        assert_eq!(resident_pages(r.addr(), len), 1);
+        r.make_resident();
+        assert_eq!(resident_pages(r.addr(), len), len / shm::page_size());
+        // SAFETY: as above.
+        let bytes = unsafe { std::slice::from_raw_parts(r.addr(), len) };
+        assert!(bytes
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == if i == 5000 { 0x5a } else { 0 }));
+    }
+
+    #[test]
+    fn prepare_remote_faults_in_the_peer_region_through_our_view() {
+        let (a, b) = (EmuFabric::new().unwrap(), EmuFabric::new().unwrap());
+        let (qa, _qb) = pair(&a, &b);
+        let len = 1 << 20;
+        let r = b
+            .alloc_region(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(resident_pages(r.addr(), len), 0);
+        // A region that is not all the peer's, or a wrong key, is left alone.
+        let mut beyond = r.remote();
+        beyond.len += 1;
+        qa.prepare_remote(beyond);
+        qa.prepare_remote(RemoteRegion {
+            rkey: r.rkey() ^ 0x10000,
+            ..r.remote()
+        });
+        assert_eq!(resident_pages(r.addr(), len), 0);
+        qa.prepare_remote(r.remote());
+        assert_eq!(resident_pages(r.addr(), len), len / shm::page_size());
+        // SAFETY: the region is b's, `len` bytes, and nobody writes it now.
+        let bytes = unsafe { std::slice::from_raw_parts(r.addr(), len) };
+        assert!(bytes.iter().all(|&b| b == 0));
+    }
 
     fn pair(a: &EmuFabric, b: &EmuFabric) -> (EmuQp, EmuQp) {
         let (pa, pb) = (a.create_qp().unwrap(), b.create_qp().unwrap());

@@ -2,11 +2,12 @@
 
 use super::copy;
 use super::peer::{Fault, Peer};
+use super::shm;
 use super::table::NO_SEGMENT;
 use super::{lock, QpSlot, CAPS};
 use crate::fabric::{
     Access, Caps, CompletedOp, Completion, CompletionStatus, FabricError, GatherList, Opcode,
-    QpState, QueuePair, Sge, WorkRequest,
+    QpState, QueuePair, RemoteRegion, Sge, WorkRequest,
 };
 use std::collections::VecDeque;
 use std::fmt;
@@ -436,6 +437,26 @@ impl QueuePair for EmuQp {
         let mut list = GatherList::<1>::new();
         list.push(bytes);
         self.post_inline_write(0, &list, remote_addr, rkey, false)
+    }
+
+    /// Maps the peer's segment (if this end had not yet) and faults in its view of
+    /// `region`'s pages in one pass, so the first writes into a grown ring do not
+    /// stop at every page.
+    fn prepare_remote(&self, region: RemoteRegion) {
+        if self.peer.check_alive().is_err() {
+            return;
+        }
+        let Ok((_, snap)) = self.peer.lookup(region.rkey) else {
+            return;
+        };
+        if snap.seg_slot == NO_SEGMENT || !snap.contains(region.addr, region.len) {
+            return;
+        }
+        if let Ok(dst) = self.peer.segment_target(&snap, region.addr, region.len) {
+            // SAFETY: segment_target checked that [dst, dst + len) lies inside our live
+            // view of the peer's segment, which starts on a page boundary before it.
+            unsafe { shm::populate(dst, region.len as usize) };
+        }
     }
 
     fn poll(&self, out: &mut [Completion]) -> usize {

@@ -6,7 +6,7 @@
 # repository builds.
 #
 # usage: bench/peers.sh [--sizes 8,64,...] [--rounds 3] [--probe-max NS]
-#                       [--csv FILE] [--plot FILE.svg]
+#                       [--csv FILE] [--plot FILE.svg] [--before PINGPONG_BINARY]
 #
 # Systems (two processes or ranks pinned to CPUs 0 and 1, heap buffers):
 #   rdma-channel        `cargo bench --bench pingpong` (bench/pingpong.rs), defaults
@@ -28,6 +28,12 @@
 #                       mlx5, cuda/rocm ipc) is present, so on shared memory alone
 #                       `--mca pml ucx` fails with "PML ucx cannot be selected";
 #                       "any" lifts that (pml_ucx_devices only sets its priority)
+#   rdma-channel-before
+#                       with --before: an earlier build of the same pingpong (build
+#                       `cargo bench --bench pingpong --no-run` at that commit and
+#                       pass target/release/deps/pingpong-*), heap buffers, in the
+#                       same rounds: a change judged side by side with the peers;
+#                       not a peer, and the tables gain a column "ours / before"
 #   ucx-tag, ucx-stream, ucx-am
 #                       ucx_perftest (ucx-utils), UCX_TLS=sm,self: tag_lat/tag_bw,
 #                       stream_lat/stream_bw, ucp_am_lat/ucp_am_bw
@@ -76,12 +82,17 @@ cd "$(dirname "$0")/.."
 
 csv=${CARGO_TARGET_DIR:-target}/peers/peers.csv
 plot=
+before=
 rest=()
 while [ $# -gt 0 ]; do
     case "$1" in
         # Relative to where the script was started, as the user typed them.
         --csv) csv=$(cd "$here" && realpath -m "$2"); shift 2 ;;
         --plot) plot=$(cd "$here" && realpath -m "$2"); shift 2 ;;
+        --before)
+            before=$(cd "$here" && realpath -m "$2")
+            [ -x "$before" ] || { echo "peers: --before $2 is not an executable" >&2; exit 2; }
+            shift 2 ;;
         *) rest+=("$1"); shift ;;
     esac
 done
@@ -106,14 +117,14 @@ mpich_v=$(version mpich) ompi_v=$(version openmpi-bin) ucx_v=$(version ucx-utils
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ours=rdma-channel
-systems=(rdma-channel rdma-channel-alloc rdma-channel-inplace mpich-ucx mpich-ucx-mm
-    ompi-vader-cma ompi-vader-copy ompi-ucx ucx-tag ucx-stream ucx-am)
-peers=("${systems[@]:3}")
+peers=(mpich-ucx mpich-ucx-mm ompi-vader-cma ompi-vader-copy ompi-ucx ucx-tag ucx-stream ucx-am)
+systems=(rdma-channel ${before:+rdma-channel-before} rdma-channel-alloc rdma-channel-inplace "${peers[@]}")
 # Labels go into the CSV unquoted: no commas.
 declare -A label=(
     [rdma-channel]="rdma-channel (heap)"
     [rdma-channel-alloc]="rdma-channel (alloc_mem)"
     [rdma-channel-inplace]="rdma-channel (heap; in place)"
+    [rdma-channel-before]="rdma-channel before (heap)"
     [mpich-ucx]="MPICH $mpich_v ch4:ucx"
     [mpich-ucx-mm]="MPICH $mpich_v ch4:ucx UCX_TLS=mm+self"
     [ompi-vader-cma]="Open MPI $ompi_v ob1+vader (CMA)"
@@ -181,6 +192,7 @@ run() {
         rdma-channel) cargo bench -q --bench pingpong -- --sizes "$sizes" 2>/dev/null ;;
         rdma-channel-alloc) cargo bench -q --bench pingpong -- --sizes "$sizes" --alloc 2>/dev/null ;;
         rdma-channel-inplace) cargo bench -q --bench pingpong -- --sizes "$sizes" --in-place 2>/dev/null ;;
+        rdma-channel-before) "$before" --sizes "$sizes" 2>/dev/null ;;
         mpich-ucx) mpiexec.mpich -n 2 "$work/osu_mpich" --sizes "$sizes" ;;
         mpich-ucx-mm) UCX_TLS=mm,self mpiexec.mpich -n 2 "$work/osu_mpich" --sizes "$sizes" ;;
         ompi-vader-cma)
@@ -218,7 +230,7 @@ table() {
     echo
     echo "$title, medians of $kept round(s); CPUs 0 and 1, heap buffers (but rdma-channel (alloc_mem)); ours / best compares rdma-channel (heap)"
     echo
-    table_head "best peer" "ours / best"
+    table_head "best peer" "ours / best" ${before:+"ours / before"}
     for z in ${sizes//,/ }; do
         for s in "${systems[@]}"; do echo "$s $(col "$s" "$z" "$field")"; done |
             awk -v z="$z" -v best="$best" -v ours="$ours" -v peers=" ${peers[*]} " '
@@ -232,8 +244,12 @@ table() {
                         if (index(peers, " " n " ") == 0 || v[n] == "-") continue
                         if (b == "" || (best == "min" ? v[n] < v[b] : v[n] > v[b])) b = n
                     }
-                    if (b == "" || v[ours] == "-" || v[b] == 0) { printf " - | - |\n"; exit }
-                    printf " %s (%s) | %.2f |\n", v[b], b, v[ours] / v[b]
+                    if (b == "" || v[ours] == "-" || v[b] == 0) printf " - | - |"
+                    else printf " %s (%s) | %.2f |", v[b], b, v[ours] / v[b]
+                    if ("rdma-channel-before" in v)
+                        printf(v[ours] == "-" || v["rdma-channel-before"] + 0 == 0 ? " - |" : " %.3f |",
+                               v[ours] / v["rdma-channel-before"])
+                    printf "\n"
                 }'
     done
 }

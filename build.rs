@@ -28,7 +28,7 @@ fn main() {
         // The documentation lives in the header; comments copied into Rust would turn
         // its examples into doc-tests.
         .generate_comments(false)
-        // Layouts are checked by hand (src/ffi/layout.rs), against libc and std too.
+        // Layouts are checked by hand (src/ffi/sys.rs), against libc and std too.
         .layout_tests(false)
         .derive_default(false)
         .generate()

@@ -2,30 +2,15 @@
 //! blocking-wait policy. Set them with the builder methods or environment variables;
 //! [`Config::from_env`] starts from the defaults and applies the variables.
 //!
-//! | variable | meaning | default |
-//! | --- | --- | --- |
-//! | `RCH_RING_SIZE` | most bytes a receive ring grows to (power of two, 4 KiB ..= 1 GiB) | 4 MiB |
-//! | `RCH_RING_INITIAL` | bytes a receive ring starts with (power of two, 4 KiB ..= the ring size; the ring size itself turns growing off) | 16 KiB |
-//! | `RCH_RING_IDLE_MS` | a grown ring that carried nothing for this long shrinks back to its initial size | 1000 |
-//! | `RCH_CHUNK_SIZE` | largest packet in bytes (multiple of 64, 128 ..= ring/2) | 64 KiB |
-//! | `RCH_WORKING_SET` | most ring bytes the sender keeps its traffic in while the receiver keeps up (a multiple of 64; on the emulated fabric smaller packets wrap sooner, `ring::lap_end`; the ring size or more turns it off) | 256 KiB |
-//! | `RCH_TAIL_THRESHOLD` | consumed bytes before an explicit tail update | the smaller of ring/4 and working set/4 |
-//! | `RCH_MAX_INLINE` | cap on inline writes (smaller forces the staging copy) | fabric's |
-//! | `RCH_SPIN` | busy polls before a blocking wait yields | 2000 (100 in a process group with more ranks on the host than CPUs; 0 for a connection over a software RDMA device in a one-CPU process) |
-//! | `RCH_YIELD` | `sched_yield`s before it sleeps | 50000 (0 when oversubscribed, as above) |
-//! | `RCH_SLEEP_MAX_US` | longest sleep between polls (a connection over a software RDMA device in a one-CPU process sleeps at most 5 us for a wait's first [`SHORT_SLEEPS`] sleeps) | 1000 |
-//! | `RCH_STREAM_BACKOFF` | CPU pause instructions a receiver that is only receiving spends before it polls its ring again, once per message that arrived (0 turns it off; see [`Config::with_stream_backoff`]) | 32 |
-//! | `RCH_ZCOPY_THRESHOLD` | smallest buffer from [`alloc_mem`](crate::Channel::alloc_mem) sent zero-copy (`off` to disable) | fabric's |
-//! | `RCH_ZCOPY_PRIVATE_THRESHOLD` | the same for any other memory | fabric's |
-//! | `RCH_ZCOPY_PUSH` | percent of each zero-copy transfer the sender pushes by RDMA WRITE into the receiver's buffer while the receiver pulls the rest by RDMA READ (0 ..= 100; the receiver's setting counts) | fabric's |
-//! | `RCH_RCACHE_ENTRIES` | most cached registrations per protection domain | 512 |
-//! | `RCH_RCACHE_BYTES` | most bytes of cached registrations per protection domain | 1 GiB |
-//! | `RCH_MEMORY_LIMIT` | most memory the library commits in this process ([`crate::limits`]) | half of RAM, cgroup or `ulimit -v` |
-//! | `RCH_CONNECT_TIMEOUT_MS` | limit on connecting: by address (resolution, request, reply), and a Unix-socket handshake on either side | 10000 |
-//! | `RCH_FABRIC` | fabric of the [`RdmaStream`](crate::RdmaStream) constructors and [`RdmaListener`](crate::RdmaListener): `emulated` or `verbs` (feature `verbs`; device from `RCH_IB_*`) | `emulated` |
-//!
-//! `RCH_FABRIC` is read by [`AnyFabric::from_env`](crate::fabric::AnyFabric::from_env),
-//! not by [`Config::from_env`]: it picks the fabric, not a tunable of the connection.
+//! The variables `from_env` applies (`RCH_RING_SIZE`, `RCH_CHUNK_SIZE`, ... each named
+//! after the builder method it overrides) are listed with their defaults in
+//! [`crate::settings`], the one module that reads the environment, and in the
+//! README's table, which a test keeps equal to that list. `RCH_FABRIC` is read by
+//! [`AnyFabric::from_env`](crate::fabric::AnyFabric::from_env), not here: it picks
+//! the fabric, not a tunable of the connection. Under oversubscription a process
+//! group lowers the wait's defaults (`RCH_SPIN`, `RCH_YIELD`) unless they are set;
+//! a connection over a software RDMA device in a one-CPU process sleeps at most 5 us
+//! for a wait's first [`SHORT_SLEEPS`] sleeps.
 //!
 //! The zero-copy thresholds are per kind of memory because the cost of the peer's
 //! read is: on the emulated fabric a buffer in a shared segment is read with a plain
@@ -42,8 +27,42 @@
 use std::io;
 use std::time::Duration;
 
-use crate::fabric::ZeroCopyThresholds;
-use crate::rcache::CacheLimits;
+/// Zero-copy thresholds per kind of memory, because the cost of the peer's read is:
+/// `alloc_mem` is memory from [`Fabric::alloc_region`](crate::fabric::Fabric::alloc_region) (on the emulated fabric a
+/// shared segment, read with a plain copy), `other` any other memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ZeroCopyThresholds<T = usize> {
+    /// Smallest buffer from `alloc_mem` memory sent zero-copy.
+    pub alloc_mem: T,
+    /// Smallest buffer in any other memory sent zero-copy.
+    pub other: T,
+}
+
+/// Bounds on what a [`RegCache`](crate::rcache::RegCache) keeps registered for reuse. Registrations in use and
+/// memory from [`RegCache::alloc`](crate::rcache::RegCache::alloc) are not counted: the first cannot be dropped, the
+/// second is the user's explicit memory.
+///
+/// ```
+/// let l = rdma_channel::rcache::CacheLimits::default();
+/// assert_eq!((l.max_entries, l.max_bytes), (512, 1 << 30));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLimits {
+    /// Most cached registrations (kept well below the emulated fabric's 8192-entry
+    /// registration table, which every connection of a domain shares).
+    pub max_entries: usize,
+    /// Most bytes of cached registrations (pinned memory, on verbs).
+    pub max_bytes: usize,
+}
+
+impl Default for CacheLimits {
+    fn default() -> CacheLimits {
+        CacheLimits {
+            max_entries: 512,
+            max_bytes: 1 << 30,
+        }
+    }
+}
 
 /// Connection tunables.
 ///
@@ -169,29 +188,13 @@ fn bad(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
-/// Parses `123`, `64k`, `1m`, `2g` (case-insensitive).
-///
-/// ```
-/// assert_eq!(rdma_channel::config::parse_size("64k").unwrap(), 65536);
-/// assert!(rdma_channel::config::parse_size("lots").is_err());
-/// ```
-///
-/// # Errors
-///
-/// `InvalidInput` for anything else, or on overflow.
-pub fn parse_size(s: &str) -> io::Result<usize> {
-    let t = s.trim().to_ascii_lowercase();
-    let (num, mul) = match t.chars().last() {
-        Some('k') => (&t[..t.len() - 1], 1usize << 10),
-        Some('m') => (&t[..t.len() - 1], 1 << 20),
-        Some('g') => (&t[..t.len() - 1], 1 << 30),
-        _ => (&t[..], 1),
-    };
-    num.parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(mul))
-        .ok_or_else(|| bad(format!("not a size: {s:?} (expected e.g. 4096, 64k, 1m)")))
-}
+/// Parses `123`, `64k`, `1m`, `2g` (case-insensitive); kept here for callers of
+/// `config::parse_size`, and shared with every variable by [`crate::settings`].
+pub use crate::settings::parse_size;
+
+/// Largest payload a packet's header can describe (its 24-bit length field): the
+/// bound on the chunk size. `ring::wire` asserts it equals its `MAX_PAYLOAD`.
+pub(crate) const MAX_CHUNK_PAYLOAD: usize = (1 << 24) - 1;
 
 impl Config {
     /// Defaults overridden by the `RCH_*` environment variables.
@@ -205,84 +208,77 @@ impl Config {
     /// cfg.validate().unwrap();
     /// ```
     pub fn from_env() -> io::Result<Config> {
+        use crate::settings as env;
         let mut c = Config::default();
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        let size = |name: &str, v: String| parse_size(&v).map_err(|e| bad(format!("{name}: {e}")));
-        let num = |name: &str, v: String| {
-            v.trim()
-                .parse::<u64>()
-                .map_err(|_| bad(format!("{name}: not a number: {v:?}")))
-        };
         // Each variable is applied and validated on its own, so an error names the
         // variable that caused it.
         let check = |c: &Config, name: &str| c.validate().map_err(|e| bad(format!("{name}: {e}")));
-        if let Some(v) = var("RCH_RING_SIZE") {
-            c.ring_size = size("RCH_RING_SIZE", v)?;
+        let threshold = |s: &env::Setting| -> io::Result<Option<usize>> {
+            match s.value()? {
+                Some(v) if v.trim().eq_ignore_ascii_case("off") => Ok(Some(usize::MAX)),
+                _ => s.size(),
+            }
+        };
+        let count = |n: u64| n.min(u32::MAX as u64) as u32;
+        if let Some(v) = env::RING_SIZE.size()? {
+            c.ring_size = v;
             // A smaller ring may not hold the default chunk twice: shrink the chunk along
             // (an explicit RCH_CHUNK_SIZE is still checked below).
             if c.chunk_size > c.ring_size / 2 {
                 c.chunk_size = (c.ring_size / 2).max(128);
             }
-            check(&c, "RCH_RING_SIZE")?;
+            check(&c, env::RING_SIZE.name())?;
         }
-        if let Some(v) = var("RCH_RING_INITIAL") {
-            c.initial_ring_size = size("RCH_RING_INITIAL", v)?;
-            check(&c, "RCH_RING_INITIAL")?;
+        if let Some(v) = env::RING_INITIAL.size()? {
+            c.initial_ring_size = v;
+            check(&c, env::RING_INITIAL.name())?;
         }
-        if let Some(v) = var("RCH_RING_IDLE_MS") {
-            c.ring_idle = Duration::from_millis(num("RCH_RING_IDLE_MS", v)?);
+        if let Some(v) = env::RING_IDLE_MS.number()? {
+            c.ring_idle = Duration::from_millis(v);
         }
-        if let Some(v) = var("RCH_CHUNK_SIZE") {
-            c.chunk_size = size("RCH_CHUNK_SIZE", v)?;
-            check(&c, "RCH_CHUNK_SIZE")?;
+        if let Some(v) = env::CHUNK_SIZE.size()? {
+            c.chunk_size = v;
+            check(&c, env::CHUNK_SIZE.name())?;
         }
-        if let Some(v) = var("RCH_WORKING_SET") {
-            c.working_set = size("RCH_WORKING_SET", v)?;
-            check(&c, "RCH_WORKING_SET")?;
+        if let Some(v) = env::WORKING_SET.size()? {
+            c.working_set = v;
+            check(&c, env::WORKING_SET.name())?;
         }
-        if let Some(v) = var("RCH_TAIL_THRESHOLD") {
-            c.tail_threshold = Some(size("RCH_TAIL_THRESHOLD", v)?);
-            check(&c, "RCH_TAIL_THRESHOLD")?;
+        if let Some(v) = env::TAIL_THRESHOLD.size()? {
+            c.tail_threshold = Some(v);
+            check(&c, env::TAIL_THRESHOLD.name())?;
         }
-        if let Some(v) = var("RCH_MAX_INLINE") {
-            c.max_inline = Some(size("RCH_MAX_INLINE", v)?);
-            check(&c, "RCH_MAX_INLINE")?;
+        if let Some(v) = env::MAX_INLINE.size()? {
+            c.max_inline = Some(v);
+            check(&c, env::MAX_INLINE.name())?;
         }
-        if let Some(v) = var("RCH_SPIN") {
-            c.wait.spin = num("RCH_SPIN", v)?.min(u32::MAX as u64) as u32;
+        if let Some(v) = env::SPIN.number()? {
+            c.wait.spin = count(v);
             c.wait_set = true;
         }
-        if let Some(v) = var("RCH_YIELD") {
-            c.wait.yields = num("RCH_YIELD", v)?.min(u32::MAX as u64) as u32;
+        if let Some(v) = env::YIELD.number()? {
+            c.wait.yields = count(v);
             c.wait_set = true;
         }
-        if let Some(v) = var("RCH_SLEEP_MAX_US") {
-            c.wait.sleep_max = Duration::from_micros(num("RCH_SLEEP_MAX_US", v)?);
+        if let Some(v) = env::SLEEP_MAX_US.number()? {
+            c.wait.sleep_max = Duration::from_micros(v);
             // One cap for the whole wait, as the default policy has: a short cap left
             // at the default would hold a raised sleep_max back for 2000 sleeps.
             c.wait.short_sleep_max = c.wait.sleep_max;
         }
-        if let Some(v) = var("RCH_STREAM_BACKOFF") {
-            c.stream_backoff = num("RCH_STREAM_BACKOFF", v)?.min(u32::MAX as u64) as u32;
-            check(&c, "RCH_STREAM_BACKOFF")?;
+        if let Some(v) = env::STREAM_BACKOFF.number()? {
+            c.stream_backoff = count(v);
+            check(&c, env::STREAM_BACKOFF.name())?;
         }
-        let threshold = |name: &str, v: String| {
-            if v.trim().eq_ignore_ascii_case("off") {
-                Ok(usize::MAX)
-            } else {
-                size(name, v)
-            }
-        };
-        if let Some(v) = var("RCH_ZCOPY_THRESHOLD") {
-            c.zero_copy.alloc_mem = Some(threshold("RCH_ZCOPY_THRESHOLD", v)?);
-            check(&c, "RCH_ZCOPY_THRESHOLD")?;
+        if let Some(v) = threshold(&env::ZCOPY_THRESHOLD)? {
+            c.zero_copy.alloc_mem = Some(v);
+            check(&c, env::ZCOPY_THRESHOLD.name())?;
         }
-        if let Some(v) = var("RCH_ZCOPY_PRIVATE_THRESHOLD") {
-            c.zero_copy.other = Some(threshold("RCH_ZCOPY_PRIVATE_THRESHOLD", v)?);
-            check(&c, "RCH_ZCOPY_PRIVATE_THRESHOLD")?;
+        if let Some(v) = threshold(&env::ZCOPY_PRIVATE_THRESHOLD)? {
+            c.zero_copy.other = Some(v);
+            check(&c, env::ZCOPY_PRIVATE_THRESHOLD.name())?;
         }
-        if let Some(v) = var("RCH_ZCOPY_PUSH") {
-            let pct = num("RCH_ZCOPY_PUSH", v)?;
+        if let Some(pct) = env::ZCOPY_PUSH.number::<u64>()? {
             if pct > 100 {
                 return Err(bad(format!(
                     "RCH_ZCOPY_PUSH: {pct} is not a percentage (0 ..= 100)"
@@ -290,17 +286,17 @@ impl Config {
             }
             c.zero_copy_push = Some(pct as u8);
         }
-        if let Some(v) = var("RCH_RCACHE_ENTRIES") {
-            c.rcache.max_entries = num("RCH_RCACHE_ENTRIES", v)?.min(usize::MAX as u64) as usize;
-            check(&c, "RCH_RCACHE_ENTRIES")?;
+        if let Some(v) = env::RCACHE_ENTRIES.number::<u64>()? {
+            c.rcache.max_entries = v.min(usize::MAX as u64) as usize;
+            check(&c, env::RCACHE_ENTRIES.name())?;
         }
-        if let Some(v) = var("RCH_RCACHE_BYTES") {
-            c.rcache.max_bytes = size("RCH_RCACHE_BYTES", v)?;
-            check(&c, "RCH_RCACHE_BYTES")?;
+        if let Some(v) = env::RCACHE_BYTES.size()? {
+            c.rcache.max_bytes = v;
+            check(&c, env::RCACHE_BYTES.name())?;
         }
-        if let Some(v) = var("RCH_CONNECT_TIMEOUT_MS") {
-            c.connect_timeout = Duration::from_millis(num("RCH_CONNECT_TIMEOUT_MS", v)?);
-            check(&c, "RCH_CONNECT_TIMEOUT_MS")?;
+        if let Some(v) = env::CONNECT_TIMEOUT_MS.number()? {
+            c.connect_timeout = Duration::from_millis(v);
+            check(&c, env::CONNECT_TIMEOUT_MS.name())?;
         }
         Ok(c)
     }
@@ -600,7 +596,7 @@ impl Config {
             )));
         }
         let c = self.chunk_size;
-        if c % 64 != 0 || c < 128 || c > r / 2 || c > crate::ring::wire::MAX_PAYLOAD {
+        if c % 64 != 0 || c < 128 || c > r / 2 || c > MAX_CHUNK_PAYLOAD {
             return Err(bad(format!(
                 "chunk size {c} must be a multiple of 64 from 128 to half the ring ({})",
                 r / 2

@@ -19,7 +19,9 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 //!
-//! The layers, each in its own folder and each talking only to the one below:
+//! The main layers, top to bottom, each in its own folder and each using only the
+//! layers below it (ARCHITECTURE.md declares the whole order; a test checks the code
+//! against it):
 //!
 //! * [`stream`]: [`RdmaStream`] with `std::io::Read`/`Write`, split halves, an
 //!   in-process [`RdmaStream::pair`] and [`RdmaListener`] for two processes;
@@ -29,7 +31,9 @@
 //! * [`ring`]: the packet format and placement rules, pure logic with no I/O;
 //! * [`fabric`]: what RDMA hardware offers (registration, keys, one-sided write and
 //!   read, completions, errors) and the [`fabric::emulated`] implementation on shared
-//!   memory.
+//!   memory;
+//! * [`config`] and [`settings`] at the bottom: the connection's tunables, and the
+//!   one module that reads environment variables.
 //!
 //! See `ARCHITECTURE.md` for the design and its reasons.
 
@@ -50,10 +54,10 @@ pub use handshake::oob;
 pub mod pmi;
 pub mod rcache;
 pub mod ring;
+pub mod settings;
 pub mod stream;
 pub(crate) mod sync;
 pub mod wire;
-mod zerocopy;
 
 pub use config::Config;
 pub use engine::{Channel, Peeked, Prepared, RdmaBuf, Receiver, Sender};

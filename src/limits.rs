@@ -49,10 +49,8 @@ impl Budget {
     /// [`default_memory_limit`].
     pub fn process() -> &'static Budget {
         PROCESS.get_or_init(|| {
-            let from_env = std::env::var("RCH_MEMORY_LIMIT")
-                .ok()
-                .filter(|v| !v.trim().is_empty())
-                .and_then(|v| crate::config::parse_size(&v).ok());
+            // A malformed value is ignored here: the budget has no caller to tell.
+            let from_env = crate::settings::MEMORY_LIMIT.size().ok().flatten();
             Budget::new(from_env.unwrap_or_else(default_memory_limit))
         })
     }

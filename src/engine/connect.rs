@@ -10,6 +10,7 @@ use super::link::{IncomingRings, Link, SendQueue};
 use super::receiver::Receiver;
 use super::sender::{Sender, MAX_SGE};
 use super::wait::wait_policy_for;
+use super::zerocopy::PushState;
 use super::Channel;
 use crate::config::Config;
 use crate::fabric::{
@@ -18,7 +19,6 @@ use crate::fabric::{
 use crate::rcache::RegCache;
 use crate::ring::memory::{ControlWords, RingMemory, StagingBuffer};
 use crate::ring::wire::{Rendezvous, MAX_RNDV_SEGS, OVERHEAD};
-use crate::zerocopy::PushState;
 
 /// A connection being set up: create it, send [`card`](Prepared::card) to the peer,
 /// then [`connect`](Prepared::connect) with the peer's card.

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::wait::Backoff;
+use super::zerocopy::PushState;
 use crate::config::{Config, WaitPolicy};
 use crate::fabric::{
     CompletedOp, Completion, CompletionStatus, Fabric, FabricError, GatherList, QpState, QueuePair,
@@ -15,7 +16,6 @@ use crate::fabric::{
 use crate::rcache::RegCache;
 use crate::ring::memory::{ControlWords, CtrlWord, RingMemory, StagingBuffer};
 use crate::sync;
-use crate::zerocopy::PushState;
 
 /// Empty polls between two checks of the queue pair's health.
 pub(super) const HEALTH_EVERY: u32 = 1024;

@@ -24,9 +24,11 @@
 //!
 //! The rooms: `link.rs` (what both halves share), `connect.rs` ([`Prepared`]),
 //! `sender.rs`, `receiver.rs`, `card.rs` (the connection card), `wait.rs`
-//! ([`Backoff`]). The engine has no `unsafe`: raw memory is behind the types of
-//! [`ring::memory`](crate::ring::memory), and the zero-copy entry points whose
-//! contracts are `unsafe` live in `src/zerocopy/`.
+//! ([`Backoff`]), and `zerocopy/` (caller memory lent to the fabric). Raw memory is
+//! behind the types of [`ring::memory`](crate::ring::memory): the protocol's code has
+//! no `unsafe`. What does is named: the zero-copy entry points, whose contracts are
+//! `unsafe`, and the code relying on them (`zerocopy/`), and `wait.rs`'s two `prctl`
+//! calls for the thread's timer slack.
 //!
 //! Tail updates (seed 001 sec. 4.3) travel piggybacked in every packet of the reverse
 //! direction, and explicitly (one 8-byte write) when the consumed-but-unannounced
@@ -48,6 +50,7 @@ mod link;
 mod receiver;
 mod sender;
 mod wait;
+mod zerocopy;
 
 pub use card::CTRL_SIZE;
 pub use connect::Prepared;

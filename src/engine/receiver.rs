@@ -1,6 +1,6 @@
 //! The receiving direction: packets out of the ring in local memory, the delayed
 //! tail update and credit service, and the receiver's side of zero-copy transfers
-//! (the RDMA READs themselves are started in [`crate::zerocopy`]).
+//! (the RDMA READs themselves are started in [`zerocopy`](super::zerocopy)).
 
 use std::io::{self, IoSliceMut};
 use std::sync::atomic::Ordering;
@@ -10,6 +10,7 @@ use std::time::Instant;
 use super::link::{lock_incoming, Link, HEALTH_EVERY};
 use super::sender::copy_short;
 use super::wait::{past, Backoff};
+use super::zerocopy::{serve_all_lends, Lent};
 use crate::fabric::{Access, Fabric, GatherList, MemoryRegion};
 use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory, RingOffer, CTRL_SIZE, RING_OFFER_SLOT};
@@ -18,7 +19,6 @@ use crate::ring::wire::{
     ShortHeader, CELL, HEADER_LEN, MAX_RNDV_SEGS,
 };
 use crate::ring::{packet_cells, PAYLOAD_OFFSET};
-use crate::zerocopy::{serve_all_lends, Lent};
 
 /// Largest single RDMA READ of the zero-copy path: big enough to amortise a request,
 /// small enough that several are in flight for a pipelined transfer.

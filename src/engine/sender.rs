@@ -1,6 +1,6 @@
 //! The sending direction: packets into the ring in the peer's memory, flow control
 //! by the replicated tail, and the sender's side of zero-copy transfers (announce,
-//! confirm; the lending itself is in [`crate::zerocopy`]).
+//! confirm; the lending itself is in [`zerocopy`](super::zerocopy)).
 
 use std::io::{self, IoSlice};
 use std::sync::atomic::Ordering;
@@ -10,7 +10,8 @@ use std::time::Instant;
 use super::connect::staging_for;
 use super::link::{Link, HEALTH_EVERY};
 use super::wait::{past, Backoff};
-use crate::fabric::{Fabric, GatherList, RemoteRegion};
+use super::zerocopy::Lent;
+use crate::fabric::{Fabric, GatherList, RemoteRegion, ZeroCopyThresholds};
 use crate::rcache::{CacheStats, RdmaBuf, RegCache, RegHandle};
 use crate::ring::memory::{BellTarget, CtrlWord, StagingBuffer};
 use crate::ring::wire::{
@@ -19,7 +20,6 @@ use crate::ring::wire::{
     SHORT_WRITE, TRAILER_LEN,
 };
 use crate::ring::{lap_end, max_payload_now, tail_ok, wrap_early};
-use crate::zerocopy::Lent;
 
 /// Most gather entries one packet uses (header, payload pieces, padding, trailer).
 pub(super) const MAX_SGE: usize = 32;
@@ -375,6 +375,22 @@ impl<F: Fabric> Sender<F> {
                 }
             }
         }
+    }
+
+    /// The zero-copy thresholds of this connection: the configuration's, else the
+    /// fabric's defaults for this peer (on verbs, lower for a peer on the same port).
+    /// A caller whose memory never comes from `alloc_mem` (a C library's, for one)
+    /// copies anything below `other` with [`put`](Self::put) and skips the checks of
+    /// [`put_nocopy`](Self::put_nocopy).
+    ///
+    /// ```
+    /// let (mut a, _b) = rdma_channel::RdmaStream::pair()?;
+    /// let t = a.channel().sender().zero_copy_thresholds();
+    /// assert!(t.alloc_mem > 0 && t.other > 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn zero_copy_thresholds(&self) -> ZeroCopyThresholds {
+        self.link.zc_thresholds
     }
 
     /// True when no buffer of `len` bytes goes zero-copy, whatever its memory.

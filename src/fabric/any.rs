@@ -40,7 +40,7 @@ use super::{
 };
 
 /// The environment variable [`AnyFabric::from_env`] and [`FabricKind::from_env`] read.
-pub const FABRIC_ENV: &str = "RCH_FABRIC";
+pub const FABRIC_ENV: &str = crate::settings::FABRIC.name();
 
 /// Which fabric: the value of `RCH_FABRIC`.
 ///
@@ -104,15 +104,11 @@ impl FabricKind {
     /// [`io::ErrorKind::InvalidInput`] naming the variable and the allowed values when
     /// it holds anything else (or is not Unicode).
     pub fn from_env() -> io::Result<FabricKind> {
-        match std::env::var(FABRIC_ENV) {
-            Ok(v) => v.parse().map_err(|e: io::Error| {
+        match crate::settings::FABRIC.value()? {
+            Some(v) => v.parse().map_err(|e: io::Error| {
                 io::Error::new(e.kind(), format!("{FABRIC_ENV}={v:?}: {e}"))
             }),
-            Err(std::env::VarError::NotPresent) => Ok(FabricKind::Emulated),
-            Err(std::env::VarError::NotUnicode(v)) => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{FABRIC_ENV}={v:?}: {ALLOWED}"),
-            )),
+            None => Ok(FabricKind::Emulated),
         }
     }
 

@@ -533,16 +533,9 @@ pub trait QueuePair: Send + Sync {
     }
 }
 
-/// Zero-copy thresholds per kind of memory, because the cost of the peer's read is:
-/// `alloc_mem` is memory from [`Fabric::alloc_region`] (on the emulated fabric a
-/// shared segment, read with a plain copy), `other` any other memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct ZeroCopyThresholds<T = usize> {
-    /// Smallest buffer from `alloc_mem` memory sent zero-copy.
-    pub alloc_mem: T,
-    /// Smallest buffer in any other memory sent zero-copy.
-    pub other: T,
-}
+// Defined with the settings that carry it (config is the bottom layer); its home
+// for users stays here too.
+pub use crate::config::ZeroCopyThresholds;
 
 /// Most descriptors a [`Card`] may carry: what one Unix socket message can (the
 /// kernel's `SCM_MAX_FD`).

@@ -144,7 +144,7 @@ fn parse_bell(s: &str) -> Option<RemoteRegion> {
 /// machine talk as if on different hosts); otherwise it is the kernel's boot id and
 /// the network namespace's inode.
 pub(crate) fn host_id() -> String {
-    if let Ok(h) = std::env::var("RCH_HOST_ID") {
+    if let Ok(Some(h)) = crate::settings::HOST_ID.value() {
         if field_ok(h.trim()) {
             return h.trim().to_string();
         }

@@ -294,10 +294,6 @@ pub(crate) struct Group {
     /// MPI's progress engine does, would otherwise spin and yield again each slice).
     /// Cleared when data moves.
     pub(crate) idle_backoff: Option<Backoff>,
-    /// Smallest buffer the engine may send zero-copy (C memory is never from
-    /// `alloc_mem`, so the threshold for other memory); smaller puts take the
-    /// plain copying path, which skips the eligibility checks.
-    zc_min: usize,
     uid: u32,
     /// Our rdma_cm listener, through which peers of other hosts connect.
     #[cfg(feature = "verbs")]
@@ -348,17 +344,6 @@ impl Group {
             cm: None,
         };
         exchange.publish(HELLO_KEY, hello.encode().as_bytes())?;
-        let zc_min = cfg
-            .zero_copy_thresholds()
-            .other
-            .unwrap_or(
-                // The smaller default: which one a connection uses depends on its peer.
-                fabric
-                    .zero_copy_defaults()
-                    .other
-                    .min(fabric.zero_copy_loopback_defaults().other),
-            )
-            .max(1);
         let vcs = (0..size)
             .map(|_| Vc {
                 conn: Conn::Idle,
@@ -386,7 +371,6 @@ impl Group {
             handshakes: 0,
             tick: 0,
             idle_backoff: None,
-            zc_min,
             // SAFETY: getuid cannot fail and touches no memory.
             uid: unsafe { libc::getuid() },
             #[cfg(feature = "verbs")]
@@ -499,7 +483,11 @@ impl Group {
         let vc = &mut self.vcs[rank];
         if let Conn::Up(up) = &mut vc.conn {
             if up.confirm.is_none() {
-                let r = if total < self.zc_min && !up.tx.zero_copy_pending() {
+                // C memory is never from alloc_mem: below the connection's threshold
+                // for other memory, the plain copying path, which skips the
+                // eligibility checks.
+                let copies = total < up.tx.zero_copy_thresholds().other.max(1);
+                let r = if copies && !up.tx.zero_copy_pending() {
                     up.tx.put(iov)
                 } else {
                     // SAFETY: forwarded from this function's contract.

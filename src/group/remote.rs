@@ -85,7 +85,7 @@ impl Remote {
 
 /// The address and port to publish (port 0: any).
 fn published_address() -> Result<(IpAddr, u16), String> {
-    if let Ok(v) = std::env::var("RCH_CM_ADDR") {
+    if let Ok(Some(v)) = crate::settings::CM_ADDR.value() {
         let v = v.trim();
         if !v.is_empty() {
             if let Ok(a) = v.parse::<SocketAddr>() {
@@ -115,7 +115,7 @@ fn roce_ip() -> Option<IpAddr> {
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .collect();
     devices.sort();
-    if let Ok(want) = std::env::var("RCH_IB_DEVICE") {
+    if let Ok(Some(want)) = crate::settings::IB_DEVICE.value() {
         if !want.trim().is_empty() {
             devices.retain(|d| d == want.trim());
         }

@@ -2,6 +2,7 @@
 
 use super::conn::Conn;
 use super::wire::{self, Message};
+use crate::settings::{self, Setting};
 use std::io;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -12,7 +13,7 @@ use std::time::Duration;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Environment variable holding the PMI timeout in milliseconds.
-pub const TIMEOUT_ENV: &str = "RCH_PMI_TIMEOUT_MS";
+pub const TIMEOUT_ENV: &str = crate::settings::PMI_TIMEOUT_MS.name();
 
 /// Largest `vallen_max`, `keylen_max` or `kvsname_max` believed from a server.
 const MAX_LIMIT: i64 = 1 << 20;
@@ -41,10 +42,9 @@ fn invalid_input(msg: String) -> io::Error {
 /// `InvalidInput` naming the variable when it is set but not a positive number of
 /// milliseconds.
 pub fn timeout_from_env() -> io::Result<Duration> {
-    match std::env::var(TIMEOUT_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(DEFAULT_TIMEOUT),
-        Err(_) => Err(invalid_input(format!("{TIMEOUT_ENV} is not valid UTF-8"))),
-        Ok(v) => match v.trim().parse::<u64>() {
+    match crate::settings::PMI_TIMEOUT_MS.value()? {
+        None => Ok(DEFAULT_TIMEOUT),
+        Some(v) => match v.trim().parse::<u64>() {
             Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
             _ => Err(invalid_input(format!(
                 "{TIMEOUT_ENV}='{v}' is not a positive number of milliseconds"
@@ -53,15 +53,8 @@ pub fn timeout_from_env() -> io::Result<Duration> {
     }
 }
 
-fn env_var(name: &str) -> io::Result<Option<String>> {
-    match std::env::var(name) {
-        Ok(v) if v.is_empty() => Ok(None),
-        Ok(v) => Ok(Some(v)),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => {
-            Err(invalid_input(format!("{name} is not valid UTF-8")))
-        }
-    }
+fn env_var(setting: &Setting) -> io::Result<Option<String>> {
+    setting.value()
 }
 
 fn env_number(name: &str, value: &str) -> io::Result<i64> {
@@ -181,7 +174,8 @@ impl PmiClient {
     ///
     /// ```
     /// # // Doc-tests do not run under a process manager.
-    /// # if std::env::var_os("PMI_FD").is_none() && std::env::var_os("PMI_PORT").is_none() {
+    /// use rdma_channel::settings::{PMI_FD, PMI_PORT};
+    /// # if PMI_FD.value()?.is_none() && PMI_PORT.value()?.is_none() {
     /// assert!(rdma_channel::pmi::PmiClient::from_env()?.is_none());
     /// # }
     /// # Ok::<(), std::io::Error>(())
@@ -194,13 +188,13 @@ impl PmiClient {
     /// `PMI_FD` is not an open descriptor; `AlreadyExists` on a second call; connection
     /// errors for `PMI_PORT`; and the handshake's errors (see [`with_fd`](Self::with_fd)).
     pub fn from_env() -> io::Result<Option<PmiClient>> {
-        let fd_var = env_var("PMI_FD")?;
-        let port_var = env_var("PMI_PORT")?;
+        let fd_var = env_var(&settings::PMI_FD)?;
+        let port_var = env_var(&settings::PMI_PORT)?;
         if fd_var.is_none() && port_var.is_none() {
             return Ok(None);
         }
         let timeout = timeout_from_env()?;
-        let spawned = match env_var("PMI_SPAWNED")? {
+        let spawned = match env_var(&settings::PMI_SPAWNED)? {
             None => false,
             Some(v) => env_number("PMI_SPAWNED", &v)? != 0,
         };
@@ -218,7 +212,7 @@ impl PmiClient {
             Some(fd) => Self::from_env_fd(&fd, timeout, &mut taken),
             None => (|| {
                 let port = port_var.unwrap_or_default();
-                let id = env_var("PMI_ID")?
+                let id = env_var(&settings::PMI_ID)?
                     .ok_or_else(|| invalid_input("PMI_PORT is set but PMI_ID is not".into()))?;
                 let id = env_number("PMI_ID", &id)?;
                 Self::connect_port(&port, id, timeout)
@@ -254,9 +248,9 @@ impl PmiClient {
                 io::Error::last_os_error()
             )));
         }
-        let rank = env_var("PMI_RANK")?
+        let rank = env_var(&settings::PMI_RANK)?
             .ok_or_else(|| invalid_input("PMI_FD is set but PMI_RANK is not".into()))?;
-        let size = env_var("PMI_SIZE")?
+        let size = env_var(&settings::PMI_SIZE)?
             .ok_or_else(|| invalid_input("PMI_FD is set but PMI_SIZE is not".into()))?;
         let (rank, size) = check_rank_size(
             env_number("PMI_RANK", &rank)?,

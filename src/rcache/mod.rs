@@ -51,31 +51,8 @@ use std::sync::{Mutex, MutexGuard};
 use crate::fabric::{Access, Fabric, MemoryRegion};
 use watch::{Drain, Watcher};
 
-/// Bounds on what a [`RegCache`] keeps registered for reuse. Registrations in use and
-/// memory from [`RegCache::alloc`] are not counted: the first cannot be dropped, the
-/// second is the user's explicit memory.
-///
-/// ```
-/// let l = rdma_channel::rcache::CacheLimits::default();
-/// assert_eq!((l.max_entries, l.max_bytes), (512, 1 << 30));
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CacheLimits {
-    /// Most cached registrations (kept well below the emulated fabric's 8192-entry
-    /// registration table, which every connection of a domain shares).
-    pub max_entries: usize,
-    /// Most bytes of cached registrations (pinned memory, on verbs).
-    pub max_bytes: usize,
-}
-
-impl Default for CacheLimits {
-    fn default() -> CacheLimits {
-        CacheLimits {
-            max_entries: 512,
-            max_bytes: 1 << 30,
-        }
-    }
-}
+// Defined with the settings that carry it (config is the bottom layer).
+pub use crate::config::CacheLimits;
 
 /// Counters of a [`RegCache`].
 ///
@@ -165,7 +142,7 @@ impl WatchPolicy {
     ///
     /// ```
     /// use rdma_channel::rcache::WatchPolicy;
-    /// if std::env::var_os("RCH_RCACHE").is_none() {
+    /// if rdma_channel::settings::RCACHE.value()?.is_none() {
     ///     assert_eq!(WatchPolicy::from_env()?, WatchPolicy::Auto);
     /// }
     /// # Ok::<(), std::io::Error>(())
@@ -175,9 +152,9 @@ impl WatchPolicy {
     ///
     /// As [`parse`](Self::parse); a value that is not Unicode is refused the same way.
     pub fn from_env() -> io::Result<WatchPolicy> {
-        match std::env::var_os("RCH_RCACHE") {
+        match crate::settings::RCACHE.value()? {
             None => Ok(WatchPolicy::Auto),
-            Some(v) => WatchPolicy::parse(&v.to_string_lossy()),
+            Some(v) => WatchPolicy::parse(&v),
         }
     }
 }

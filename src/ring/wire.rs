@@ -64,6 +64,8 @@ pub const TRAILER_LEN: usize = 8;
 pub const OVERHEAD: usize = HEADER_LEN + TRAILER_LEN;
 /// Largest payload one packet can describe (24-bit length field).
 pub const MAX_PAYLOAD: usize = (1 << 24) - 1;
+// Config validates chunk sizes against its own copy (it sits below this layer).
+const _: () = assert!(MAX_PAYLOAD == crate::config::MAX_CHUNK_PAYLOAD);
 /// Payload that fits in a one-cell packet.
 pub const ONE_CELL_PAYLOAD: usize = CELL - OVERHEAD;
 /// Largest payload of a *short* packet (one cell, of which only the first

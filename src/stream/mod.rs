@@ -230,9 +230,7 @@ impl RdmaStream<AnyFabric> {
 
 /// Refuses an IP address when `RCH_FABRIC` explicitly asks for the emulated fabric.
 fn inet_allowed(addr: &Address) -> io::Result<()> {
-    let forced = std::env::var(crate::fabric::any::FABRIC_ENV)
-        .ok()
-        .filter(|v| !v.trim().is_empty());
+    let forced = crate::settings::FABRIC.value().ok().flatten();
     if let Some(v) = forced {
         if v.parse::<crate::fabric::FabricKind>()? == crate::fabric::FabricKind::Emulated {
             return Err(io::Error::new(

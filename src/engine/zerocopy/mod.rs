@@ -6,9 +6,10 @@
 //! pulls it with RDMA READ straight into the caller's buffer
 //! ([`Receiver::get_nowait`], or `get`, which waits for its reads). Both leave
 //! memory in the fabric's hands beyond a call, on the caller's promise, so both are
-//! `unsafe`; this folder holds those two entry points and the code that relies on
-//! their promise. The engine itself has no `unsafe`: the rest of the protocol
-//! (announcement packets, confirmations, read accounting) is in `engine/`.
+//! `unsafe`; this folder, inside the engine's, holds those two entry points and
+//! the code that relies on their promise. The rest of the protocol (announcement
+//! packets, confirmations, read accounting) is in `sender.rs` and `receiver.rs`,
+//! which have no `unsafe`.
 //!
 //! [`Sender::put_nocopy`]: crate::engine::Sender::put_nocopy
 //! [`Receiver::get_nowait`]: crate::engine::Receiver::get_nowait

@@ -538,9 +538,11 @@ impl EmuFabric {
     ///
     /// The kernel refused to create or map the memory file.
     pub fn new() -> io::Result<EmuFabric> {
-        let depth = std::env::var("RCH_EMU_SEND_QUEUE")
+        // A testing knob: a malformed value leaves the queue unbounded.
+        let depth = crate::settings::EMU_SEND_QUEUE
+            .number::<usize>()
             .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
+            .flatten()
             .filter(|&d| d >= 2)
             .unwrap_or(usize::MAX);
         Ok(EmuFabric {

@@ -163,18 +163,6 @@ impl Default for VerbsConfig {
     }
 }
 
-fn env_number<T: std::str::FromStr>(name: &str) -> io::Result<Option<T>> {
-    match std::env::var(name) {
-        Ok(s) if !s.trim().is_empty() => s.trim().parse().map(Some).map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{name}={s:?} is not a valid number"),
-            )
-        }),
-        _ => Ok(None),
-    }
-}
-
 impl VerbsConfig {
     /// The defaults, overridden by `RCH_IB_DEVICE`, `RCH_IB_PORT`,
     /// `RCH_IB_GID_INDEX` (or, without it, `SOFTROCE_GID_INDEX`), `RCH_IB_TIMEOUT`
@@ -191,29 +179,28 @@ impl VerbsConfig {
     ///
     /// [`io::ErrorKind::InvalidInput`] for a variable that is not a number.
     pub fn from_env() -> io::Result<VerbsConfig> {
+        use crate::settings as env;
         let mut cfg = VerbsConfig::default();
-        if let Ok(d) = std::env::var("RCH_IB_DEVICE") {
-            if !d.trim().is_empty() {
-                cfg.device = Some(d.trim().to_string());
-            }
+        if let Some(d) = env::IB_DEVICE.value()? {
+            cfg.device = Some(d.trim().to_string());
         }
-        if let Some(p) = env_number::<u8>("RCH_IB_PORT")? {
+        if let Some(p) = env::IB_PORT.number::<u8>()? {
             cfg.port = p;
         }
-        cfg.gid_index = match env_number::<u32>("RCH_IB_GID_INDEX")? {
+        cfg.gid_index = match env::IB_GID_INDEX.number::<u32>()? {
             Some(i) => Some(i),
-            None => env_number::<u32>("SOFTROCE_GID_INDEX")?,
+            None => env::SOFTROCE_GID_INDEX.number::<u32>()?,
         };
-        if let Some(t) = env_number::<u8>("RCH_IB_TIMEOUT")? {
+        if let Some(t) = env::IB_TIMEOUT.number::<u8>()? {
             cfg.timeout = t.min(31);
         }
-        if let Some(ms) = env_number::<u64>("RCH_IB_KEEPALIVE_MS")? {
+        if let Some(ms) = env::IB_KEEPALIVE_MS.number::<u64>()? {
             cfg.keepalive = std::time::Duration::from_millis(ms);
         }
-        cfg.wake = match std::env::var("RCH_IB_WAKE").as_deref().map(str::trim) {
-            Err(_) | Ok("") | Ok("0") => false,
-            Ok("1") => true,
-            Ok(v) => {
+        cfg.wake = match env::IB_WAKE.value()?.as_deref().map(str::trim) {
+            None | Some("0") => false,
+            Some("1") => true,
+            Some(v) => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
                     format!("RCH_IB_WAKE={v:?} is neither 1 nor 0"),

@@ -68,6 +68,11 @@ static inline void MPIDI_CH3I_SendQ_dequeue(MPIDI_CH3I_VC * vcch)
 /* ch3_progress.c */
 int MPIDI_CH3I_Progress_init(void);
 int MPIDI_CH3I_Progress_finalize(void);
+
+/* ch3_vc.c: the lists the progress engine walks (singly linked through the VCs):
+ * VCs with a non-empty send queue or a deferred close, and VCs read on every pass. */
+extern MPIDI_VC_t *MPIDI_CH3I_active_head;
+extern MPIDI_VC_t *MPIDI_CH3I_busy_head;
 /* Puts the VC on the list the progress engine walks (idempotent). */
 void MPIDI_CH3I_VC_make_active(MPIDI_VC_t * vc);
 void MPIDI_CH3I_VC_make_busy(MPIDI_VC_t * vc);

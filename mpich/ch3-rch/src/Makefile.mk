@@ -10,6 +10,7 @@ if BUILD_CH3_RCH
 
 mpi_core_sources +=                                 \
     src/mpid/ch3/channels/rch/src/ch3_init.c        \
+    src/mpid/ch3/channels/rch/src/ch3_vc.c          \
     src/mpid/ch3/channels/rch/src/ch3_send.c        \
     src/mpid/ch3/channels/rch/src/ch3_progress.c    \
     src/mpid/ch3/channels/rch/src/ch3_win_fns.c

@@ -26,18 +26,12 @@ static MPID_Thread_cond_t progress_completion_cond;
 #endif
 #endif
 
-/* VCs with a non-empty send queue or a deferred close (singly linked). */
-static MPIDI_VC_t *active_head;
-
 /* VCs whose stage holds bytes not handled yet (singly linked). */
 static MPIDI_VC_t *staged_head;
 
 /* Most connections one pass takes from rch_poll_ready (the rest wait for the next
  * pass: the list is level-triggered). */
 #define RCH_READY_BATCH 64
-
-/* VCs read on every pass (singly linked). */
-static MPIDI_VC_t *busy_head;
 
 /* Passes in a row that read nothing from a busy VC before it leaves the busy list
  * (rch_poll_ready finds it again when its peer writes). */
@@ -58,72 +52,6 @@ static unsigned long pass_count;
 
 /* Idle passes of a blocking wait before it sleeps in rch_wait. */
 #define RCH_IDLE_PASSES 64
-
-int MPIDI_CH3I_Rch_error(int rc, const char *what, int rank)
-{
-    const char *detail = rch_last_error();
-    const char *name = rch_strerror(rc);
-    int errclass = MPI_ERR_OTHER;
-
-    if (rc == RCH_ERR_NO_MEMORY)
-        errclass = MPI_ERR_NO_MEM;
-    if (rank >= 0 && what[0] == 'p')
-        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, errclass,
-                                    "**ch3|rch|put", "**ch3|rch|put %d %s %s", rank, name,
-                                    detail);
-    if (rank >= 0)
-        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, errclass,
-                                    "**ch3|rch|read", "**ch3|rch|read %d %s %s", rank, name,
-                                    detail);
-    if (what[0] == 'i')
-        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_FATAL, __func__, __LINE__, errclass,
-                                    "**ch3|rch|init", "**ch3|rch|init %s %s", name, detail);
-    if (what[0] == 'f')
-        return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, errclass,
-                                    "**ch3|rch|finalize", "**ch3|rch|finalize %s %s", name,
-                                    detail);
-    return MPIR_Err_create_code(MPI_SUCCESS, MPIR_ERR_RECOVERABLE, __func__, __LINE__, errclass,
-                                "**ch3|rch|wait", "**ch3|rch|wait %s %s", name, detail);
-}
-
-void MPIDI_CH3I_VC_make_active(MPIDI_VC_t * vc)
-{
-    if (!vc->ch.in_active_list) {
-        vc->ch.in_active_list = 1;
-        vc->ch.active_next = active_head;
-        active_head = vc;
-    }
-}
-
-/* Completes every queued send and the receive in progress with `err`, then tells
- * CH3 the connection is gone (it fails the receives posted for this rank). */
-int MPIDI_CH3I_VC_fail(MPIDI_VC_t * vc, int err)
-{
-    MPIDI_CH3I_VC *vcch = &vc->ch;
-    int mpi_errno = MPI_SUCCESS;
-
-    if (vcch->state == MPIDI_CH3I_VC_STATE_FAILED)
-        return MPI_SUCCESS;
-    vcch->state = MPIDI_CH3I_VC_STATE_FAILED;
-    while (!MPIDI_CH3I_SendQ_empty(vcch)) {
-        MPIR_Request *sreq = MPIDI_CH3I_SendQ_head(vcch);
-        sreq->status.MPI_ERROR = err;
-        MPID_Request_complete(sreq);
-        MPIDI_CH3I_SendQ_dequeue(vcch);
-    }
-    if (vcch->recv->active != NULL) {
-        MPIR_Request *rreq = vcch->recv->active;
-        vcch->recv->active = NULL;
-        rreq->status.MPI_ERROR = err;
-        MPID_Request_complete(rreq);
-    }
-    if (vcch->rvc != NULL)
-        rch_vc_close(vcch->rvc);
-    /* Only VCs CH3 knows as used have close state to unwind. */
-    if (vc->state != MPIDI_VC_STATE_INACTIVE && vc->state != MPIDI_VC_STATE_MORIBUND)
-        mpi_errno = MPIDI_CH3U_Handle_connection(vc, MPIDI_VC_EVENT_TERMINATED);
-    return mpi_errno;
-}
 
 /* Runs a receive request's completion action once its iov is full; *complete says
  * whether the request is done (else its iov was reloaded). */
@@ -361,7 +289,7 @@ int MPIDI_CH3_Connection_terminate(MPIDI_VC_t * vc)
 static int send_pass(int *made_progress)
 {
     int mpi_errno = MPI_SUCCESS;
-    MPIDI_VC_t **link = &active_head;
+    MPIDI_VC_t **link = &MPIDI_CH3I_active_head;
 
     while (*link != NULL) {
         MPIDI_VC_t *vc = *link;
@@ -390,17 +318,6 @@ static int send_pass(int *made_progress)
         }
     }
     return mpi_errno;
-}
-
-void MPIDI_CH3I_VC_make_busy(MPIDI_VC_t * vc)
-{
-    MPIDI_CH3I_VC *vcch = &vc->ch;
-    vcch->busy_quiet = 0;
-    if (!vcch->in_busy_list) {
-        vcch->in_busy_list = 1;
-        vcch->busy_next = busy_head;
-        busy_head = vc;
-    }
 }
 
 /* Remembers a VC whose stage still holds bytes after a read: they are not in
@@ -469,7 +386,7 @@ static int progress_once(int *made_progress, int blocking)
     }
 
     /* The busy VCs, read directly; one that stayed quiet long leaves the list. */
-    link = &busy_head;
+    link = &MPIDI_CH3I_busy_head;
     while (*link != NULL) {
         MPIDI_VC_t *vc = *link;
         MPIDI_CH3I_VC *vcch = &vc->ch;
@@ -493,7 +410,7 @@ static int progress_once(int *made_progress, int blocking)
     }
 
     /* The others, as rdma-channel sees them. */
-    if (busy_head == NULL || ++pass_count % RCH_READY_EVERY == 0) {
+    if (MPIDI_CH3I_busy_head == NULL || ++pass_count % RCH_READY_EVERY == 0) {
         rc = rch_poll_ready(ready, RCH_READY_BATCH, &n);
         if (rc != RCH_SUCCESS) {
             mpi_errno = MPIDI_CH3I_Rch_error(rc, "wait", -1);
@@ -513,7 +430,7 @@ static int progress_once(int *made_progress, int blocking)
         }
     }
     /* Receiving may have queued replies (CTS, CLOSE acks): send them now. */
-    if (active_head != NULL) {
+    if (MPIDI_CH3I_active_head != NULL) {
         mpi_errno = send_pass(made_progress);
         MPIR_ERR_CHECK(mpi_errno);
     }
@@ -633,9 +550,9 @@ int MPIDI_CH3I_Progress_init(void)
         MPIR_Assert(err == 0);
     }
 #endif
-    active_head = NULL;
+    MPIDI_CH3I_active_head = NULL;
     staged_head = NULL;
-    busy_head = NULL;
+    MPIDI_CH3I_busy_head = NULL;
 
     /* Every VC of the job has a connection handle (rdma-channel sets the pair up on
      * first use); handles are cheap, so look them all up now. */

@@ -8,7 +8,7 @@
 //! Timings on this shared two-CPU host swing by tens of percent; an instruction
 //! count does not, and it is what a slow CPU multiplies: in a TCG guest with
 //! Soft-RoCE an instruction of ours costs ~0.35 ns and a call with its return ~12 ns
-//! (bench/README.md, Soft-RoCE, "Where the rest of the latency goes").
+//! (bench/notebook/2026-11.md, Soft-RoCE, "Where the rest of the latency goes").
 //!
 //! ```text
 //! cargo bench --bench hotpath -- 100000 2     # iterations, payload bytes

@@ -8,7 +8,7 @@
 # Unlike a timing on this shared host, the count repeats to the instruction, so a
 # change to the path can be judged in one run; and it is what a slow CPU multiplies
 # (in a TCG guest with Soft-RoCE an instruction costs ~0.35 ns and a call with its
-# return ~12 ns: bench/README.md, Soft-RoCE, "Where the rest of the latency goes").
+# return ~12 ns: bench/notebook/2026-11.md, Soft-RoCE, "Where the rest of the latency goes").
 #
 # usage: bench/instructions.sh [SIZE...]      (default: 2 8 64 512)
 # environment: RCH_* as for any program on the channel (e.g. RCH_RING_SIZE).

@@ -3,6 +3,9 @@
 # Source it, define run_round (run every system once, in the order "${order[@]}",
 # writing "$work/<system>.round$kept"), set work, rounds, probe_max and systems,
 # then call keep_rounds <name>. Nothing here asserts: these are benchmarks.
+# The second half is the report of the two Soft-RoCE benches (bench/softroce-bench.sh,
+# bench/softroce-cluster-bench.sh): reading their VMs' raw output, medians, ratios
+# against perftest, the verdicts and the tables.
 
 # Options every driver takes; sets sizes, rounds and probe_max (defaults: the
 # standard sizes 8 B - 4 MiB, 3 rounds, 80 ns). Usage: parse_round_options NAME "$@".
@@ -122,6 +125,95 @@ table_head() {
     for s in "${systems[@]}"; do printf -- ' ---: |'; done
     for c in "$@"; do printf -- ' ---: |'; done
     echo
+}
+
+# ---------------------------------------------- the Soft-RoCE benches' report
+# Their VMs print each run's output between "=== BEGIN TAG" and "=== END TAG" lines;
+# the host keeps it in a file, LOG below. Tags end in ".ROUND" (once a round) or
+# ".ROUND.PAIR" (the runs timed in pairs beside perftest); the medians read the
+# caller's rounds and pairs.
+
+# section LOG TAG: the lines between "=== BEGIN TAG" and "=== END TAG"
+section() { awk -v t="$2" '$0 == "=== BEGIN " t {on = 1; next} $0 == "=== END " t {on = 0} on' "$1"; }
+# perftest_col LOG TAG COLUMN: the named column of the first result row. Multi-word
+# headers ("BW average[MB/sec]", "99% percentile[usec]") are joined first so
+# that header words and row fields line up.
+perftest_col() {
+    section "$1" "$2" | awk -v col="$3" '
+        /#bytes/ { gsub(/BW /, "BW_"); gsub(/% percentile/, "%_percentile")
+                              for (i = 1; i <= NF; i++) if ($i == col) c = i; next }
+        c && $1 ~ /^[0-9]+$/ { print $c; exit }'
+}
+# ours LOG TAG COLUMN SIZE: the named column of our table's row for SIZE
+# (bench/verbs_pingpong.rs's table: "size latency_us lat_med_us ...")
+ours() {
+    section "$1" "$2" | awk -v col="$3" -v s="$4" '
+        $1 == "size" { for (i = 1; i <= NF; i++) if ($i == col) c = i; next }
+        c && $1 == s { print $c; exit }'
+}
+# round_median FN LOG TAG ARGS...: the median over the rounds of "FN LOG TAG.r ARGS..."
+# (numbers only; prints nothing when no round gave one)
+round_median() {
+    local fn=$1 log=$2 tag=$3 r; shift 3
+    for r in $(seq "$rounds"); do "$fn" "$log" "$tag.$r" "$@"; done |
+        awk '/^[0-9.]+$/ { v[n++] = $1 } END { if (n) { for (i = 1; i < n; i++) for (j = i; j > 0 && v[j - 1] > v[j]; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+                  print (n % 2 ? v[int(n / 2)] : (v[n / 2 - 1] + v[n / 2]) / 2) } }'
+}
+# pair_median FN LOG TAG ARGS...: the median over every pair of "FN LOG TAG.r.p ARGS..."
+pair_median() {
+    local fn=$1 log=$2 tag=$3 r p; shift 3
+    for r in $(seq "$rounds"); do for p in $(seq "$pairs"); do "$fn" "$log" "$tag.$r.$p" "$@"; done; done |
+        grep -E '^[0-9.]+$' | median
+}
+# ratio A B: A / B to two decimals, "-" unless both are numbers and B is not 0
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
+# two_places: the median of the numbers on stdin to two decimals, "-" when none
+two_places() { grep -E '^[0-9.]+$' | median | awk '/^[0-9.]+$/ { printf "%.2f\n", $1; next } { print "-" }'; }
+# lat_ratio LOG TAG OURS_COLUMN PERFTEST_COLUMN: the median over the latency pairs of
+# ours at 2 B ("TAG.r.p") / ib_write_lat ("lat.r.p"), each of one pair
+lat_ratio() {
+    local log=$1 r p
+    for r in $(seq "$rounds"); do for p in $(seq "$pairs"); do
+        # shellcheck disable=SC2005 # echo ends ratio's line: it prints none after a number
+        echo "$(ratio "$(ours "$log" "$2.$r.$p" "$3" 2)" "$(perftest_col "$log" "lat.$r.$p" "$4")")"
+    done; done | two_places
+}
+# verdict RATIO OP LIMIT: "met" or "MISSED" (OP "<=" or ">="), "n/a" without a ratio,
+# "info" without an OP
+verdict() {
+    awk -v r="$1" -v op="$2" -v l="$3" 'BEGIN { if (op == "") print "info"; else if (r == "-") print "n/a";
+        else if ((op == "<=" && r + 0 <= l + 0) || (op == ">=" && r + 0 >= l + 0)) print "met"; else print "MISSED" }'
+}
+# cells LABEL OURS OTHER RATIO TARGET RESULT: one line of a boot's table, laid out as
+# $row_style says: "plain" (the default; softroce-bench.sh's aligned columns) or
+# "markdown" (softroce-cluster-bench.sh's table rows)
+cells() {
+    if [ "${row_style:-plain}" = markdown ]; then
+        printf '| %-30s | %10s | %-26s | %6s | %6s | %-6s |\n' "$@"
+    else
+        printf '%-28s %12s %22s %7s %8s %7s\n' "$@"
+    fi
+}
+# row LABEL OURS OTHER_LABEL OTHER OP LIMIT: ours against the other tool's figure, with
+# the ratio and the verdict; the other's cell reads "OTHER OTHER_LABEL" in plain rows
+# and "OTHER (OTHER_LABEL)" in markdown ones
+row() {
+    local r other; r=$(ratio "$2" "$4")
+    if [ "${row_style:-plain}" = markdown ]; then other="${4:--} ($3)"; else other="${4:--} $3"; fi
+    cells "$1" "${2:--}" "$other" "$r" "$5$6" "$(verdict "$r" "$5" "$6")"
+}
+# verbs_pingpong_bin NAME: builds bench/verbs_pingpong.rs (cargo, verbs feature) and
+# sets bin to the binary's absolute path; NAME prefixes the error when there is none
+verbs_pingpong_bin() {
+    local build
+    echo "== cargo bench --features verbs --bench verbs_pingpong --no-run" >&2
+    build=$(cargo bench --features verbs --bench verbs_pingpong --no-run 2>&1) || { echo "$build" >&2; exit 1; }
+    # cargo names the binary on stderr: "Executable bench/verbs_pingpong.rs (target/...)"
+    bin=$(printf '%s\n' "$build" | sed -n 's/.*Executable .*verbs_pingpong\.rs (\(.*\))$/\1/p' | tail -n 1)
+    if [ -z "$bin" ] || [ ! -x "$bin" ]; then
+        echo "$build" >&2; echo "$1: cannot find the benchmark binary" >&2; exit 1
+    fi
+    bin="$(pwd -P)/$bin"
 }
 
 # The closing table of the Soft-RoCE benches (bench/softroce-bench.sh and

@@ -114,70 +114,14 @@ case "$pairs" in ''|*[!0-9]*|0) echo "softroce-bench: RCH_BENCH_LAT_PAIRS must b
 boots=${RCH_BENCH_BOOTS:-1}
 case "$boots" in ''|*[!0-9]*|0) echo "softroce-bench: RCH_BENCH_BOOTS must be a positive number" >&2; exit 1 ;; esac
 
-if [ ${#reports[@]} -gt 0 ]; then bin=verbs_pingpong; else
-echo "== cargo bench --features verbs --bench verbs_pingpong --no-run" >&2
-build=$(cargo bench --features verbs --bench verbs_pingpong --no-run 2>&1) || { echo "$build" >&2; exit 1; }
-# cargo names the binary on stderr: "Executable bench/verbs_pingpong.rs (target/...)"
-bin=$(printf '%s\n' "$build" | sed -n 's/.*Executable .*verbs_pingpong\.rs (\(.*\))$/\1/p' | tail -n 1)
-if [ -z "$bin" ] || [ ! -x "$bin" ]; then
-  echo "$build" >&2; echo "softroce-bench: cannot find the benchmark binary" >&2; exit 1
-fi
-bin="$(pwd -P)/$bin"
-fi
+if [ ${#reports[@]} -gt 0 ]; then bin=verbs_pingpong; else verbs_pingpong_bin softroce-bench; fi
 
 # The targets of issue #13 item 4.
 LAT_MAX=1.10 BW_MIN=1.00
 
-# section LOG TAG: the lines between "=== BEGIN TAG" and "=== END TAG"
-section() { awk -v t="$2" '$0 == "=== BEGIN " t {on = 1; next} $0 == "=== END " t {on = 0} on' "$1"; }
-# perftest_col LOG TAG COLUMN: the named column of the first result row. Multi-word
-# headers ("BW average[MB/sec]", "99% percentile[usec]") are joined first so
-# that header words and row fields line up.
-perftest_col() {
-  section "$1" "$2" | awk -v col="$3" '
-    /#bytes/ { gsub(/BW /, "BW_"); gsub(/% percentile/, "%_percentile")
-               for (i = 1; i <= NF; i++) if ($i == col) c = i; next }
-    c && $1 ~ /^[0-9]+$/ { print $c; exit }'
-}
-# ours LOG TAG COLUMN SIZE: the named column of our table's row for SIZE
-ours() {
-  section "$1" "$2" | awk -v col="$3" -v s="$4" '
-    $1 == "size" { for (i = 1; i <= NF; i++) if ($i == col) c = i; next }
-    c && $1 == s { print $c; exit }'
-}
-# round_median FN LOG TAG ARGS...: the median over the rounds of "FN LOG TAG.r ARGS..." (numbers only)
-round_median() {
-  local fn=$1 log=$2 tag=$3 r; shift 3
-  for r in $(seq "$rounds"); do "$fn" "$log" "$tag.$r" "$@"; done |
-    awk '/^[0-9.]+$/ { v[n++] = $1 } END { if (n) { asort_(v, n); print (n % 2 ? v[int(n / 2)] : (v[n / 2 - 1] + v[n / 2]) / 2) } }
-         function asort_(a, n,   i, j, t) { for (i = 1; i < n; i++) for (j = i; j > 0 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t } }'
-}
+# The report's helpers (section, perftest_col, ours, round_median, pair_median,
+# lat_ratio, ratio, verdict, cells, row) are bench/lib.sh's; rows here are plain.
 pair_count() { echo $((rounds * pairs)); }
-# pair_median FN LOG TAG ARGS...: the median over every latency pair of
-# "FN LOG TAG.r.p ARGS..."
-pair_median() {
-  local fn=$1 log=$2 tag=$3 r p; shift 3
-  for r in $(seq "$rounds"); do for p in $(seq "$pairs"); do "$fn" "$log" "$tag.$r.$p" "$@"; done; done |
-    grep -E '^[0-9.]+$' | median
-}
-# pair_ratio LOG OURS_COLUMN PERFTEST_COLUMN: the median of ours / perftest over the
-# latency pairs in which both runs reported
-pair_ratio() {
-  local log=$1 r p o q
-  for r in $(seq "$rounds"); do for p in $(seq "$pairs"); do
-    o=$(ours "$log" "ours_lat.$r.$p" "$2" 2); q=$(perftest_col "$log" "lat.$r.$p" "$3")
-    echo "$(ratio "$o" "$q")"
-  done; done | grep -E '^[0-9.]+$' | median | awk '/^[0-9.]+$/ { printf "%.2f\n", $1; next } { print "-" }'
-}
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
-verdict() {  # ratio op limit
-  awk -v r="$1" -v op="$2" -v l="$3" 'BEGIN { if (op == "") print "info"; else if (r == "-") print "n/a";
-    else if ((op == "<=" && r + 0 <= l + 0) || (op == ">=" && r + 0 >= l + 0)) print "met"; else print "MISSED" }'
-}
-row() {  # label ours perftest-label perftest op limit
-  local r; r=$(ratio "$2" "$4")
-  printf '%-28s %12s %22s %7s %8s %7s\n' "$1" "${2:--}" "${4:--} $3" "$r" "$5$6" "$(verdict "$r" "$5" "$6")"
-}
 
 # One line per boot for the closing table, filled by report().
 summary=()
@@ -186,14 +130,14 @@ report() {
   local log=$1 b=$2 load=$3 s w rd best which line r lat_o lat_p verdicts=""
   echo
   echo "== boot $b of $boots: rdma-channel (verbs) vs perftest on Soft-RoCE, median of $rounds round(s); $(grep -m1 '^# ring' "$log" | sed 's/;.*//; s/^# //')"
-  printf '%-28s %12s %22s %7s %8s %7s\n' metric ours perftest ratio target result
+  cells metric ours perftest ratio target result
   # t_typical is perftest's median, t_avg its mean: compare like with like. Each
   # latency pair gives a ratio; the boot's is their median (header comment).
   lat_o=$(pair_median ours "$log" ours_lat lat_med_us 2)
   lat_p=$(pair_median perftest_col "$log" lat 't_typical[usec]')
-  r=$(pair_ratio "$log" lat_med_us 't_typical[usec]')
+  r=$(lat_ratio "$log" ours_lat lat_med_us 't_typical[usec]')
   row "latency 2 B, median (us)" "$lat_o" t_typical "$lat_p" "" ""
-  printf '%-28s %12s %22s %7s %8s %7s\n' "  median of $(pair_count) pair ratios" "" "" "$r" "<=$LAT_MAX" "$(verdict "$r" "<=" $LAT_MAX)"
+  cells "  median of $(pair_count) pair ratios" "" "" "$r" "<=$LAT_MAX" "$(verdict "$r" "<=" $LAT_MAX)"
   verdicts+=" $(verdict "$r" "<=" $LAT_MAX)"
   line="| $b | $load | ${lat_o:--} / ${lat_p:--} | **$r** |"
   row "latency 2 B, mean (us)" "$(pair_median ours "$log" ours_lat latency_us 2)" t_avg \

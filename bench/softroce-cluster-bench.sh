@@ -124,60 +124,27 @@ sizes=${RCH_BENCH_SIZES:-8,4096,65536}
 rounds=${RCH_BENCH_ROUNDS:-3}
 case "$rounds" in ''|*[!0-9]*|0) echo "RCH_BENCH_ROUNDS must be a positive number" >&2; exit 1 ;; esac
 
-echo "== cargo bench --features verbs --bench verbs_pingpong --no-run" >&2
-build=$(cargo bench --features verbs --bench verbs_pingpong --no-run 2>&1) || { echo "$build" >&2; exit 1; }
-bin=$(printf '%s\n' "$build" | sed -n 's/.*Executable .*verbs_pingpong\.rs (\(.*\))$/\1/p' | tail -n 1)
-[ -x "$bin" ] || { echo "$build" >&2; echo "cannot find the benchmark binary" >&2; exit 1; }
-bin="$(pwd -P)/$bin"
+verbs_pingpong_bin softroce-cluster-bench
 
-section() { awk -v t="$1" '$0 == "=== BEGIN " t {on = 1; next} $0 == "=== END " t {on = 0} on' "$log"; }
-perftest_col() {
-  section "$1" | awk -v col="$2" '
-    /#bytes/ { gsub(/BW /, "BW_"); gsub(/% percentile/, "%_percentile")
-               for (i = 1; i <= NF; i++) if ($i == col) c = i; next }
-    c && $1 ~ /^[0-9]+$/ { print $c; exit }'
-}
+# The report's helpers (section, perftest_col, ours, round_median, pair_median,
+# two_places, lat_ratio, ratio, verdict, cells, row) are bench/lib.sh's; they take the
+# raw output's file, $log, first. Rows here are markdown.
+row_style=markdown
 # rstream's report: "custom <bytes> <xfers> <iters> <total> <time> <Gb/sec> <usec/xfer>";
 # its Gb/sec has two decimals, too few for small messages: the rate is recomputed from
 # the transfers' count and size and usec/xfer (one direction at a time).
-rstream_col() { section "$1" | awk -v c="$2" '$1 == "custom" { print $c; exit }'; }
+# rstream_col LOG TAG FIELD; rstream_mbs LOG TAG
+rstream_col() { section "$1" "$2" | awk -v c="$3" '$1 == "custom" { print $c; exit }'; }
 rstream_mbs() {
-  section "$1" | awk '$1 == "custom" && $8 > 0 {
+  section "$1" "$2" | awk '$1 == "custom" && $8 > 0 {
     b = $2; if (b ~ /k$/) b = b * 1024; else if (b ~ /m$/) b = b * 1048576
     printf "%.2f\n", b / ($8 * 1e-6) / 1048576; exit }'
-}
-ours() {
-  section "$1" | awk -v col="$2" -v s="$3" '
-    $1 == "size" { for (i = 1; i <= NF; i++) if ($i == col) c = i; next }
-    c && $1 == s { print $c; exit }'
-}
-# round_median FN TAG ARGS...: the median over the rounds of "FN TAG.r ARGS..."
-round_median() {
-  local fn=$1 tag=$2 r; shift 2
-  for r in $(seq "$rounds"); do "$fn" "$tag.$r" "$@"; done |
-    awk '/^[0-9.]+$/ { v[n++] = $1 } END { if (n) { for (i = 1; i < n; i++) for (j = i; j > 0 && v[j - 1] > v[j]; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
-         print (n % 2 ? v[int(n / 2)] : (v[n / 2 - 1] + v[n / 2]) / 2) } }'
-}
-# pair_median FN TAG ARGS...: the median over every latency pair of "FN TAG.r.p ARGS..."
-pair_median() {
-  local fn=$1 tag=$2 r p; shift 2
-  for r in $(seq "$rounds"); do for p in $(seq "$pairs"); do "$fn" "$tag.$r.$p" "$@"; done; done |
-    grep -E '^[0-9.]+$' | median
-}
-two_places() { grep -E '^[0-9.]+$' | median | awk '/^[0-9.]+$/ { printf "%.2f\n", $1; next } { print "-" }'; }
-# lat_ratio TAG OURS_COL PERFTEST_COL: the median over the pairs of ours (TAG, at 2 B)
-# / ib_write_lat, each of one pair
-lat_ratio() {
-  local r p
-  for r in $(seq "$rounds"); do for p in $(seq "$pairs"); do
-    echo "$(ratio "$(ours "$1.$r.$p" "$2" 2)" "$(perftest_col "lat.$r.$p" "$3")")"
-  done; done | two_places
 }
 # bw_of_pair SIZE R P: the better of the pair's ib_write_bw and the round's ib_read_bw
 bw_of_pair() {
   local w rd
-  w=$(perftest_col "write_bw_$1.$2.$3" 'BW_average[MB/sec]')
-  rd=$(perftest_col "read_bw_$1.$2" 'BW_average[MB/sec]')
+  w=$(perftest_col "$log" "write_bw_$1.$2.$3" 'BW_average[MB/sec]')
+  rd=$(perftest_col "$log" "read_bw_$1.$2" 'BW_average[MB/sec]')
   awk -v a="$w" -v b="$rd" 'BEGIN { if (a !~ /^[0-9.]+$/) a = ""; if (b !~ /^[0-9.]+$/) b = ""
     if (a == "" && b == "") print "-"; else print (a + 0 >= b + 0 ? a : b) }'
 }
@@ -186,17 +153,9 @@ bw_of_pair() {
 bw_ratio() {
   local r p
   for r in $(seq "$rounds"); do for p in $(seq "$pairs"); do
-    echo "$(ratio "$(ours "ours_bw_$1.$r.$p" bw_MB/s "$1")" "$(bw_of_pair "$1" "$r" "$p")")"
+    # shellcheck disable=SC2005 # echo ends ratio's line: it prints none after a number
+    echo "$(ratio "$(ours "$log" "ours_bw_$1.$r.$p" bw_MB/s "$1")" "$(bw_of_pair "$1" "$r" "$p")")"
   done; done | two_places
-}
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
-verdict() {
-  awk -v r="$1" -v op="$2" -v l="$3" 'BEGIN { if (r == "-") print "n/a";
-    else if ((op == "<=" && r + 0 <= l + 0) || (op == ">=" && r + 0 >= l + 0)) print "met"; else print "MISSED" }'
-}
-row() {  # label ours other-label other op limit
-  local r; r=$(ratio "$2" "$4")
-  printf '| %-30s | %10s | %-26s | %6s | %6s | %-6s |\n' "$1" "${2:--}" "${4:--} ($3)" "$r" "$5$6" "$(verdict "$r" "$5" "$6")"
 }
 
 report() {
@@ -209,42 +168,42 @@ report() {
   # Each pair gives a ratio; the boot's is their median (see the in-VM half). The
   # target is on the median (perftest's t_typical); the mean (t_avg) is shown too:
   # busy polling on these one-CPU guests buys its median with millisecond tails.
-  lat_o=$(pair_median ours ours_lat lat_med_us 2)
-  lat_p=$(pair_median perftest_col lat 't_typical[usec]')
-  r=$(lat_ratio ours_lat lat_med_us 't_typical[usec]')
-  printf '| %-30s | %10s | %-26s | %6s | %6s | %-6s |\n' "latency 2 B, median (us)" "${lat_o:--}" \
+  lat_o=$(pair_median ours "$log" ours_lat lat_med_us 2)
+  lat_p=$(pair_median perftest_col "$log" lat 't_typical[usec]')
+  r=$(lat_ratio "$log" ours_lat lat_med_us 't_typical[usec]')
+  cells "latency 2 B, median (us)" "${lat_o:--}" \
     "${lat_p:--} (ib_write_lat t_typical)" "$r" "<=$LAT_MAX" "$(verdict "$r" "<=" $LAT_MAX)"
   verdicts+=" $(verdict "$r" "<=" $LAT_MAX)"
-  rm=$(lat_ratio ours_lat latency_us 't_avg[usec]')
-  printf '| %-30s | %10s | %-26s | %6s | %6s | %-6s |\n' "latency 2 B, mean (us)" \
-    "$(pair_median ours ours_lat latency_us 2)" "$(pair_median perftest_col lat 't_avg[usec]') (ib_write_lat t_avg)" \
+  rm=$(lat_ratio "$log" ours_lat latency_us 't_avg[usec]')
+  cells "latency 2 B, mean (us)" \
+    "$(pair_median ours "$log" ours_lat latency_us 2)" "$(pair_median perftest_col "$log" lat 't_avg[usec]') (ib_write_lat t_avg)" \
     "$rm" "" ""
-  rs=$(lat_ratio ours_spin_lat lat_med_us 't_typical[usec]')
-  printf '| %-30s | %10s | %-26s | %6s | %6s | %-6s |\n' "latency 2 B, median, busy polls" \
-    "$(pair_median ours ours_spin_lat lat_med_us 2)" "${lat_p:--} (ib_write_lat t_typical)" "$rs" "" ""
-  rsm=$(lat_ratio ours_spin_lat latency_us 't_avg[usec]')
-  printf '| %-30s | %10s | %-26s | %6s | %6s | %-6s |\n' "latency 2 B, mean, busy polls" \
-    "$(pair_median ours ours_spin_lat latency_us 2)" "$(pair_median perftest_col lat 't_avg[usec]') (ib_write_lat t_avg)" \
+  rs=$(lat_ratio "$log" ours_spin_lat lat_med_us 't_typical[usec]')
+  cells "latency 2 B, median, busy polls" \
+    "$(pair_median ours "$log" ours_spin_lat lat_med_us 2)" "${lat_p:--} (ib_write_lat t_typical)" "$rs" "" ""
+  rsm=$(lat_ratio "$log" ours_spin_lat latency_us 't_avg[usec]')
+  cells "latency 2 B, mean, busy polls" \
+    "$(pair_median ours "$log" ours_spin_lat latency_us 2)" "$(pair_median perftest_col "$log" lat 't_avg[usec]') (ib_write_lat t_avg)" \
     "$rsm" "" ""
   line="| $b | $load0-$load1 | ${lat_o:--} / ${lat_p:--} | **$r** | $rm | $rs |"
   for s in $BW_SIZES; do
-    w=$(pair_median perftest_col "write_bw_$s" 'BW_average[MB/sec]')
-    rd=$(round_median perftest_col "read_bw_$s" 'BW_average[MB/sec]')
-    o=$(pair_median ours "ours_bw_$s" bw_MB/s "$s")
+    w=$(pair_median perftest_col "$log" "write_bw_$s" 'BW_average[MB/sec]')
+    rd=$(round_median perftest_col "$log" "read_bw_$s" 'BW_average[MB/sec]')
+    o=$(pair_median ours "$log" "ours_bw_$s" bw_MB/s "$s")
     r=$(bw_ratio "$s")
-    printf '| %-30s | %10s | %-26s | %6s | %6s | %-6s |\n' "bandwidth $s B (MB/s)" "${o:--}" \
+    cells "bandwidth $s B (MB/s)" "${o:--}" \
       "${w:--} (ib_write_bw; read ${rd:--})" "$r" ">=$BW_MIN" "$(verdict "$r" ">=" $BW_MIN)"
     verdicts+=" $(verdict "$r" ">=" $BW_MIN)"
-    line+=" ${o:--} / $(round_median ours ours_ring bw_MB/s "$s") / ${w:--} / ${rd:--} | **$r** |"
-    row "bandwidth $s B, ring (MB/s)" "$(round_median ours ours_ring bw_MB/s "$s")" "ib_write_bw" "$w" ">=" $BW_MIN
+    line+=" ${o:--} / $(round_median ours "$log" ours_ring bw_MB/s "$s") / ${w:--} / ${rd:--} | **$r** |"
+    row "bandwidth $s B, ring (MB/s)" "$(round_median ours "$log" ours_ring bw_MB/s "$s")" "ib_write_bw" "$w" ">=" $BW_MIN
   done
   for s in ${sizes//,/ }; do
-    row "latency $s B vs rsocket (us)" "$(round_median ours ours latency_us "$s")" "rstream usec/xfer" \
-      "$(round_median rstream_col "rlat_$s" 8)" "<=" 1.00
-    row "bandwidth $s B vs rsocket (MB/s)" "$(round_median ours ours bw_MB/s "$s")" "rstream" \
-      "$(round_median rstream_mbs "rbw_$s")" ">=" 1.00
-    row "bandwidth $s B, ring, vs rsocket" "$(round_median ours ours_ring bw_MB/s "$s")" "rstream" \
-      "$(round_median rstream_mbs "rbw_$s")" ">=" 1.00
+    row "latency $s B vs rsocket (us)" "$(round_median ours "$log" ours latency_us "$s")" "rstream usec/xfer" \
+      "$(round_median rstream_col "$log" "rlat_$s" 8)" "<=" 1.00
+    row "bandwidth $s B vs rsocket (MB/s)" "$(round_median ours "$log" ours bw_MB/s "$s")" "rstream" \
+      "$(round_median rstream_mbs "$log" "rbw_$s")" ">=" 1.00
+    row "bandwidth $s B, ring, vs rsocket" "$(round_median ours "$log" ours_ring bw_MB/s "$s")" "rstream" \
+      "$(round_median rstream_mbs "$log" "rbw_$s")" ">=" 1.00
   done
   echo
   echo "(ours: one-way latency = half the ping-pong round trip (median, or mean, of the"

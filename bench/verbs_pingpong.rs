@@ -29,7 +29,7 @@
 //! connection's wait policy (`Receiver::wait_policy`: `RCH_SPIN`, `RCH_YIELD`,
 //! `RCH_SLEEP_MAX_US`, and on a one-CPU host with Soft-RoCE a brief poll, then
 //! sleep); `RCH_BENCH_WAIT=spin` busy-polls instead, which between two one-CPU VMs
-//! took the CPU from rxe (10.5 against 17.8-18.9 MB/s at 64 KiB, bench/README.md,
+//! took the CPU from rxe (10.5 against 17.8-18.9 MB/s at 64 KiB, bench/notebook/2026-11.md,
 //! 2026-11-25).
 //!
 //! `--latency-only` skips the bandwidth runs (the column shows `-`), and
@@ -162,7 +162,7 @@ fn recv_msg(s: &mut Stream, buf: &mut [u8], wait: Wait) -> io::Result<()> {
 /// perftest runs: in a VM on a shared host a pinned process cannot move off a vCPU
 /// that the host has descheduled, and on Soft-RoCE the kernel's protocol work runs
 /// on the CPU of the process that posts. Unpinned moved 64 KiB messages 35.6 MB/s
-/// against 32.5 pinned in the same boot (bench/README.md, 2026-11-25).
+/// against 32.5 pinned in the same boot (bench/notebook/2026-11.md, 2026-11-25).
 fn pin(cpu: usize) {
     if std::env::var("RCH_BENCH_PIN").as_deref() == Ok("1") {
         pin_to_cpu(cpu);

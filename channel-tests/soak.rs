@@ -358,7 +358,7 @@ fn median(mut v: Vec<u64>) -> u64 {
 
 /// RSS may grow from the second quarter of the run to the last by at most this much
 /// (absolute) or [`RSS_GROWTH_FRACTION`] of the second quarter's median, whichever is
-/// larger. Measured (2026-11-25, 20 s and 120 s runs, see bench/README.md): the
+/// larger. Measured (2026-11-25, 20 s and 120 s runs, see bench/notebook/2026-11.md): the
 /// median of a quarter moves by up to ~7 MiB either way between quarters (per
 /// process 13-47 MiB with 7 connections), because the live connections' rings and
 /// buffers (rings up to 4 MiB, messages up to 4 MiB) come and go; a leak of one

@@ -146,13 +146,13 @@ pub const DEFAULT_INITIAL_RING_SIZE: usize = 16 << 10;
 pub const DEFAULT_RING_IDLE: Duration = Duration::from_secs(1);
 /// Default largest packet (chosen by measurement, see README).
 pub const DEFAULT_CHUNK_SIZE: usize = 64 << 10;
-/// Default working set of the ring (chosen by measurement, see bench/README.md): the
+/// Default working set of the ring (chosen by measurement, see bench/notebook/2026-11.md): the
 /// sender starts over at the ring's offset 0 once past it whenever the receiver has
 /// caught up, so the lines both cores touch stay in their caches; the rest of the
 /// ring is slack for a receiver that falls behind.
 pub const DEFAULT_WORKING_SET: usize = 256 << 10;
 /// Default [`Config::with_stream_backoff`]: 32 pauses, ~0.8 us on this project's
-/// AMD EPYC (bench/README.md, "A receiver that only receives").
+/// AMD EPYC (bench/notebook/2026-11.md, "A receiver that only receives").
 pub const DEFAULT_STREAM_BACKOFF: u32 = 32;
 /// Largest stream backoff: 4096 pauses (~0.1 ms here), so that an empty `get` stays
 /// a short call.

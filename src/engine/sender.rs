@@ -1070,7 +1070,7 @@ fn gather_into(dst: &mut [u8], iov: &[IoSlice<'_>], skip: usize) {
 /// fixed-size copies that may overlap (or three single bytes), which compile to a
 /// few moves, where a `memcpy` call of run-time length costs a small message more
 /// than its bytes (a call through the PLT: under a TCG guest, ~12 ns per call and
-/// return, bench/README.md, Soft-RoCE, "Where the rest of the latency goes").
+/// return, bench/notebook/2026-11.md, Soft-RoCE, "Where the rest of the latency goes").
 #[inline(always)]
 pub(super) fn copy_short(dst: &mut [u8], src: &[u8]) {
     let n = src.len();

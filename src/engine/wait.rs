@@ -16,7 +16,7 @@ use crate::fabric::{Fabric, QueuePair};
 pub(crate) const CONTENDED_SPIN: u32 = 100;
 /// Busy polls of a connection's wait when the fabric's work needs this process's only
 /// CPU: none. Each one only delays the sleep that lets that work run; 100 polls made
-/// a 2 B one-way trip between two one-CPU Soft-RoCE VMs 20 us slower (bench/README.md,
+/// a 2 B one-way trip between two one-CPU Soft-RoCE VMs 20 us slower (bench/notebook/2026-11.md,
 /// 2026-11-27).
 const ONE_CPU_SPIN: u32 = 0;
 /// Longest sleep of such a connection's young wait ([`WaitPolicy::short_sleep_max`]),
@@ -24,14 +24,14 @@ const ONE_CPU_SPIN: u32 = 0;
 /// sleeps are a stream of short gaps in which the kernel (and, in a VM, the host)
 /// runs what the wait is for: with 5 us instead of 50 us the 2 B one-way trip between
 /// two one-CPU Soft-RoCE VMs went from 375-384 to 316-321 us, bandwidth unchanged; 1
-/// and 2 us did no better, one long first sleep did worse (bench/README.md,
+/// and 2 us did no better, one long first sleep did worse (bench/notebook/2026-11.md,
 /// 2026-11-27).
 const ONE_CPU_SLEEP_MAX: Duration = Duration::from_micros(5);
 /// A backoff whose sleeps are all shorter than this sleeps with the thread's timer
 /// slack at [`PRECISE_SLACK_NS`]: Linux lets a sleep run 50 us long by default
 /// (`PR_SET_TIMERSLACK`), which would make the one-CPU policy's 5 us sleeps ten
 /// times as long. Between two one-CPU Soft-RoCE VMs, with 50 us sleeps then, a 2 B
-/// ping-pong's median went from 413 to 384 us (five rounds, bench/README.md,
+/// ping-pong's median went from 413 to 384 us (five rounds, bench/notebook/2026-11.md,
 /// 2026-11-27).
 const PRECISE_SLEEP_BELOW: Duration = Duration::from_micros(200);
 /// Timer slack of a precise sleep, in nanoseconds.
@@ -51,7 +51,7 @@ pub(crate) fn available_cpus() -> usize {
 /// sleeps at once, in steps of at most 5 us while the wait is young, unless
 /// `RCH_SPIN` / `RCH_YIELD` or [`Config::with_wait_policy`] chose otherwise. Between
 /// two such VMs sleeping moved 64 KiB messages at 17.8-18.9 MB/s against 10.5
-/// spinning (bench/README.md, 2026-11-25).
+/// spinning (bench/notebook/2026-11.md, 2026-11-25).
 pub(crate) fn wait_policy_for<F: Fabric>(fabric: &F, cfg: &Config) -> WaitPolicy {
     let p = cfg.wait_policy();
     if cfg.wait_policy_is_set() || !fabric.uses_host_cpus() || available_cpus() > 1 {

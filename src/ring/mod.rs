@@ -125,7 +125,7 @@ pub const LAP_PACKETS: u64 = 2;
 /// Why it scales with the packet: a ping-pong of 512 B to 4 KiB messages kept in a
 /// few packets' room reuses lines both cores touched a moment ago, and on the
 /// machine this was measured on its latency drops 8-33% against the same traffic
-/// spread over 256 KiB (bench/README.md, "Laps that fit the messages").
+/// spread over 256 KiB (bench/notebook/2026-11.md, "Laps that fit the messages").
 /// Streams of small messages gain too (a window of them lands in the same 8 KiB),
 /// and so do large messages in 64 KiB packets, with laps of 128 KiB. Laps much
 /// shorter cost more in wrap packets than they save.

@@ -577,7 +577,7 @@ impl Fabric for EmuFabric {
     type Qp = EmuQp;
     type Pending = EmuPending;
 
-    /// Both ends' processes copy through shared memory: short laps pay (bench/README.md,
+    /// Both ends' processes copy through shared memory: short laps pay (bench/notebook/2026-11.md,
     /// "Laps that fit the messages").
     fn shares_caches(&self) -> bool {
         true

@@ -140,7 +140,7 @@ pub struct VerbsConfig {
     /// That frees the CPU entirely while a process waits. It is off by default
     /// because between two one-CPU Soft-RoCE VMs it was slower than the timer
     /// (2 B latency 434-720 us against 376-497 sleeping, in four one-boot A/Bs,
-    /// bench/README.md, 2026-11-26): there a blocked guest CPU is a descheduled
+    /// bench/notebook/2026-11.md, 2026-11-26): there a blocked guest CPU is a descheduled
     /// host thread, slow to wake.
     pub wake: bool,
 }
@@ -560,7 +560,7 @@ impl Fabric for VerbsFabric {
     /// 64 KiB messages 1.6-1.7x faster than any zero-copy form, and READ lost
     /// dropped responses to the ACK timeout (3.2 against the ring's 10.5 MB/s at
     /// 1 MiB), while a transfer pushed whole by the sender was level with the ring
-    /// at 1 MiB (bench/README.md, 2026-11-25). So a peer elsewhere gets zero-copy
+    /// at 1 MiB (bench/notebook/2026-11.md, 2026-11-25). So a peer elsewhere gets zero-copy
     /// from 1 MiB, pushed. Memory from `alloc_mem` is registered already but the
     /// round trips are the same, hence one threshold.
     fn zero_copy_defaults(&self) -> ZeroCopyThresholds {
@@ -579,7 +579,7 @@ impl Fabric for VerbsFabric {
     /// splitting a transfer between READ and push keeps two CPUs at rxe's work
     /// where the ring's copies and `ib_write_bw` keep one: 64 KiB messages at
     /// 43.6 MB/s against the ring's 31.0 and `ib_write_bw`'s 31.6 in one boot
-    /// (bench/README.md, 2026-11-25).
+    /// (bench/notebook/2026-11.md, 2026-11-25).
     fn zero_copy_loopback_defaults(&self) -> ZeroCopyThresholds {
         ZeroCopyThresholds {
             alloc_mem: ZERO_COPY_LOOPBACK,

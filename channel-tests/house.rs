@@ -119,21 +119,35 @@ fn crate_modules(code: &str) -> BTreeSet<String> {
     found
 }
 
+/// The lines of a document after the first one `is_marker` picks; a document
+/// without one fails the test, naming `what` it should hold.
+fn lines_after<'a>(
+    text: &'a str,
+    is_marker: impl Fn(&str) -> bool,
+    what: &str,
+) -> std::str::Lines<'a> {
+    let mut lines = text.lines();
+    lines
+        .by_ref()
+        .find(|l| is_marker(l))
+        .unwrap_or_else(|| panic!("the document holds no {what}"));
+    lines
+}
+
 /// The layer order ARCHITECTURE.md declares: the line after "layer order, top to
 /// bottom" in its layers section, module names separated by blanks.
 fn declared_order() -> Vec<String> {
     let text = fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
-    let mut lines = text.lines();
-    lines
-        .by_ref()
-        .find(|l| l.contains("layer order, top to bottom"))
-        .expect("ARCHITECTURE.md declares the layer order");
-    lines
-        .next()
-        .expect("the order follows its heading")
-        .split_whitespace()
-        .map(str::to_string)
-        .collect()
+    lines_after(
+        &text,
+        |l| l.contains("layer order, top to bottom"),
+        "the layer order",
+    )
+    .next()
+    .expect("the order follows its heading")
+    .split_whitespace()
+    .map(str::to_string)
+    .collect()
 }
 
 /// The top-level module a file of `src/` belongs to (`src/engine/zerocopy/send.rs`
@@ -256,13 +270,13 @@ fn only_the_settings_module_reads_the_environment() {
 /// is not a row.
 fn readme_variables() -> BTreeSet<String> {
     let text = fs::read_to_string(root().join("README.md")).unwrap();
-    let mut lines = text.lines();
-    lines
-        .by_ref()
-        .find(|l| l.starts_with("| variable |"))
-        .expect("the README has a table of variables");
+    let rows = lines_after(
+        &text,
+        |l| l.starts_with("| variable |"),
+        "a table of variables",
+    );
     let mut names = BTreeSet::new();
-    for line in lines.skip(1).take_while(|l| l.starts_with('|')) {
+    for line in rows.skip(1).take_while(|l| l.starts_with('|')) {
         let first = line.split('|').nth(1).unwrap_or("");
         for (i, part) in first.split('`').enumerate() {
             if i % 2 == 1 {

@@ -65,7 +65,7 @@ cc -O2 -pthread -o "$work/probe" bench/c/handoff_probe.c
 
 # run SYSTEM KERNEL: NPB's time in seconds, or nothing when the run did not verify.
 run() {
-    local bin=$cache/build/${build[$1]}/npb/bin/$2.$class.x out
+    local bin=$cache/build/${build[$1]}/npb-$class/bin/$2.$class.x out
     # shellcheck disable=SC2086 # the launcher is a command line
     out=$(cd "$work" && timeout 1800 ${launcher[$1]} "$bin" </dev/null 2>&1) || return 0
     grep -qE 'Verification += +SUCCESSFUL' <<<"$out" || return 0

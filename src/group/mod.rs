@@ -16,7 +16,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use self::error::{Error, ErrorKind};
 use self::exchange::Exchange;
 use self::hello::Hello;
-use crate::config::Config;
+use crate::config::{Config, WaitPolicy};
 use crate::engine::{available_cpus, Backoff, Prepared, Receiver, Sender, CONTENDED_SPIN};
 use crate::fabric::{Access, AnyFabric, Card, Fabric};
 use crate::handshake::unix;
@@ -272,9 +272,9 @@ pub(crate) struct Group {
     exchange: Box<dyn Exchange>,
     fabric: AnyFabric,
     cfg: Config,
-    /// More ranks of the group on this host than CPUs this process may use: waits
-    /// sleep sooner (see `wait_policy`). Known after rch_init.
-    oversubscribed: bool,
+    /// Whether this host's CPUs are short for what runs on them, which decides how a
+    /// wait gives its CPU away (see `wait_policy`). Known after rch_init.
+    contention: Contention,
     listener: UnixListener,
     hello: Hello,
     peers: Vec<Hello>,
@@ -360,7 +360,7 @@ impl Group {
             exchange,
             fabric,
             cfg,
-            oversubscribed: false,
+            contention: Contention::None,
             listener,
             hello,
             peers: Vec::new(),
@@ -411,21 +411,17 @@ impl Group {
             .iter()
             .filter(|h| h.host == self.hello.host)
             .count();
-        #[allow(unused_mut)]
-        let mut cpus = available_cpus();
+        let cpus = available_cpus();
+        // Soft-RoCE's protocol runs in this host's kernel: count one CPU as its when
+        // our traffic goes through it (peers elsewhere, or the verbs fabric here). A
+        // 1-CPU VM with one rank otherwise spins the kernel out.
         #[cfg(feature = "verbs")]
-        {
-            // Soft-RoCE's protocol runs in this host's kernel: count one CPU as its
-            // when our traffic goes through it (peers elsewhere, or the verbs fabric
-            // here). A 1-CPU VM with one rank otherwise spins the kernel out.
-            let remote = self.peers.iter().any(|h| h.host != self.hello.host);
-            if (remote || self.hello.fabric == crate::fabric::FabricKind::Verbs)
-                && crate::fabric::verbs::software_device_present()
-            {
-                cpus = cpus.saturating_sub(1);
-            }
-        }
-        self.oversubscribed = local > cpus;
+        let device_cpu = (self.peers.iter().any(|h| h.host != self.hello.host)
+            || self.hello.fabric == crate::fabric::FabricKind::Verbs)
+            && crate::fabric::verbs::software_device_present();
+        #[cfg(not(feature = "verbs"))]
+        let device_cpu = false;
+        self.contention = Contention::of(local, cpus, device_cpu);
         Ok(())
     }
 
@@ -1456,16 +1452,57 @@ impl Group {
     }
 
     pub(crate) fn wait_policy(&self) -> Backoff {
-        let p = self.cfg.wait_policy();
-        if self.oversubscribed && !self.cfg.wait_policy_is_set() {
-            // More ranks on this host than CPUs we may run on: a waiting rank that
-            // spins or keeps yielding takes the CPU from the rank it waits for
-            // (MPICH's sendflood, 3 ranks flooding a 4th on 2 CPUs: 78 s with the
-            // default policy, 15 s polling 100 times then sleeping; yields only
-            // slowed it). Poll briefly, then sleep.
-            return Backoff::new(p.spin.min(CONTENDED_SPIN), 0, p.sleep_max);
+        self.contention
+            .backoff(self.cfg.wait_policy(), self.cfg.wait_policy_is_set())
+    }
+}
+
+/// Whether a process group's host has fewer CPUs than what runs on it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Contention {
+    /// A CPU for every rank of the group on this host (and for the RDMA device's
+    /// protocol, where that runs in the host's kernel).
+    None,
+    /// More ranks of the group on this host than CPUs this process may use.
+    Ranks,
+    /// Not a CPU for every rank and also one for the software RDMA device
+    /// (Soft-RoCE) that the group's traffic goes through.
+    Device,
+}
+
+impl Contention {
+    /// The contention of `local` ranks on a host where this process may use `cpus`
+    /// CPUs, one of them also wanted by a software RDMA device if `device_cpu`.
+    fn of(local: usize, cpus: usize, device_cpu: bool) -> Contention {
+        if device_cpu && local > cpus.saturating_sub(1) {
+            Contention::Device
+        } else if local > cpus {
+            Contention::Ranks
+        } else {
+            Contention::None
         }
-        Backoff::with_policy(p)
+    }
+
+    /// The backoff of a wait under this contention: `p` if the user set it
+    /// (`policy_set`) or nothing contends.
+    fn backoff(self, p: WaitPolicy, policy_set: bool) -> Backoff {
+        if policy_set {
+            return Backoff::with_policy(p);
+        }
+        match self {
+            // More ranks on this host than CPUs we may run on: the rank a wait is for
+            // is most likely runnable and waiting for a CPU, so give ours to it at
+            // once. Every busy poll only delays it: MPICH's sendflood (3 ranks
+            // flooding a 4th on 2 CPUs) took 12.1 s polling 100 times and then
+            // sleeping, 3.1-3.4 s yielding at once, 40.5 s polling 2000 times first;
+            // NPB CG class A 0.39-0.62 s against 0.34-0.42 (bench/notebook/2026-11.md,
+            // 2026-11-28).
+            Contention::Ranks => Backoff::new(0, p.yields, p.sleep_max),
+            // The CPU short is the software RDMA device's, kernel work that a
+            // yielding rank would still compete with: poll briefly, then sleep.
+            Contention::Device => Backoff::new(p.spin.min(CONTENDED_SPIN), 0, p.sleep_max),
+            Contention::None => Backoff::with_policy(p),
+        }
     }
 }
 
@@ -1542,4 +1579,38 @@ fn data_error(e: &io::Error, rank: usize, what: &str) -> Error {
 
 fn reason(tag: &[u8; 4], body: &[u8]) -> String {
     unix::describe(tag, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contention_counts_ranks_and_a_software_device() {
+        assert_eq!(Contention::of(2, 2, false), Contention::None);
+        assert_eq!(Contention::of(3, 2, false), Contention::Ranks);
+        assert_eq!(Contention::of(2, 2, true), Contention::Device);
+        assert_eq!(Contention::of(4, 2, true), Contention::Device);
+        assert_eq!(Contention::of(1, 2, true), Contention::None);
+        assert_eq!(Contention::of(1, 1, false), Contention::None);
+    }
+
+    #[test]
+    fn outnumbered_ranks_yield_at_once_and_a_device_cpu_polls_then_sleeps() {
+        let p = crate::config::DEFAULT_WAIT_POLICY;
+        let ranks = Contention::Ranks.backoff(p, false);
+        assert!(ranks.is_past_spinning() && !ranks.is_sleeping());
+        let mut device = Contention::Device.backoff(p, false);
+        assert!(!device.is_past_spinning());
+        for _ in 0..CONTENDED_SPIN {
+            device.snooze();
+        }
+        assert!(device.is_past_spinning());
+        // No yields: the next step sleeps.
+        device.snooze();
+        assert!(device.is_sleeping());
+        // A policy the user set wins: it spins first.
+        assert!(!Contention::Ranks.backoff(p, true).is_past_spinning());
+        assert!(!Contention::None.backoff(p, false).is_past_spinning());
+    }
 }

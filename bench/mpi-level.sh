@@ -11,10 +11,11 @@
 # point-to-point programs with its own mpicc, from the sources scripts/mpi-programs
 # keeps (give them once with its --source). Two ranks bound to cores (Hydra's
 # `-bind-to core`, Open MPI's `--bind-to core`: CPUs 0 and 1), buffers from malloc as
-# them. A round runs every MPI once, in a different order each round; each MPI's
-# turn runs between two hand-off probes (bench/c/handoff_probe.c) and is run again
-# while one read above --probe-max ns (default 80), and a round is thrown away when
-# the probes around it read slow or another process used more than 10% of a CPU
+# the programs make them. A round runs every MPI once, in a different order each
+# round; each MPI's turn runs between two hand-off probes (bench/c/handoff_probe.c)
+# and is run again while one read above --probe-max ns (default 80), and a round is
+# thrown away when the probes around it read slow or another process used more than
+# 10% of a CPU
 # (bench/lib.sh). Prints medians of the kept rounds: one-way latency in us (IMB's
 # t[usec] is half the round trip in PingPong, the time of a simultaneous exchange in
 # PingPing; OSU's is half the round trip) and bandwidth in MB/s (10^6 bytes), with

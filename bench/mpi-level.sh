@@ -61,7 +61,8 @@ declare -A label=([rch]="ch3:rch" [before]="ch3:rch before" [deb]="Debian MPICH"
 declare -A mpicc=([rch]="$rch_prefix/bin/mpicc" [before]="$before/bin/mpicc" [deb]=mpicc.mpich [ompi]=mpicc.openmpi)
 declare -A launch=(
     [rch]="$rch_prefix/bin/mpiexec -bind-to core -n 2"
-    [before]="$before/bin/mpiexec -bind-to core -n 2"
+    # A copied install still names the original library folder in its RUNPATH.
+    [before]="env LD_LIBRARY_PATH=$before/lib $before/bin/mpiexec -bind-to core -n 2"
     [deb]="mpiexec.mpich -bind-to core -n 2"
     [ompi]="mpiexec.openmpi --bind-to core -n 2"
 )

@@ -230,3 +230,54 @@ mod tests {
         assert!(d > 0 && d <= usize::MAX / 2);
     }
 }
+
+/// Raises this process's soft limit on open descriptors (`RLIMIT_NOFILE`) to its hard
+/// limit, and returns the limit now in force. A process group's connections on one
+/// host each hold a few descriptors (the shared memory of the peer's ring and control
+/// words, a socket); with tens of ranks a soft limit of 1024, the default of many
+/// systems, runs out, and the kernel then drops the descriptors a handshake carries
+/// (seen as a truncated frame). The hard limit is the administrator's bound; the soft
+/// one is only a default, which runtimes commonly raise so (Go does since 1.19).
+///
+/// # Errors
+///
+/// The error of `getrlimit` / `setrlimit`.
+pub fn raise_descriptor_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: `raised` is a valid rlimit; a soft limit up to the hard one needs no
+        // privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        lim.rlim_cur = lim.rlim_max;
+    }
+    Ok(lim.rlim_cur)
+}
+
+#[cfg(test)]
+mod descriptor_tests {
+    #[test]
+    fn the_soft_descriptor_limit_is_raised_to_the_hard_one() {
+        let now = super::raise_descriptor_limit().expect("rlimit");
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `lim` is a valid, writable rlimit for the call.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert_eq!(lim.rlim_cur, lim.rlim_max);
+        assert_eq!(now, lim.rlim_cur);
+    }
+}

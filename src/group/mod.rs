@@ -311,6 +311,10 @@ impl Group {
         mut exchange: Box<dyn Exchange>,
     ) -> Result<Group, Error> {
         let cfg = Config::from_env().map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
+        // Every peer on this host costs a few descriptors: with tens of ranks a soft
+        // limit of 1024 runs out mid-handshake. Best effort: the handshake's own error
+        // names the limit if it still runs out.
+        let _ = crate::limits::raise_descriptor_limit();
         let fabric =
             AnyFabric::from_env().map_err(|e| Error::from_setup(&e, "opening the fabric"))?;
         let socket = unix::socket_name().map_err(|e| Error::system(&e, "getrandom"))?;

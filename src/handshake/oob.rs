@@ -284,7 +284,11 @@ fn recv_exact(
         if msg.msg_flags & libc::MSG_CTRUNC != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("the peer sent more descriptors than the {MAX_FDS} a frame may carry"),
+                format!(
+                    "descriptors of a frame were dropped: the peer sent more than the \
+                     {MAX_FDS} a frame may carry, or this process has no descriptor left \
+                     (ulimit -n)"
+                ),
             ));
         }
         if n == 0 {

@@ -471,3 +471,51 @@ fn zero_copy_endings() {
     assert_eq!(at, 50_000, "end of stream only after the announced bytes");
     assert!(got[..at].iter().all(|&x| x == 9));
 }
+
+/// Heap buffers from the adaptive minimum up go by the path the receiver measures
+/// cheaper: with the private threshold off, the receiver still asks for a zero-copy
+/// sample (it never measured that path), so some transfers go zero-copy and the
+/// sender's registration cache is used; the bytes arrive intact either way. With the
+/// choice off (the default for a stream), no heap buffer is registered.
+#[test]
+fn adaptive_choice_measures_both_paths_and_loses_nothing() {
+    for adaptive in [Some(1 << 20), None] {
+        let cfg = Config::default()
+            .with_zero_copy_private_threshold(Some(usize::MAX))
+            .with_zero_copy_adaptive(adaptive);
+        let (a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+        const MSG: usize = 2 << 20;
+        const COUNT: u64 = 32;
+        const SEED: u64 = 91;
+        let writer = std::thread::spawn(move || -> Result<RdmaStream, String> {
+            let mut a = a;
+            let mut private = vec![0u8; MSG];
+            for i in 0..COUNT {
+                stream_fill(SEED, i * MSG as u64, &mut private);
+                a.write_all(&private)
+                    .map_err(|e| format!("message {i}: {}", ioe(&e)))?;
+            }
+            a.shutdown_write().map_err(|e| ioe(&e))?;
+            Ok(a)
+        });
+        let mut buf = vec![0u8; MSG];
+        let mut scratch = Vec::new();
+        let mut got = 0u64;
+        loop {
+            let n = b.read(&mut buf).expect("read");
+            if n == 0 {
+                break;
+            }
+            stream_check(SEED, got, &buf[..n], &mut scratch).expect("bytes");
+            got += n as u64;
+        }
+        assert_eq!(got, COUNT * MSG as u64);
+        let a = join(writer, "writer").expect("writer");
+        let stats = a.cache_stats();
+        let acquires = stats.hits + stats.misses;
+        match adaptive {
+            Some(_) => assert!(acquires > 0, "no transfer went zero-copy: {stats:?}"),
+            None => assert_eq!(acquires, 0, "the choice is off: {stats:?}"),
+        }
+    }
+}

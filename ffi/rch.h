@@ -76,7 +76,8 @@
  * counted, and do not touch, move or free that buffer until the bytes are counted.
  * A plain upper-layer loop that advances its iov by *nbytes and retries honours both
  * rules. Which buffers go zero-copy is the library's choice (RCH_ZCOPY_THRESHOLD,
- * RCH_ZCOPY_PRIVATE_THRESHOLD; see the project README).
+ * RCH_ZCOPY_PRIVATE_THRESHOLD, and for large heap buffers the receiver's measure of
+ * which path delivers faster, RCH_ZCOPY_ADAPTIVE; see the project README).
  *
  * Threads: every call is serialised by one lock inside the library, so calls from
  * several threads are safe but do not run in parallel (rch_wait releases the lock

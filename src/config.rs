@@ -88,6 +88,10 @@ pub struct Config {
     stream_backoff: u32,
     zero_copy: ZeroCopyThresholds<Option<usize>>,
     zero_copy_push: Option<u8>,
+    zero_copy_adaptive: Option<usize>,
+    /// Unset `zero_copy_adaptive` means the fabric's default (a process group's
+    /// connections) rather than off.
+    pub(crate) zero_copy_adaptive_by_default: bool,
     rcache: CacheLimits,
     connect_timeout: Duration,
 }
@@ -178,6 +182,8 @@ impl Default for Config {
                 other: None,
             },
             zero_copy_push: None,
+            zero_copy_adaptive: None,
+            zero_copy_adaptive_by_default: false,
             rcache: CacheLimits::default(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
@@ -277,6 +283,9 @@ impl Config {
         if let Some(v) = threshold(&env::ZCOPY_PRIVATE_THRESHOLD)? {
             c.zero_copy.other = Some(v);
             check(&c, env::ZCOPY_PRIVATE_THRESHOLD.name())?;
+        }
+        if let Some(v) = threshold(&env::ZCOPY_ADAPTIVE)? {
+            c.zero_copy_adaptive = Some(v.max(1));
         }
         if let Some(pct) = env::ZCOPY_PUSH.number::<u64>()? {
             if pct > 100 {
@@ -413,6 +422,41 @@ impl Config {
     pub fn with_zero_copy_private_threshold(mut self, bytes: Option<usize>) -> Self {
         self.zero_copy.other = bytes;
         self
+    }
+
+    /// Sets the smallest buffer in memory other than `alloc_mem`'s (below the
+    /// private threshold) that goes by whichever path the receiver measures cheaper,
+    /// the ring or zero-copy: the receiver times its copies on both and tells the
+    /// sender (see ARCHITECTURE.md, "Zero-copy"). `usize::MAX` turns the choice off;
+    /// `None` (the default) leaves it off for channels and streams, and lets a
+    /// process group (the C library) use the fabric's
+    /// [`zero_copy_adaptive_default`](crate::fabric::Fabric::zero_copy_adaptive_default).
+    /// Only [`put_nocopy`](crate::Sender::put_nocopy) sends zero-copy, so only its
+    /// buffers are concerned.
+    ///
+    /// ```
+    /// let cfg = rdma_channel::Config::default().with_zero_copy_adaptive(Some(1 << 20));
+    /// assert_eq!(cfg.zero_copy_adaptive(), Some(1 << 20));
+    /// ```
+    pub fn with_zero_copy_adaptive(mut self, bytes: Option<usize>) -> Self {
+        self.zero_copy_adaptive = bytes.map(|b| b.max(1));
+        self
+    }
+
+    /// The adaptive choice's smallest buffer as set (`None`: not set).
+    pub fn zero_copy_adaptive(&self) -> Option<usize> {
+        self.zero_copy_adaptive
+    }
+
+    /// The adaptive choice's smallest buffer in force on `fabric` (`usize::MAX`: off).
+    pub(crate) fn zero_copy_adaptive_on<F: crate::fabric::Fabric>(&self, fabric: &F) -> usize {
+        match self.zero_copy_adaptive {
+            Some(n) => n,
+            None if self.zero_copy_adaptive_by_default => {
+                fabric.zero_copy_adaptive_default().unwrap_or(usize::MAX)
+            }
+            None => usize::MAX,
+        }
     }
 
     /// Sets the share, in percent, of each zero-copy transfer that the sender pushes

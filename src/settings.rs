@@ -170,6 +170,9 @@ settings! {
         "smallest alloc_mem buffer sent zero-copy (off disables).";
     ZCOPY_PRIVATE_THRESHOLD = "RCH_ZCOPY_PRIVATE_THRESHOLD", default "the fabric's":
         "smallest other buffer sent zero-copy (off disables).";
+    ZCOPY_ADAPTIVE = "RCH_ZCOPY_ADAPTIVE", default "the fabric's (process groups)":
+        "smallest other buffer that goes by the path the receiver measures cheaper, the \
+         ring or zero-copy (off disables).";
     ZCOPY_PUSH = "RCH_ZCOPY_PUSH", default "the fabric's":
         "percent of each zero-copy transfer the receiver lends to the sender to push by \
          RDMA WRITE (0 to 100).";

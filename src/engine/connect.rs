@@ -160,6 +160,7 @@ impl<F: Fabric> Prepared<F> {
             broken: Mutex::new(None),
             is_broken: AtomicBool::new(false),
             zc_thresholds: zero_copy_thresholds(&self.fabric, &self.cfg, loopback),
+            zc_adaptive_min: self.cfg.zero_copy_adaptive_on(&self.fabric),
             zc_push: self
                 .cfg
                 .zero_copy_push()

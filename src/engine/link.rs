@@ -54,6 +54,9 @@ pub(crate) struct Link<F: Fabric> {
     pub(super) is_broken: AtomicBool,
     /// Zero-copy thresholds in force.
     pub(super) zc_thresholds: ZeroCopyThresholds,
+    /// Smallest buffer (other than `alloc_mem`'s, below `zc_thresholds.other`) whose
+    /// path follows the peer receiver's advice; `usize::MAX`: none.
+    pub(crate) zc_adaptive_min: usize,
     /// Percent of each zero-copy transfer this end, as receiver, lends to the peer to
     /// push instead of reading it.
     pub(crate) zc_push: u8,

@@ -15,6 +15,7 @@
 //! | `Tail` | receiver of our ring | its tail (explicit, delayed update) |
 //! | `ReceiverClosed` | receiver of our ring | nonzero once it stopped reading |
 //! | `ZeroCopyDone` | receiver of our ring | number of the last zero-copy announcement it has read in full |
+//! | `PathAdvice` | receiver of our ring | the path it measured cheaper for large buffers that may go either way (`zerocopy/choose.rs`) |
 //! | `BellWanted` | receiver of our ring | number of its last request to ring its process's doorbell after our next write |
 //! | `CreditRequest` | sender into our ring | credit request: the tail it knows + 1, when out of room |
 //! | `EndOfStream` | sender into our ring | end of stream: its final head + 1 |

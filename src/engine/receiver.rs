@@ -10,7 +10,7 @@ use std::time::Instant;
 use super::link::{lock_incoming, Link, HEALTH_EVERY};
 use super::sender::copy_short;
 use super::wait::{past, Backoff};
-use super::zerocopy::{serve_all_lends, Lent};
+use super::zerocopy::{serve_all_lends, Lent, PathMeter, MEASURE_MIN};
 use crate::fabric::{Access, Fabric, GatherList, MemoryRegion};
 use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory, RingOffer, CTRL_SIZE, RING_OFFER_SLOT};
@@ -118,6 +118,9 @@ pub struct Receiver<F: Fabric> {
     /// A ring offered was refused (no memory here, or the sender declined it): this
     /// end offers no bigger one unasked.
     growth_refused: bool,
+    /// Times large copies on the ring and zero-copy paths and advises the sender
+    /// which costs less, where the link lets it choose (`Link::zc_adaptive_min`).
+    meter: Option<PathMeter>,
 }
 
 /// What [`Receiver::peek`] found at the head of the stream.
@@ -146,6 +149,8 @@ pub(crate) struct ReadsInFlight<R> {
     pub(crate) handle: Option<RegHandle>,
     /// The part lent to the peer, if any.
     pub(crate) lent: Option<LentPart<R>>,
+    /// When the step started, if the path meter times it.
+    pub(crate) started: Option<Instant>,
 }
 
 /// The part of a caller's buffer the peer pushes into: registered for it alone, so
@@ -186,6 +191,7 @@ impl<F: Fabric> Receiver<F> {
             big_packets: 0,
             grow_for_packets: false,
             growth_refused: false,
+            meter: (link.zc_adaptive_min != usize::MAX).then(PathMeter::default),
             ring,
             backoff_pauses: link.cfg.stream_backoff(),
             link,
@@ -652,6 +658,9 @@ impl<F: Fabric> Receiver<F> {
         // Drops the lent part's registration: the peer can no longer write there.
         drop(r.lent);
         result?;
+        if let Some(t0) = r.started {
+            self.advise_path(|m| m.zero_copy_read(r.len, t0))?;
+        }
         let z = self.zc.as_mut().expect("reads belong to a transfer");
         z.done += r.len as u64;
         if z.done == z.total {
@@ -660,6 +669,23 @@ impl<F: Fabric> Receiver<F> {
             link.post_ctrl(CtrlWord::ZeroCopyDone, id)?;
         }
         Ok(Some(r.len))
+    }
+
+    /// Feeds the path meter a sample and posts its advice to the peer's sender when
+    /// it changed.
+    fn advise_path(
+        &mut self,
+        sample: impl FnOnce(&mut PathMeter) -> Option<u64>,
+    ) -> io::Result<()> {
+        if let Some(word) = self.meter.as_mut().and_then(sample) {
+            self.link.post_ctrl(CtrlWord::PathAdvice, word)?;
+        }
+        Ok(())
+    }
+
+    /// Whether a zero-copy step of `len` bytes is timed for the path meter.
+    pub(crate) fn times_zero_copy(&self, len: usize) -> bool {
+        len >= MEASURE_MIN && self.meter.is_some()
     }
 
     /// True once every read of `r` completed and its lent part landed; checks the
@@ -1094,10 +1120,14 @@ impl<F: Fabric> Receiver<F> {
                     }
                 }
                 let n = self.cur_left.min(buf.len() - at);
+                let timed = (n >= MEASURE_MIN && self.meter.is_some()).then(Instant::now);
                 // The whole packet is visible (next_packet saw its trailer) and will not
                 // be rewritten until we publish a tail beyond it.
                 self.ring
                     .copy_out(self.cur_off as u64, &mut buf[at..at + n]);
+                if let Some(t0) = timed {
+                    self.advise_path(|m| m.ring_copied(n, t0))?;
+                }
                 at += n;
                 self.cur_off += n;
                 self.cur_left -= n;

@@ -10,7 +10,7 @@ use std::time::Instant;
 use super::connect::staging_for;
 use super::link::{Link, HEALTH_EVERY};
 use super::wait::{past, Backoff};
-use super::zerocopy::Lent;
+use super::zerocopy::{Lent, ADVICE_ZERO_COPY};
 use crate::fabric::{Fabric, GatherList, RemoteRegion, ZeroCopyThresholds};
 use crate::rcache::{CacheStats, RdmaBuf, RegCache, RegHandle};
 use crate::ring::memory::{BellTarget, CtrlWord, StagingBuffer};
@@ -397,14 +397,24 @@ impl<F: Fabric> Sender<F> {
     #[inline]
     pub(crate) fn below_zero_copy(&self, len: usize) -> bool {
         let t = self.link.zc_thresholds;
-        len < t.alloc_mem.min(t.other)
+        len < t.alloc_mem.min(t.other).min(self.link.zc_adaptive_min)
     }
 
-    /// True when `buf` should go zero-copy.
+    /// The smallest buffer of memory other than `alloc_mem`'s that may go zero-copy:
+    /// the private threshold, or below it the adaptive choice's minimum.
+    #[inline]
+    pub(crate) fn zero_copy_other_min(&self) -> usize {
+        self.link.zc_thresholds.other.min(self.link.zc_adaptive_min)
+    }
+
+    /// True when `buf` should go zero-copy: at or above a threshold, or, from the
+    /// adaptive minimum up, while the peer receiver advises it (`zerocopy/choose.rs`).
     pub(crate) fn zc_eligible(&self, buf: &[u8]) -> bool {
         let t = self.link.zc_thresholds;
         buf.len() >= t.other
             || (buf.len() >= t.alloc_mem && self.link.rcache.is_owned(buf.as_ptr(), buf.len()))
+            || (buf.len() >= self.link.zc_adaptive_min
+                && self.link.ctrl.path_advice() & ADVICE_ZERO_COPY != 0)
     }
 
     /// The put loop. With `lent` (from `put_nocopy`), eligible buffers are announced

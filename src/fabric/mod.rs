@@ -656,6 +656,20 @@ pub trait Fabric: Send + Sync + Sized + 'static {
         }
     }
 
+    /// Smallest buffer in memory other than `alloc_mem`'s that goes by whichever path
+    /// the receiver measures cheaper, the ring or zero-copy, where neither wins on
+    /// every host ([`Config::with_zero_copy_adaptive`](crate::Config::with_zero_copy_adaptive));
+    /// `None` where the thresholds alone decide. Used where the adaptive choice is on.
+    ///
+    /// ```
+    /// use rdma_channel::fabric::{emulated::EmuFabric, Fabric};
+    /// assert_eq!(EmuFabric::new()?.zero_copy_adaptive_default(), Some(1 << 20));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    fn zero_copy_adaptive_default(&self) -> Option<usize> {
+        None
+    }
+
     /// True when this fabric's protocol work (copies, checksums, retransmission) runs
     /// on this host's CPUs, as a software RDMA device's (Soft-RoCE, siw) does in the
     /// kernel: a waiter that spins takes those CPUs from it. False for adapters, and

@@ -310,7 +310,11 @@ impl Group {
         spawned: bool,
         mut exchange: Box<dyn Exchange>,
     ) -> Result<Group, Error> {
-        let cfg = Config::from_env().map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
+        let mut cfg =
+            Config::from_env().map_err(|e| Error::new(ErrorKind::Config, e.to_string()))?;
+        // MPI programs send from heap memory: let the receivers measure which path
+        // moves their large buffers faster on this host.
+        cfg.zero_copy_adaptive_by_default = true;
         // Every peer on this host costs a few descriptors: with tens of ranks a soft
         // limit of 1024 runs out mid-handshake. Best effort: the handshake's own error
         // names the limit if it still runs out.
@@ -484,9 +488,9 @@ impl Group {
         if let Conn::Up(up) = &mut vc.conn {
             if up.confirm.is_none() {
                 // C memory is never from alloc_mem: below the connection's threshold
-                // for other memory, the plain copying path, which skips the
-                // eligibility checks.
-                let copies = total < up.tx.zero_copy_thresholds().other.max(1);
+                // for other memory (or the adaptive choice's minimum), the plain
+                // copying path, which skips the eligibility checks.
+                let copies = total < up.tx.zero_copy_other_min().max(1);
                 let r = if copies && !up.tx.zero_copy_pending() {
                     up.tx.put(iov)
                 } else {

@@ -307,6 +307,10 @@ pub enum CtrlWord {
     /// From the receiver of our outgoing ring: the number of the last zero-copy
     /// announcement it has read in full.
     ZeroCopyDone,
+    /// From the receiver of our outgoing ring: which path it measured cheaper for
+    /// large buffers that may go either way (lowest bit set: zero-copy; the bits
+    /// above count its changes). See `engine::zerocopy::choose`.
+    PathAdvice,
     /// From the receiver of our outgoing ring: the number of its last request to
     /// ring its [`Doorbell`] when we next write (it stopped looking at the ring).
     BellWanted,
@@ -336,6 +340,7 @@ impl CtrlWord {
             CtrlWord::Tail => 0,
             CtrlWord::ReceiverClosed => 8,
             CtrlWord::ZeroCopyDone => 16,
+            CtrlWord::PathAdvice => 24,
             CtrlWord::BellWanted => 256,
             CtrlWord::CreditRequest => 64,
             CtrlWord::EndOfStream => 72,
@@ -428,6 +433,14 @@ impl<R: MemoryRegion> ControlWords<R> {
     #[inline]
     pub fn zero_copy_done(&self) -> u64 {
         self.word(CtrlWord::ZeroCopyDone).load(Ordering::Acquire)
+    }
+
+    /// The peer receiver's path advice for large buffers that may go either way
+    /// ([`CtrlWord::PathAdvice`]; 0 until it gave one). Relaxed: a hint that picks a
+    /// path; nothing is read on its strength.
+    #[inline]
+    pub fn path_advice(&self) -> u64 {
+        self.word(CtrlWord::PathAdvice).load(Ordering::Relaxed)
     }
 
     /// The number of the peer receiver's last request to be rung
@@ -1074,6 +1087,7 @@ mod tests {
             CtrlWord::CreditRequest,
             CtrlWord::EndOfStream,
             CtrlWord::LendLanded,
+            CtrlWord::PathAdvice,
         ]
         .into_iter()
         .enumerate()
@@ -1086,6 +1100,7 @@ mod tests {
         assert_eq!(ctrl.credit_request(), 13);
         assert_eq!(ctrl.end_of_stream(), 14);
         assert_eq!(ctrl.lend_landed(), 15);
+        assert_eq!(ctrl.path_advice(), 16);
         let lend = Lend {
             addr: 0xabc0,
             rkey: 77,

@@ -9,15 +9,18 @@
 //! `unsafe`; this folder, inside the engine's, holds those two entry points and
 //! the code that relies on their promise. The rest of the protocol (announcement
 //! packets, confirmations, read accounting) is in `sender.rs` and `receiver.rs`,
-//! which have no `unsafe`.
+//! which have no `unsafe`; `choose.rs` measures which path costs less for heap
+//! buffers where neither wins everywhere.
 //!
 //! [`Sender::put_nocopy`]: crate::engine::Sender::put_nocopy
 //! [`Receiver::get_nowait`]: crate::engine::Receiver::get_nowait
 
+mod choose;
 mod push;
 mod receive;
 mod send;
 
+pub(crate) use choose::{PathMeter, ADVICE_ZERO_COPY, MEASURE_MIN};
 pub(crate) use push::{serve_all_lends, PushSource, PushState};
 
 /// Proof that the caller of `put_nocopy` or `get_nowait` made its promise: the

@@ -658,12 +658,24 @@ impl Fabric for EmuFabric {
             other: usize::MAX,
         }
     }
+
+    /// Heap memory through `process_vm_readv` (one kernel copy) against the ring's two
+    /// copies: the ring wins by 2x when a cross-core hand-off is cheap and loses by
+    /// a third when it is dear, or when both ends send at once (bench/notebook/2026-11.md,
+    /// "the heap path's two regimes"), from 1 MiB up on this host. Below that the
+    /// rendezvous round trip outweighs the copy saved.
+    fn zero_copy_adaptive_default(&self) -> Option<usize> {
+        Some(ZERO_COPY_ADAPTIVE_DEFAULT)
+    }
 }
 
 /// Smallest shared-segment buffer sent zero-copy by default (measured crossover).
 use crate::fabric::ZeroCopyThresholds;
 
 const ZERO_COPY_SHARED_DEFAULT: usize = 16 << 10;
+
+/// Smallest heap buffer whose path follows the receiver's measurements by default.
+const ZERO_COPY_ADAPTIVE_DEFAULT: usize = 1 << 20;
 
 /// Memory registered with an [`EmuFabric`]. Dropping it deregisters the memory (see the
 /// module documentation for the fence) and, for [`alloc_region`](Fabric::alloc_region)

@@ -7,10 +7,10 @@
 # usage: bench/heap-path-phases.sh [--seconds 900] [--raw FILE]
 #
 # For --seconds, runs in turn: OSU osu_bw (256 KiB - 4 MiB) and IMB PingPing (1-4
-# MiB) on MPICH with ch3:rch as it is (the ring), with RCH_WORKING_SET=4194304 (the
-# ring's whole 4 MiB instead of its 256 KiB working set), with
-# RCH_ZCOPY_PRIVATE_THRESHOLD=262144 (single copy, process_vm_readv), on Debian's
-# MPICH and on Open MPI (both copy once through CMA); two ranks bound to CPUs 0 and
+# MiB) on MPICH with ch3:rch as it is (from 1 MiB the path the receiver measures
+# faster: "adaptive"), with RCH_ZCOPY_ADAPTIVE=off (always the ring), with
+# RCH_ZCOPY_PRIVATE_THRESHOLD=262144 (always single copy, process_vm_readv), on
+# Debian's MPICH and on Open MPI (both copy once through CMA); two ranks bound to CPUs 0 and
 # 1, the hand-off probe (bench/c/handoff_probe.c) before and after each run. Runs
 # whose two probes read <= 80 ns count as the fast regime, >= 120 ns as the slow one
 # (the rest are left out); prints each variant's median MB/s per regime. Uses the
@@ -40,10 +40,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 : > "$work/raw"
 end=$(($(date +%s) + seconds))
 while [ "$(date +%s)" -lt "$end" ]; do
-    for v in ring ring-4m single-copy deb ompi; do
+    for v in adaptive ring single-copy deb ompi; do
         env=(X=1) build=perf-rch launch=("$rch/bin/mpiexec" -bind-to core -n 2)
         case $v in
-            ring-4m) env=(RCH_WORKING_SET=4194304) ;;
+            ring) env=(RCH_ZCOPY_ADAPTIVE=off) ;;
             single-copy) env=(RCH_ZCOPY_PRIVATE_THRESHOLD=262144) ;;
             deb) build=perf-deb launch=(mpiexec.mpich -bind-to core -n 2) ;;
             ompi) build=perf-ompi launch=(mpiexec.openmpi --bind-to core -n 2) ;;

@@ -448,17 +448,6 @@ impl Config {
         self.zero_copy_adaptive
     }
 
-    /// The adaptive choice's smallest buffer in force on `fabric` (`usize::MAX`: off).
-    pub(crate) fn zero_copy_adaptive_on<F: crate::fabric::Fabric>(&self, fabric: &F) -> usize {
-        match self.zero_copy_adaptive {
-            Some(n) => n,
-            None if self.zero_copy_adaptive_by_default => {
-                fabric.zero_copy_adaptive_default().unwrap_or(usize::MAX)
-            }
-            None => usize::MAX,
-        }
-    }
-
     /// Sets the share, in percent, of each zero-copy transfer that the sender pushes
     /// with RDMA WRITE into the receiver's buffer while the receiver pulls the rest
     /// with RDMA READ (the receiver's setting decides); `None` keeps the fabric's

@@ -160,7 +160,7 @@ impl<F: Fabric> Prepared<F> {
             broken: Mutex::new(None),
             is_broken: AtomicBool::new(false),
             zc_thresholds: zero_copy_thresholds(&self.fabric, &self.cfg, loopback),
-            zc_adaptive_min: self.cfg.zero_copy_adaptive_on(&self.fabric),
+            zc_adaptive_min: zero_copy_adaptive_min(&self.fabric, &self.cfg),
             zc_push: self
                 .cfg
                 .zero_copy_push()
@@ -236,6 +236,19 @@ fn zero_copy_thresholds<F: Fabric>(fabric: &F, cfg: &Config, loopback: bool) -> 
     ZeroCopyThresholds {
         alloc_mem: set.alloc_mem.unwrap_or(default.alloc_mem).max(1),
         other: set.other.unwrap_or(default.other).max(1),
+    }
+}
+
+/// The smallest buffer whose path follows the peer receiver's advice
+/// (`usize::MAX`: none): the configuration's, else for a process group the fabric's
+/// default.
+fn zero_copy_adaptive_min<F: Fabric>(fabric: &F, cfg: &Config) -> usize {
+    match cfg.zero_copy_adaptive() {
+        Some(n) => n,
+        None if cfg.zero_copy_adaptive_by_default => {
+            fabric.zero_copy_adaptive_default().unwrap_or(usize::MAX)
+        }
+        None => usize::MAX,
     }
 }
 

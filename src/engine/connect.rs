@@ -154,6 +154,7 @@ impl<F: Fabric> Prepared<F> {
             rx_explicit: AtomicU64::new(0),
             rx_piggy: AtomicU64::new(0),
             credit_served: AtomicU64::new(0),
+            large_put_at: AtomicU64::new(0),
             tx_tail_piggy: AtomicU64::new(0),
             publish: Mutex::new(()),
             sq: send_queue_for(&caps),

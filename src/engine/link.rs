@@ -5,9 +5,10 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::wait::Backoff;
-use super::zerocopy::PushState;
+use super::zerocopy::{process_nanos, PushState};
 use crate::config::{Config, WaitPolicy};
 use crate::fabric::{
     CompletedOp, Completion, CompletionStatus, Fabric, FabricError, GatherList, QpState, QueuePair,
@@ -43,6 +44,10 @@ pub(crate) struct Link<F: Fabric> {
     pub(super) rx_piggy: AtomicU64,
     /// Credit request value last answered.
     pub(super) credit_served: AtomicU64,
+    /// When this end's sender last put a large buffer (`zerocopy::process_nanos`,
+    /// 0: never), kept where the adaptive path choice is on: the receiver's path
+    /// meter weighs ring copies by it.
+    pub(crate) large_put_at: AtomicU64,
     /// Highest tail of the outgoing ring seen piggybacked on incoming packets.
     pub(super) tx_tail_piggy: AtomicU64,
     /// Serialises explicit control writes so that they reach the peer in value order.
@@ -443,6 +448,20 @@ impl<F: Fabric> Link<F> {
             self.peer_ctrl.addr + word.offset(),
             self.peer_ctrl.rkey,
         )
+    }
+
+    /// Notes that this end's sender puts a large buffer now (for the path meter).
+    #[inline]
+    pub(crate) fn note_large_put(&self) {
+        // Relaxed: a timestamp read as a hint by this process's receiver half.
+        self.large_put_at
+            .store(process_nanos().max(1), Ordering::Relaxed);
+    }
+
+    /// True when this end's sender put a large buffer within `window`.
+    pub(crate) fn sent_large_within(&self, window: Duration) -> bool {
+        let at = self.large_put_at.load(Ordering::Relaxed);
+        at != 0 && process_nanos().saturating_sub(at) <= window.as_nanos() as u64
     }
 
     /// Sends the incoming ring's tail explicitly if it moved since the last explicit

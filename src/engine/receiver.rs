@@ -10,7 +10,7 @@ use std::time::Instant;
 use super::link::{lock_incoming, Link, HEALTH_EVERY};
 use super::sender::copy_short;
 use super::wait::{past, Backoff};
-use super::zerocopy::{serve_all_lends, Lent, PathMeter, MEASURE_MIN};
+use super::zerocopy::{serve_all_lends, Lent, PathMeter, BOTH_WAYS_WITHIN, MEASURE_MIN};
 use crate::fabric::{Access, Fabric, GatherList, MemoryRegion};
 use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory, RingOffer, CTRL_SIZE, RING_OFFER_SLOT};
@@ -659,7 +659,8 @@ impl<F: Fabric> Receiver<F> {
         drop(r.lent);
         result?;
         if let Some(t0) = r.started {
-            self.advise_path(|m| m.zero_copy_read(r.len, t0))?;
+            let took = t0.elapsed();
+            self.advise_path(|m| m.zero_copy_read(r.len, took))?;
         }
         let z = self.zc.as_mut().expect("reads belong to a transfer");
         z.done += r.len as u64;
@@ -1126,7 +1127,9 @@ impl<F: Fabric> Receiver<F> {
                 self.ring
                     .copy_out(self.cur_off as u64, &mut buf[at..at + n]);
                 if let Some(t0) = timed {
-                    self.advise_path(|m| m.ring_copied(n, t0))?;
+                    let took = t0.elapsed();
+                    let both_ways = self.link.sent_large_within(BOTH_WAYS_WITHIN);
+                    self.advise_path(|m| m.ring_copied(n, took, both_ways))?;
                 }
                 at += n;
                 self.cur_off += n;

@@ -10,7 +10,7 @@ use std::time::Instant;
 use super::connect::staging_for;
 use super::link::{Link, HEALTH_EVERY};
 use super::wait::{past, Backoff};
-use super::zerocopy::{Lent, ADVICE_ZERO_COPY};
+use super::zerocopy::{Lent, ADVICE_ZERO_COPY, MEASURE_MIN};
 use crate::fabric::{Fabric, GatherList, RemoteRegion, ZeroCopyThresholds};
 use crate::rcache::{CacheStats, RdmaBuf, RegCache, RegHandle};
 use crate::ring::memory::{BellTarget, CtrlWord, StagingBuffer};
@@ -438,6 +438,9 @@ impl<F: Fabric> Sender<F> {
             return Err(e);
         }
         let total: usize = iov.iter().map(|s| s.len()).sum();
+        if total >= MEASURE_MIN && self.link.zc_adaptive_min != usize::MAX {
+            self.link.note_large_put();
+        }
         // An announced transfer is settled first: a peer that read it and then closed
         // its reading side has still received it, and the count must say so.
         let Some((mut done, mut idx)) = self.settle_pending(iov)? else {

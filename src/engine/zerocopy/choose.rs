@@ -6,20 +6,20 @@
 //! move each line between the cores twice and run at twice the kernel's single
 //! copy when a cross-core hand-off is cheap, at half to two thirds of it when it is
 //! dear, and when both ends send at once each core makes two copies per byte
-//! (bench/notebook/2026-11.md, "the heap path's two regimes"). The receiver sees
-//! both paths deliver, so it measures them: for each large copy out of the ring and
-//! each zero-copy read step, the time since the previous one ended (or since it
-//! started, after an idle gap) per byte. That is the rate the connection delivers
-//! at, whatever holds it back: the sender's copies into the ring (overlapping ours
-//! when it has a core to itself, adding to ours when both ends send at once), a
-//! transfer's rendezvous, our own copies. It tells the sender which path delivered
-//! faster in a control word ([`CtrlWord::PathAdvice`]), and the sender, which
-//! chooses the path of each buffer, follows it for buffers from
-//! `Link::zc_adaptive_min` up.
+//! instead of one (bench/notebook/2026-11.md, "the heap path's two regimes"). The
+//! receiver makes the copies of both paths, so it measures them: each large copy
+//! out of the ring, and each zero-copy read step, per byte. A zero-copy byte costs
+//! its read. A ring byte costs our copy out and the sender's copy in, taken as dear
+//! as ours (the same lines between the same cores): while only the peer sends, the
+//! two copies run at once on two cores and the byte costs one copy's time; while
+//! this end sends large data on the connection too, its core makes both kinds of
+//! copy and the byte costs two. The receiver tells the sender which path costs
+//! less in a control word ([`CtrlWord::PathAdvice`]), and the sender, which chooses
+//! the path of each buffer, follows it for buffers from `Link::zc_adaptive_min` up.
 //!
 //! A path not taken is not measured, so the meter asks for it now and then: when
 //! the other path's figure is missing or older than [`PROBE_AFTER`], the advice
-//! names it until one transfer on it was timed.
+//! names it until [`PROBE_BYTES`] went that way, the second half of them measured.
 //!
 //! [`CtrlWord::PathAdvice`]: crate::ring::memory::CtrlWord::PathAdvice
 
@@ -32,12 +32,24 @@ pub(crate) const MEASURE_MIN: usize = 32 << 10;
 /// Age of the other path's figure after which it is measured again.
 pub(crate) const PROBE_AFTER: Duration = Duration::from_millis(250);
 
-/// A pause longer than this between two timed copies is the application's, not the
-/// path's: the next sample counts from its own start.
-const IDLE_GAP: Duration = Duration::from_micros(200);
+/// Bytes a probe of a path moves: the first half warms it up, the second half is
+/// measured. Every [`PROBE_AFTER`] this much goes by the slower path, under 1% of
+/// what a stream of large messages moves meanwhile.
+const PROBE_BYTES: u64 = 8 << 20;
+
+/// This end counts as sending large data on the connection when its last large
+/// put is at most this old.
+pub(crate) const BOTH_WAYS_WITHIN: Duration = Duration::from_millis(1);
 
 /// Bytes a path's figure covers before older samples weigh half.
 const WINDOW_BYTES: u64 = 16 << 20;
+
+/// Nanoseconds since this process first asked, for timestamps kept in atomics.
+pub(crate) fn process_nanos() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    epoch.elapsed().as_nanos().min(u64::MAX as u128) as u64
+}
 
 /// The advice word's bit that asks for zero-copy; the bits above count the advice
 /// changes, so that every change is a new value.
@@ -54,9 +66,27 @@ struct Cost {
     nanos: u64,
     bytes: u64,
     at: Option<Instant>,
+    /// Bytes seen by the probe under way on this path, if one is.
+    probe: Option<u64>,
 }
 
 impl Cost {
+    /// A sample; during a probe the first half of [`PROBE_BYTES`] is left out (the
+    /// first transfers on a path not taken for a while register buffers, fault pages
+    /// in, grow a ring: not what the path costs from then on).
+    fn offer(&mut self, bytes: usize, took: Duration, now: Instant) {
+        match self.probe {
+            None => self.add(bytes, took, now),
+            Some(seen) => {
+                let seen = seen.saturating_add(bytes as u64);
+                if seen > PROBE_BYTES / 2 {
+                    self.add(bytes, took, now);
+                }
+                self.probe = (seen < PROBE_BYTES).then_some(seen);
+            }
+        }
+    }
+
     fn add(&mut self, bytes: usize, took: Duration, now: Instant) {
         if self.bytes >= WINDOW_BYTES {
             self.nanos /= 2;
@@ -85,8 +115,6 @@ impl Cost {
 pub(crate) struct PathMeter {
     ring: Cost,
     zero_copy: Cost,
-    /// When the last timed copy ended.
-    last_end: Option<Instant>,
     /// Zero-copy delivered faster, by the figures so far (ring until measured so).
     zero_copy_faster: bool,
     /// The advice word last posted (0: none yet, which the sender reads as "ring").
@@ -94,35 +122,31 @@ pub(crate) struct PathMeter {
 }
 
 impl PathMeter {
-    /// A copy of `bytes` out of the ring ran from `start` to now. Returns the advice
-    /// word to post, if it changed.
-    pub(crate) fn ring_copied(&mut self, bytes: usize, start: Instant) -> Option<u64> {
-        let (took, now) = self.interval(start);
-        self.ring.add(bytes, took, now);
-        self.advise(now)
-    }
-
-    /// A zero-copy read step of `bytes` ran from `start` (its reads posted) to now
-    /// (seen complete). Returns the advice word to post, if it changed.
-    pub(crate) fn zero_copy_read(&mut self, bytes: usize, start: Instant) -> Option<u64> {
-        let (took, now) = self.interval(start);
-        self.zero_copy.add(bytes, took, now);
-        self.advise(now)
-    }
-
-    /// The time a copy that started at `start` accounts for: since the previous
-    /// timed copy ended, unless that was before `start` by more than an idle gap.
-    fn interval(&mut self, start: Instant) -> (Duration, Instant) {
-        self.interval_at(start, Instant::now())
-    }
-
-    fn interval_at(&mut self, start: Instant, now: Instant) -> (Duration, Instant) {
-        let from = match self.last_end {
-            Some(end) if end <= start && start.duration_since(end) < IDLE_GAP => end,
-            _ => start,
+    /// A copy of `bytes` out of the ring took `took`; `both_ways` says this end
+    /// sent large data on the connection meanwhile. Returns the advice word to post,
+    /// if it changed.
+    pub(crate) fn ring_copied(
+        &mut self,
+        bytes: usize,
+        took: Duration,
+        both_ways: bool,
+    ) -> Option<u64> {
+        let now = Instant::now();
+        let cost = if both_ways {
+            took.saturating_mul(2)
+        } else {
+            took
         };
-        self.last_end = Some(now);
-        (now.saturating_duration_since(from), now)
+        self.ring.offer(bytes, cost, now);
+        self.advise(now)
+    }
+
+    /// A zero-copy read step of `bytes` took `took` (from posting its reads to
+    /// seeing them complete). Returns the advice word to post, if it changed.
+    pub(crate) fn zero_copy_read(&mut self, bytes: usize, took: Duration) -> Option<u64> {
+        let now = Instant::now();
+        self.zero_copy.offer(bytes, took, now);
+        self.advise(now)
     }
 
     fn advise(&mut self, now: Instant) -> Option<u64> {
@@ -134,13 +158,25 @@ impl PathMeter {
                 self.zero_copy_faster = true;
             }
         }
-        // The path to take next: the faster one, unless the other is due a sample.
-        let other_stale = if self.zero_copy_faster {
-            self.ring.stale(now)
+        // The path to take next: the one under probe, else the faster one, unless
+        // the other is due a probe.
+        let zero_copy = if self.zero_copy.probe.is_some() {
+            true
+        } else if self.ring.probe.is_some() {
+            false
         } else {
-            self.zero_copy.stale(now)
+            let other = if self.zero_copy_faster {
+                &mut self.ring
+            } else {
+                &mut self.zero_copy
+            };
+            if other.stale(now) {
+                other.probe = Some(0);
+                !self.zero_copy_faster
+            } else {
+                self.zero_copy_faster
+            }
         };
-        let zero_copy = self.zero_copy_faster != other_stale;
         let posted_zero_copy = self.posted & ADVICE_ZERO_COPY != 0;
         // Nothing new to say (the sender reads 0, no advice yet, as "ring").
         if posted_zero_copy == zero_copy {
@@ -161,14 +197,26 @@ impl PathMeter {
     #[cfg(test)]
     fn sample(&mut self, zero_copy: bool, bytes: usize, took: Duration) -> Option<u64> {
         let now = Instant::now();
-        self.last_end = None;
         let cost = if zero_copy {
             &mut self.zero_copy
         } else {
             &mut self.ring
         };
-        cost.add(bytes, took, now);
+        cost.offer(bytes, took, now);
         self.advise(now)
+    }
+
+    /// Feeds `count` samples of a MiB each at `gbps` GB/s; returns the last word
+    /// posted meanwhile.
+    #[cfg(test)]
+    fn feed(&mut self, zero_copy: bool, gbps: u64, count: usize) -> Option<u64> {
+        let mib = 1 << 20;
+        let mut last = None;
+        for _ in 0..count {
+            let took = Duration::from_nanos(mib as u64 / gbps);
+            last = self.sample(zero_copy, mib, took).or(last);
+        }
+        last
     }
 }
 
@@ -177,6 +225,8 @@ mod tests {
     use super::*;
 
     const MIB: usize = 1 << 20;
+    /// Samples of a MiB that complete a probe.
+    const PROBE: usize = (PROBE_BYTES >> 20) as usize;
 
     /// Nanoseconds to copy `bytes` at `gbps` GB/s.
     fn at(gbps: u64, bytes: usize) -> Duration {
@@ -184,14 +234,26 @@ mod tests {
     }
 
     #[test]
-    fn the_first_ring_figure_asks_for_a_zero_copy_sample() {
+    fn the_first_ring_figure_asks_for_a_zero_copy_probe() {
         let mut m = PathMeter::default();
-        let w = m
-            .sample(false, MIB, at(30, MIB))
-            .expect("zero-copy was never measured");
+        let w = m.feed(false, 30, 1).expect("zero-copy was never measured");
         assert_eq!(w & ADVICE_ZERO_COPY, ADVICE_ZERO_COPY);
         // Further ring figures do not repeat the request.
-        assert_eq!(m.sample(false, MIB, at(30, MIB)), None);
+        assert_eq!(m.feed(false, 30, 4), None);
+    }
+
+    #[test]
+    fn a_probe_lasts_its_bytes_and_measures_only_their_second_half() {
+        let mut m = PathMeter::default();
+        m.feed(false, 10, 1);
+        assert!(m.advises_zero_copy());
+        // Cold first transfers, slow enough to lose, are left out.
+        assert_eq!(m.feed(true, 1, PROBE / 2), None);
+        assert!(m.advises_zero_copy(), "the probe is still under way");
+        // The warm half is faster than the ring: zero-copy stays.
+        assert_eq!(m.feed(true, 20, PROBE / 2), None);
+        assert!(m.advises_zero_copy());
+        assert!(m.zero_copy.probe.is_none());
     }
 
     #[test]
@@ -199,82 +261,68 @@ mod tests {
         // Fast hand-off, one end sending: the ring delivers at 15 GB/s (both copies
         // overlap), the kernel's single copy at 8.
         let mut m = PathMeter::default();
-        m.sample(false, MIB, at(15, MIB));
-        let w = m.sample(true, MIB, at(8, MIB)).expect("back to the ring");
+        m.feed(false, 15, 1);
+        let w = m.feed(true, 8, PROBE).expect("back to the ring");
         assert_eq!(w & ADVICE_ZERO_COPY, 0);
-        assert!(!m.advises_zero_copy());
-        for _ in 0..20 {
-            assert_eq!(m.sample(false, MIB, at(15, MIB)), None);
-        }
+        assert_eq!(m.feed(false, 15, 20), None);
     }
 
     #[test]
     fn a_slow_ring_switches_to_zero_copy_and_probes_the_ring_later() {
-        // Slow hand-off (or both ends sending): the ring delivers at 6 GB/s.
+        // Slow hand-off: the ring delivers at 6 GB/s, the single copy at 12.
         let mut m = PathMeter::default();
-        m.sample(false, MIB, at(6, MIB));
+        m.feed(false, 6, 1);
+        assert_eq!(m.feed(true, 12, PROBE), None);
         assert!(m.advises_zero_copy());
-        assert_eq!(m.sample(true, MIB, at(12, MIB)), None);
-        assert!(m.advises_zero_copy());
-        // The ring's figure ages: a zero-copy sample after PROBE_AFTER asks for a
-        // ring sample, and the ring, still slow, hands back to zero-copy.
+        // The ring's figure ages: the next zero-copy sample asks for a ring probe,
+        // and the ring, still slow, hands back to zero-copy when it is done.
         m.ring.at = Some(Instant::now() - PROBE_AFTER);
-        let w = m
-            .sample(true, MIB, at(12, MIB))
-            .expect("a ring sample is due");
+        let w = m.feed(true, 12, 1).expect("a ring probe is due");
         assert_eq!(w & ADVICE_ZERO_COPY, 0);
-        let w = m.sample(false, MIB, at(6, MIB)).expect("zero-copy again");
+        let w = m.feed(false, 6, PROBE).expect("zero-copy again");
         assert_eq!(w & ADVICE_ZERO_COPY, ADVICE_ZERO_COPY);
+    }
+
+    #[test]
+    fn a_ring_byte_costs_two_copies_while_this_end_sends_too() {
+        // The ring copies out at 10 GB/s, zero-copy reads at 7: one way the ring
+        // wins, both ways (two copies per byte on each core) zero-copy does.
+        for (both_ways, zero_copy) in [(false, false), (true, true)] {
+            let mut m = PathMeter::default();
+            m.ring_copied(MIB, at(10, MIB), both_ways);
+            m.feed(true, 7, PROBE);
+            assert_eq!(m.advises_zero_copy(), zero_copy, "both ways: {both_ways}");
+        }
     }
 
     #[test]
     fn near_equal_costs_do_not_flip_the_advice() {
         let mut m = PathMeter::default();
-        m.sample(false, MIB, at(12, MIB));
-        m.sample(true, MIB, at(12, MIB));
+        m.feed(false, 12, 1);
+        m.feed(true, 12, PROBE);
         let first = m.advises_zero_copy();
         // 8% either way stays inside the hysteresis.
         for gbps in [11, 13, 12, 11, 13] {
-            m.sample(false, MIB, at(gbps, MIB));
+            m.feed(first, gbps, 1);
             assert_eq!(m.advises_zero_copy(), first);
         }
     }
 
     #[test]
-    fn a_sample_counts_from_the_last_copy_unless_the_application_paused() {
-        let mut m = PathMeter::default();
-        let t0 = Instant::now();
-        let us = Duration::from_micros;
-        assert_eq!(m.interval_at(t0, t0 + us(10)).0, us(10));
-        // The next copy starts 50 us after the last ended: the wait is the path's
-        // (for the sender's bytes, say).
-        assert_eq!(m.interval_at(t0 + us(60), t0 + us(70)).0, us(60));
-        // After an idle gap the sample counts from its own start.
-        let start = t0 + us(70) + IDLE_GAP * 2;
-        assert_eq!(m.interval_at(start, start + us(10)).0, us(10));
-    }
-
-    #[test]
-    fn every_posted_word_differs_from_the_last() {
+    fn every_posted_word_differs_from_the_last_and_the_advice_follows_the_regime() {
         let mut m = PathMeter::default();
         let mut last = 0;
         for round in 0..6 {
             let (ring, zc) = if round % 2 == 0 { (40, 12) } else { (4, 12) };
             for _ in 0..64 {
-                if let Some(w) = m.sample(false, MIB, at(ring, MIB)) {
-                    assert_ne!(w, last);
-                    last = w;
-                }
-                if let Some(w) = m.sample(true, MIB, at(zc, MIB)) {
-                    assert_ne!(w, last);
-                    last = w;
+                for (zero_copy, gbps) in [(false, ring), (true, zc)] {
+                    if let Some(w) = m.feed(zero_copy, gbps, 1) {
+                        assert_ne!(w, last);
+                        last = w;
+                    }
                 }
             }
+            assert_eq!(m.advises_zero_copy(), ring < zc, "round {round}");
         }
-        assert!(
-            last >> 1 >= 6,
-            "the advice follows the regime: {} changes",
-            last >> 1
-        );
     }
 }

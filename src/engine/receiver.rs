@@ -659,8 +659,7 @@ impl<F: Fabric> Receiver<F> {
         drop(r.lent);
         result?;
         if let Some(t0) = r.started {
-            let took = t0.elapsed();
-            self.advise_path(|m| m.zero_copy_read(r.len, took))?;
+            self.advise_path(|m| m.zero_copy_read(r.len, t0))?;
         }
         let z = self.zc.as_mut().expect("reads belong to a transfer");
         z.done += r.len as u64;

@@ -13,7 +13,7 @@
 //! as ours (the same lines between the same cores): while only the peer sends, the
 //! two copies run at once on two cores and the byte costs one copy's time; while
 //! this end sends large data on the connection too, its core makes both kinds of
-//! copy and the byte costs two. The receiver tells the sender which path costs
+//! copy and the byte costs up to two ([`BOTH_WAYS_PCT`]). The receiver tells the sender which path costs
 //! less in a control word ([`CtrlWord::PathAdvice`]), and the sender, which chooses
 //! the path of each buffer, follows it for buffers from `Link::zc_adaptive_min` up.
 //!
@@ -50,6 +50,17 @@ pub(crate) fn process_nanos() -> u64 {
     let epoch = *EPOCH.get_or_init(Instant::now);
     epoch.elapsed().as_nanos().min(u64::MAX as u128) as u64
 }
+
+/// Zero-copy steps at most this far apart count as one stream: the time between
+/// them is the path's (see [`PathMeter::zero_copy_read`]).
+const BACK_TO_BACK: Duration = Duration::from_millis(1);
+
+/// A ring byte's cost while this end sends large data too, in percent of our copy
+/// out: each core then makes the copy into its outgoing ring and the copy out of its
+/// incoming one, but not back to back (a core waits for its peer now and then, and
+/// the copies overlap it). 200 (no overlap) kept 1 MiB exchanges on single copy
+/// where the ring was 1.2x faster; 150 is the middle (bench/notebook/2026-11.md).
+const BOTH_WAYS_PCT: u32 = 150;
 
 /// The advice word's bit that asks for zero-copy; the bits above count the advice
 /// changes, so that every change is a new value.
@@ -115,6 +126,8 @@ impl Cost {
 pub(crate) struct PathMeter {
     ring: Cost,
     zero_copy: Cost,
+    /// When the last zero-copy step ended.
+    zero_copy_end: Option<Instant>,
     /// Zero-copy delivered faster, by the figures so far (ring until measured so).
     zero_copy_faster: bool,
     /// The advice word last posted (0: none yet, which the sender reads as "ring").
@@ -133,7 +146,7 @@ impl PathMeter {
     ) -> Option<u64> {
         let now = Instant::now();
         let cost = if both_ways {
-            took.saturating_mul(2)
+            took.saturating_mul(BOTH_WAYS_PCT) / 100
         } else {
             took
         };
@@ -141,11 +154,19 @@ impl PathMeter {
         self.advise(now)
     }
 
-    /// A zero-copy read step of `bytes` took `took` (from posting its reads to
-    /// seeing them complete). Returns the advice word to post, if it changed.
-    pub(crate) fn zero_copy_read(&mut self, bytes: usize, took: Duration) -> Option<u64> {
+    /// A zero-copy read step of `bytes` ran from `start` (its reads posted) to now
+    /// (seen complete). Returns the advice word to post, if it changed.
+    pub(crate) fn zero_copy_read(&mut self, bytes: usize, start: Instant) -> Option<u64> {
         let now = Instant::now();
-        self.zero_copy.offer(bytes, took, now);
+        // Back to back, a transfer waits for the one before it to be confirmed and
+        // the next announced (the ring pipelines instead): that wait is the path's.
+        let from = match self.zero_copy_end {
+            Some(end) if end <= start && start.duration_since(end) <= BACK_TO_BACK => end,
+            _ => start,
+        };
+        self.zero_copy_end = Some(now);
+        self.zero_copy
+            .offer(bytes, now.saturating_duration_since(from), now);
         self.advise(now)
     }
 
@@ -284,13 +305,13 @@ mod tests {
     }
 
     #[test]
-    fn a_ring_byte_costs_two_copies_while_this_end_sends_too() {
-        // The ring copies out at 10 GB/s, zero-copy reads at 7: one way the ring
-        // wins, both ways (two copies per byte on each core) zero-copy does.
+    fn a_ring_byte_costs_more_while_this_end_sends_too() {
+        // The ring copies out at 10 GB/s, zero-copy reads at 8: one way the ring
+        // wins, both ways (1.5 copies' time per byte) zero-copy does.
         for (both_ways, zero_copy) in [(false, false), (true, true)] {
             let mut m = PathMeter::default();
             m.ring_copied(MIB, at(10, MIB), both_ways);
-            m.feed(true, 7, PROBE);
+            m.feed(true, 8, PROBE);
             assert_eq!(m.advises_zero_copy(), zero_copy, "both ways: {both_ways}");
         }
     }

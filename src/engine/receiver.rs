@@ -683,8 +683,8 @@ impl<F: Fabric> Receiver<F> {
         Ok(())
     }
 
-    /// Whether a zero-copy step of `len` bytes is timed for the path meter.
-    pub(crate) fn times_zero_copy(&self, len: usize) -> bool {
+    /// Whether a copy or read step of `len` bytes is timed for the path meter.
+    pub(crate) fn times_copy(&self, len: usize) -> bool {
         len >= MEASURE_MIN && self.meter.is_some()
     }
 
@@ -1120,7 +1120,7 @@ impl<F: Fabric> Receiver<F> {
                     }
                 }
                 let n = self.cur_left.min(buf.len() - at);
-                let timed = (n >= MEASURE_MIN && self.meter.is_some()).then(Instant::now);
+                let timed = self.times_copy(n).then(Instant::now);
                 // The whole packet is visible (next_packet saw its trailer) and will not
                 // be rewritten until we publish a tail beyond it.
                 self.ring

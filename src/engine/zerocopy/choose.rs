@@ -13,8 +13,8 @@
 //! as ours (the same lines between the same cores): while only the peer sends, the
 //! two copies run at once on two cores and the byte costs one copy's time; while
 //! this end sends large data on the connection too, its core makes both kinds of
-//! copy and the byte costs up to two ([`BOTH_WAYS_PCT`]). The receiver tells the sender which path costs
-//! less in a control word ([`CtrlWord::PathAdvice`]), and the sender, which chooses
+//! copy and the byte costs up to two ([`BOTH_WAYS_PCT`]). The receiver tells the
+//! sender which path costs less in a control word ([`CtrlWord::PathAdvice`]), and the sender, which chooses
 //! the path of each buffer, follows it for buffers from `Link::zc_adaptive_min` up.
 //!
 //! A path not taken is not measured, so the meter asks for it now and then: when

@@ -104,7 +104,7 @@ impl<F: Fabric> Receiver<F> {
             .min(z.total - z.done)
             .min((self.max_reads * READ_PIECE) as u64) as usize;
         let done = z.done;
-        let started = self.times_zero_copy(n).then(std::time::Instant::now);
+        let started = self.times_copy(n).then(std::time::Instant::now);
         let push = push_share(n, link.zc_push);
         // The lend goes out first, so the peer pushes while we read.
         let lent = if push > 0 {

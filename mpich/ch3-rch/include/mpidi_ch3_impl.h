@@ -4,7 +4,8 @@
  * Send side: a request that could not be put whole waits in its VC's send queue
  * (FIFO, so packets never interleave); the progress engine offers the head's iov to
  * rch_put_datav again, advanced past what was put. Receive side: each VC reads a
- * fixed-size CH3 packet header, hands it to CH3's packet handler, and reads the
+ * CH3 packet header (as long as its type's, see MPIDI_CH3I_Pkt_wire_len), hands it
+ * to CH3's packet handler, and reads the
  * data into the iov of the request the handler returns, calling OnDataAvail as each
  * iov fills. Both sides honour rdma-channel's zero-copy contract by construction:
  * the iov is only ever advanced by the bytes counted.
@@ -24,6 +25,63 @@
  * ring straight into its destination. */
 #define RCH_STAGE_SIZE (8 * 1024)
 #define RCH_READAHEAD_DATA_MAX 1024
+
+/* A packet type's struct rounded up to 8 bytes, so that the data behind a header
+ * stays 8-byte aligned in the stage (CH3's handlers read small payloads in place). */
+#define RCH_WIRE_LEN(t) ((sizeof(t) + 7) & ~(size_t) 7)
+
+/* Bytes a CH3 header takes on the wire, by its type: the struct of that type for the
+ * point-to-point packets, which every small message carries, and the whole packet
+ * union (80 bytes on x86-64) for the others. A whole union would make an 8-byte
+ * message 112 ring bytes, two cache lines between the cores; its eager header (24
+ * bytes) makes it one. Both ends run this build, so they agree on every length, and
+ * CH3 builds each header in a whole MPIDI_CH3_Pkt_t, so reading this many bytes from
+ * it stays inside it. An unknown type gets the union's size: the receiver then finds
+ * it invalid with the whole header read, as before. */
+static inline size_t MPIDI_CH3I_Pkt_wire_len(MPIDI_CH3_Pkt_type_t type)
+{
+    switch (type) {
+        case MPIDI_CH3_PKT_EAGER_SEND:
+        case MPIDI_CH3_PKT_EAGER_SYNC_SEND:
+        case MPIDI_CH3_PKT_READY_SEND:
+        case MPIDI_CH3_PKT_RNDV_REQ_TO_SEND:
+            return RCH_WIRE_LEN(MPIDI_CH3_Pkt_send_t);
+#if defined(USE_EAGER_SHORT)
+        case MPIDI_CH3_PKT_EAGERSHORT_SEND:
+            return RCH_WIRE_LEN(MPIDI_CH3_Pkt_eagershort_send_t);
+#endif
+        case MPIDI_CH3_PKT_EAGER_SYNC_ACK:
+            return RCH_WIRE_LEN(MPIDI_CH3_Pkt_eager_sync_ack_t);
+        case MPIDI_CH3_PKT_RNDV_CLR_TO_SEND:
+            return RCH_WIRE_LEN(MPIDI_CH3_Pkt_rndv_clr_to_send_t);
+        case MPIDI_CH3_PKT_RNDV_SEND:
+            return RCH_WIRE_LEN(MPIDI_CH3_Pkt_rndv_send_t);
+        case MPIDI_CH3_PKT_CANCEL_SEND_REQ:
+            return RCH_WIRE_LEN(MPIDI_CH3_Pkt_cancel_send_req_t);
+        case MPIDI_CH3_PKT_CANCEL_SEND_RESP:
+            return RCH_WIRE_LEN(MPIDI_CH3_Pkt_cancel_send_resp_t);
+        default:
+            return sizeof(MPIDI_CH3_Pkt_t);
+    }
+}
+
+/* Every length above fits in the union (a header that is not a multiple of 8 costs
+ * only align_stage's move). */
+_Static_assert(RCH_WIRE_LEN(MPIDI_CH3_Pkt_send_t) <= sizeof(MPIDI_CH3_Pkt_t), "fits the union");
+#if defined(USE_EAGER_SHORT)
+_Static_assert(RCH_WIRE_LEN(MPIDI_CH3_Pkt_eagershort_send_t) <= sizeof(MPIDI_CH3_Pkt_t),
+               "fits the union");
+#endif
+_Static_assert(RCH_WIRE_LEN(MPIDI_CH3_Pkt_cancel_send_req_t) <= sizeof(MPIDI_CH3_Pkt_t),
+               "fits the union");
+_Static_assert(RCH_WIRE_LEN(MPIDI_CH3_Pkt_cancel_send_resp_t) <= sizeof(MPIDI_CH3_Pkt_t),
+               "fits the union");
+
+/* Bytes read for a header before its type is known, after a large payload (the next
+ * payload should go from the ring straight to its destination): the eager header,
+ * the commonest. A shorter header leaves a few payload bytes in the stage, a longer
+ * one is completed by a second read. */
+#define RCH_HEADER_GUESS RCH_WIRE_LEN(MPIDI_CH3_Pkt_send_t)
 
 /* Receive state of one VC (allocated when the VC is initialised). */
 typedef struct MPIDI_CH3I_Rch_recv {

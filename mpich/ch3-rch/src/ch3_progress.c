@@ -89,19 +89,31 @@ static void align_stage(MPIDI_CH3I_Rch_recv * rs)
 #define RCH_NOINLINE
 #endif
 
+/* The header length of the packet at stage + pos, once its type has arrived (0 before). */
+static RCH_ALWAYS_INLINE size_t staged_header_len(const MPIDI_CH3I_Rch_recv * rs)
+{
+    MPIDI_CH3_Pkt_type_t type;
+    if (rs->len - rs->pos < sizeof(type))
+        return 0;
+    memcpy(&type, rs->stage + rs->pos, sizeof(type));
+    return MPIDI_CH3I_Pkt_wire_len(type);
+}
+
 /* Makes a whole header available at stage + pos if the connection has one: moves a
  * partial header to the front and reads (ahead, while packets are small). Returns an
- * rch status; *got says whether a header is there. */
-static RCH_ALWAYS_INLINE int fill_header(MPIDI_CH3I_VC * vcch, int *got, int *made_progress)
+ * rch status; *hdr_len is the header's length once it is all there, else 0. */
+static RCH_ALWAYS_INLINE int fill_header(MPIDI_CH3I_VC * vcch, size_t *hdr_len,
+                                         int *made_progress)
 {
     MPIDI_CH3I_Rch_recv *rs = vcch->recv;
-    const size_t hdr = sizeof(MPIDI_CH3_Pkt_t);
-    size_t want, nb = 0;
-    int rc;
+    size_t need = staged_header_len(rs);
+    int reads;
 
-    *got = (rs->len - rs->pos >= hdr);
-    if (*got)
+    *hdr_len = 0;
+    if (need != 0 && rs->len - rs->pos >= need) {
+        *hdr_len = need;
         return RCH_SUCCESS;
+    }
     if (rs->stage == NULL) {
         rs->stage = MPL_malloc(RCH_STAGE_SIZE, MPL_MEM_BUFFER);
         if (rs->stage == NULL)
@@ -112,16 +124,30 @@ static RCH_ALWAYS_INLINE int fill_header(MPIDI_CH3I_VC * vcch, int *got, int *ma
         rs->len -= rs->pos;
         rs->pos = 0;
     }
-    /* Only the header after a large payload: the next payload may be large too, and
-     * it should go from the ring straight to its destination. */
-    want = rs->last_data > RCH_READAHEAD_DATA_MAX ? hdr - rs->len : RCH_STAGE_SIZE - rs->len;
-    rc = rch_read_buffered(vcch->rvc, rs->stage + rs->len, want, &nb);
-    if (rc != RCH_SUCCESS)
-        return rc;
-    if (nb > 0)
+    /* At most two reads: the second completes a header longer than the first read's
+     * guess at it. */
+    for (reads = 0; reads < 2; reads++) {
+        size_t want, nb = 0;
+        int rc;
+        /* Only the header after a large payload: the next payload may be large too,
+         * and it should go from the ring straight to its destination. */
+        if (rs->last_data > RCH_READAHEAD_DATA_MAX)
+            want = (need != 0 ? need : RCH_HEADER_GUESS) - rs->len;
+        else
+            want = RCH_STAGE_SIZE - rs->len;
+        rc = rch_read_buffered(vcch->rvc, rs->stage + rs->len, want, &nb);
+        if (rc != RCH_SUCCESS)
+            return rc;
+        if (nb == 0)
+            return RCH_SUCCESS;
         *made_progress = TRUE;
-    rs->len += nb;
-    *got = (rs->len >= hdr);
+        rs->len += nb;
+        need = staged_header_len(rs);
+        if (need != 0 && rs->len >= need) {
+            *hdr_len = need;
+            return RCH_SUCCESS;
+        }
+    }
     return RCH_SUCCESS;
 }
 
@@ -192,18 +218,19 @@ static RCH_ALWAYS_INLINE int recv_progress(MPIDI_VC_t * vc, int *made_progress,
         if (rs->active == NULL) {
             MPIR_Request *rreq = NULL;
             intptr_t buflen;
-            int got;
+            size_t hdr_len;
 
-            rc = fill_header(vcch, &got, made_progress);
+            rc = fill_header(vcch, &hdr_len, made_progress);
             if (rc != RCH_SUCCESS)
                 goto read_error;
-            if (!got)
+            if (hdr_len == 0)
                 break;
             /* A peer that talks to us uses this VC: CH3 must close it at finalize. */
             if (vc->state == MPIDI_VC_STATE_INACTIVE)
                 MPIDI_CHANGE_VC_STATE(vc, ACTIVE);
-            memcpy(&rs->pkt, rs->stage + rs->pos, sizeof(MPIDI_CH3_Pkt_t));
-            rs->pos += sizeof(MPIDI_CH3_Pkt_t);
+            /* The handler reads only its type's struct, all of which came. */
+            memcpy(&rs->pkt, rs->stage + rs->pos, hdr_len);
+            rs->pos += hdr_len;
             rs->last_data = 0;
             if (rs->pkt.type < 0 || rs->pkt.type >= MPIDI_CH3_PKT_END_CH3 ||
                 pktArray[rs->pkt.type] == NULL) {

@@ -1,9 +1,9 @@
 /*
  * ch3:rch - CH3 channel over rdma-channel: the send side.
  *
- * Every CH3 packet goes as a fixed-size header (sizeof(MPIDI_CH3_Pkt_t), as ch3:sock
- * does, so the receiver knows how much to read before the packet handler tells it
- * the rest) followed by its data. A send first tries to put everything at once; what
+ * Every CH3 packet goes as a header as long as its type's struct
+ * (MPIDI_CH3I_Pkt_wire_len: the receiver reads the type, then knows how much header
+ * to read before the packet handler tells it the rest) followed by its data. A send first tries to put everything at once; what
  * the connection does not take now (ring full, connection being set up, zero-copy
  * buffer announced and not yet read) waits in the VC's send queue, with the header
  * copied into the request, and the progress engine offers it again. Packets never
@@ -61,16 +61,16 @@ int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iovp, int *np, int *done)
 
 /* Copies what is left of a send into the request: the iov, and the header into the
  * request's own packet if any of it is still to go (the caller's header is on its
- * stack). `sent_hdr` is how many header bytes went already. */
+ * stack). `sent_hdr` is how many of its `hdr_len` bytes went already. */
 static void save_rest(MPIR_Request * sreq, const struct iovec *iov, int n, int hdr_left,
-                      const void *hdr, size_t sent_hdr)
+                      const void *hdr, size_t hdr_len, size_t sent_hdr)
 {
     int i;
     int first = 0;
     if (hdr_left) {
         sreq->dev.pending_pkt = *(const MPIDI_CH3_Pkt_t *) hdr;
         sreq->dev.iov[0].iov_base = (char *) &sreq->dev.pending_pkt + sent_hdr;
-        sreq->dev.iov[0].iov_len = sizeof(MPIDI_CH3_Pkt_t) - sent_hdr;
+        sreq->dev.iov[0].iov_len = hdr_len - sent_hdr;
         first = 1;
         iov++;
         n--;
@@ -130,14 +130,16 @@ static int send_common(MPIDI_VC_t * vc, MPIR_Request * sreq, struct iovec *iov, 
     int mpi_errno = MPI_SUCCESS;
     MPIDI_CH3I_VC *vcch = &vc->ch;
     const void *hdr = iov[0].iov_base;
+    size_t hdr_len;
     struct iovec *cur = iov;
     int left = n;
     int done = 0;
 
     MPIR_Assert(n >= 1 && n <= MPL_IOV_LIMIT);
     MPIR_Assert(iov[0].iov_len <= sizeof(MPIDI_CH3_Pkt_t));
-    /* Fixed-size headers: the receiver reads this many bytes before the handler. */
-    iov[0].iov_len = sizeof(MPIDI_CH3_Pkt_t);
+    /* The receiver reads this many header bytes, by the type, before the handler. */
+    hdr_len = MPIDI_CH3I_Pkt_wire_len(((const MPIDI_CH3_Pkt_t *) hdr)->type);
+    iov[0].iov_len = hdr_len;
 
     if (vcch->state == MPIDI_CH3I_VC_STATE_FAILED || vcch->state == MPIDI_CH3I_VC_STATE_TERMINATED) {
         MPIR_ERR_SET1(mpi_errno, MPI_ERR_OTHER, "**ch3|rch|peerlost", "**ch3|rch|peerlost %d",
@@ -167,13 +169,13 @@ static int send_common(MPIDI_VC_t * vc, MPIR_Request * sreq, struct iovec *iov, 
     } else {
         /* Header bytes still to go: those of the first entry if it is the header. */
         int hdr_left = (cur == iov);
-        size_t sent_hdr = hdr_left ? sizeof(MPIDI_CH3_Pkt_t) - cur->iov_len : 0;
+        size_t sent_hdr = hdr_left ? hdr_len - cur->iov_len : 0;
         if (sreq == NULL) {
             sreq = new_send_request();
             MPIR_ERR_CHKANDJUMP(sreq == NULL, mpi_errno, MPI_ERR_OTHER, "**nomem");
             *sreq_out = sreq;
         }
-        save_rest(sreq, cur, left, hdr_left, hdr, sent_hdr);
+        save_rest(sreq, cur, left, hdr_left, hdr, hdr_len, sent_hdr);
         enqueue(vc, sreq);
     }
 

@@ -592,8 +592,8 @@ fn check_timeout(t: c_int) -> Result<(), Error> {
     Ok(())
 }
 
-/// Most connections one `rch_poll_ready` call lists: what does not fit waits for the
-/// next call (the list is level-triggered), and the ranks are gathered on the stack.
+/// Most connections one `rch_poll_ready` call lists (`rch.h` promises at most 64):
+/// what does not fit waits for the next call (the list is level-triggered).
 const POLL_READY_BATCH: usize = 64;
 
 /// See `rch_poll_ready` in `ffi/rch.h`.
@@ -616,15 +616,18 @@ pub unsafe extern "C" fn rch_poll_ready(ranks: *mut c_int, max: c_int, n: *mut c
         if ranks.is_null() && max > 0 {
             return Err(null("ranks"));
         }
-        let mut found = [0usize; POLL_READY_BATCH];
         let want = (max as usize).min(POLL_READY_BATCH);
+        let found: &mut [c_int] = if want == 0 {
+            &mut []
+        } else {
+            // SAFETY: non-NULL (checked above, as max > 0) and, as the caller promised,
+            // valid for writing max >= want ints, which nothing else reaches meanwhile.
+            unsafe { std::slice::from_raw_parts_mut(ranks, want) }
+        };
         let mut lib = lock()?;
         let g = lib.ready()?;
-        let got = g.poll_ready(&mut found[..want]);
-        for (i, &r) in found[..got].iter().enumerate() {
-            // SAFETY: i < got <= max, and the caller promised `max` writable ints.
-            unsafe { out(ranks.add(i), r as c_int) };
-        }
+        // Ranks are below the group's size, which rch_init handed out as an int.
+        let got = g.poll_ready(found, |r| r as c_int);
         // SAFETY: checked non-NULL above.
         unsafe { out(n, got as c_int) };
         Ok(())

@@ -734,7 +734,10 @@ impl Group {
     /// A quiet connection whose peer writes is noticed at the next call through the
     /// doorbell (or, without one, within (quiet connections / [`QUIET_PER_CALL`])
     /// calls), and is busy from then on.
-    pub(crate) fn poll_ready(&mut self, out: &mut [usize]) -> usize {
+    ///
+    /// Ranks are stored as `rank_as` makes them: the C interface writes its `int`s
+    /// straight into the caller's array, with no buffer of its own to clear first.
+    pub(crate) fn poll_ready<R>(&mut self, out: &mut [R], rank_as: fn(usize) -> R) -> usize {
         self.watch.calls += 1;
         let calls = self.watch.calls;
         // The sockets cost system calls: looked at every PROGRESS_EVERY calls while
@@ -775,7 +778,7 @@ impl Group {
                 Readiness::Ready => {
                     self.vcs[r].watch = Watched::Busy(0);
                     if n < out.len() {
-                        out[n] = r;
+                        out[n] = rank_as(r);
                         n += 1;
                     }
                     i += 1;
@@ -802,11 +805,13 @@ impl Group {
                 }
             }
         }
-        for _ in 0..QUIET_PER_CALL {
-            n += self.look_in_turn(false, &mut out[n..]);
+        // Each quiet connection at most once a call (with one, the second look would
+        // repeat the first).
+        for _ in 0..QUIET_PER_CALL.min(self.watch.quiet.len()) {
+            n += self.look_in_turn(false, &mut out[n..], rank_as);
         }
         if calls % BELLED_TURN_EVERY == 0 {
-            n += self.look_in_turn(true, &mut out[n..]);
+            n += self.look_in_turn(true, &mut out[n..], rank_as);
         }
         n
     }
@@ -868,7 +873,7 @@ impl Group {
     /// Looks at the next quiet connection of one list (those with a doorbell if
     /// `belled`) and lists it in `out` if it has something to read; returns how many
     /// it listed (0 or 1).
-    fn look_in_turn(&mut self, belled: bool, out: &mut [usize]) -> usize {
+    fn look_in_turn<R>(&mut self, belled: bool, out: &mut [R], rank_as: fn(usize) -> R) -> usize {
         let (list, next) = if belled {
             (&mut self.watch.quiet_belled, &mut self.watch.next_belled)
         } else {
@@ -897,7 +902,7 @@ impl Group {
                 self.watch.busy.push(r);
                 self.watch.found_in_turn += 1;
                 if let Some(o) = out.first_mut() {
-                    *o = r;
+                    *o = rank_as(r);
                     1
                 } else {
                     0

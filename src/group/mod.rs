@@ -430,6 +430,12 @@ impl Group {
         #[cfg(not(feature = "verbs"))]
         let device_cpu = false;
         self.contention = Contention::of(local, cpus, device_cpu);
+        // The path choice times copies and reads by the clock: with ranks waiting for
+        // a CPU it would time the scheduler, and its probes cost CPU time the ranks
+        // are short of (NPB IS at 4 ranks on 2 CPUs: 0.51-0.58 s measuring, 0.47-0.48
+        // on the ring alone, bench/notebook/2026-11.md). Unless the user chose, the
+        // connections of an outnumbered group keep the ring.
+        self.cfg.zero_copy_adaptive_by_default &= self.contention.measures_paths();
         Ok(())
     }
 
@@ -1496,6 +1502,13 @@ impl Contention {
         }
     }
 
+    /// Whether large heap buffers take the path the receiver measures cheaper
+    /// (`Config::zero_copy_adaptive`) when the user did not choose: only with a CPU
+    /// for every rank, where a copy's time is the copy's.
+    fn measures_paths(self) -> bool {
+        self == Contention::None
+    }
+
     /// The backoff of a wait under this contention: `p` if the user set it
     /// (`policy_set`) or nothing contends.
     fn backoff(self, p: WaitPolicy, policy_set: bool) -> Backoff {
@@ -1606,6 +1619,13 @@ mod tests {
         assert_eq!(Contention::of(4, 2, true), Contention::Device);
         assert_eq!(Contention::of(1, 2, true), Contention::None);
         assert_eq!(Contention::of(1, 1, false), Contention::None);
+    }
+
+    #[test]
+    fn only_a_group_with_a_cpu_per_rank_measures_its_paths() {
+        assert!(Contention::of(2, 2, false).measures_paths());
+        assert!(!Contention::of(4, 2, false).measures_paths());
+        assert!(!Contention::of(2, 2, true).measures_paths());
     }
 
     #[test]

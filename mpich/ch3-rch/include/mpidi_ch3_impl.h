@@ -5,10 +5,10 @@
  * (FIFO, so packets never interleave); the progress engine offers the head's iov to
  * rch_put_datav again, advanced past what was put. Receive side: each VC reads a
  * CH3 packet header (as long as its type's, see MPIDI_CH3I_Pkt_wire_len), hands it
- * to CH3's packet handler, and reads the
- * data into the iov of the request the handler returns, calling OnDataAvail as each
- * iov fills. Both sides honour rdma-channel's zero-copy contract by construction:
- * the iov is only ever advanced by the bytes counted.
+ * to CH3's packet handler, and reads the data into the iov of the request the
+ * handler returns, calling OnDataAvail as each iov fills. Both sides honour
+ * rdma-channel's zero-copy contract by construction: the iov is only ever advanced
+ * by the bytes counted.
  */
 
 #ifndef MPIDI_CH3_IMPL_H_INCLUDED

@@ -772,3 +772,42 @@ fn a_ping_pong_stays_in_a_lap_sized_to_its_messages() {
         }
     });
 }
+
+/// A get whose buffer has room for more than the first packet takes every packet
+/// that has landed behind it, in order, in each kind of get: `get`, `get_nowait` and
+/// `get_buffered` read a lone first packet on a straight path and the rest on the
+/// general one.
+#[test]
+fn a_roomy_get_takes_every_landed_packet() {
+    bounded("a_roomy_get_takes_every_landed_packet", || {
+        for t in edge_configs() {
+            for kind in ["get", "get_nowait", "get_buffered"] {
+                let (mut a, mut b) = t.pair();
+                let mut want = Vec::new();
+                for m in [&b"x"[..], b"0123456789abcdef", &[9u8; 40], &[3u8; 300]] {
+                    assert_eq!(a.put(&[IoSlice::new(m)]).unwrap(), m.len(), "{t:?}");
+                    want.extend_from_slice(m);
+                }
+                let mut buf = vec![0u8; 4096];
+                let mut got = 0;
+                let start = Instant::now();
+                while got < want.len() {
+                    assert!(start.elapsed() < SETTLE, "{kind}: {got} bytes ({t:?})");
+                    let rx = b.channel().receiver();
+                    let dst = &mut [IoSliceMut::new(&mut buf[got..])];
+                    got += match kind {
+                        "get" => rx.get(dst),
+                        // SAFETY: only ring bytes were sent: no read is left in flight.
+                        "get_nowait" => unsafe { rx.get_nowait(dst) },
+                        _ => rx.get_buffered(dst),
+                    }
+                    .unwrap();
+                    if !lands_later() {
+                        assert_eq!(got, want.len(), "one {kind} takes all ({t:?})");
+                    }
+                }
+                assert_eq!(&buf[..got], &want[..], "{kind} ({t:?})");
+            }
+        }
+    })
+}

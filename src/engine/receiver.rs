@@ -97,7 +97,7 @@ pub struct Receiver<F: Fabric> {
     /// Stream backoffs taken so far.
     backoffs: u64,
     /// A `get` returned data without the upkeep that follows it (tail update,
-    /// credit): the next call does it (see [`get_whole_packet`](Self::get_whole_packet)).
+    /// credit): the next call does it (see [`get_first_packet`](Self::get_first_packet)).
     upkeep_owed: bool,
     /// The ring size this end starts with and shrinks back to, and the most it grows to.
     initial_ring: u64,
@@ -850,7 +850,7 @@ impl<F: Fabric> Receiver<F> {
     /// `InvalidData` if the ring holds something no correct peer writes.
     pub fn get(&mut self, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         if let [buf] = iov {
-            if let Some(n) = self.get_whole_packet(buf)? {
+            if let Some(n) = self.get_first_packet(buf, GetMode::Wait)? {
                 return Ok(n);
             }
         }
@@ -858,12 +858,18 @@ impl<F: Fabric> Receiver<F> {
     }
 
     /// The common message of a ping-pong or request-response: a whole data packet
-    /// waiting at the read position, with nothing in progress before it, copied into
-    /// one buffer of its exact length. It takes the same steps as `get_inner` minus
-    /// its loops and cursor, and so does an empty poll (`Some(0)`); `None` when
-    /// something else is next (then `get_inner` reads it).
+    /// waiting at the read position, with nothing in progress before it, that fits in
+    /// one buffer. It takes the same steps as `get_inner` minus its loops and cursor,
+    /// and so does an empty poll (`Some(0)`); `None` when something else is next
+    /// (then `get_inner` reads it). When more has landed behind the packet and the
+    /// buffer has room, `get_inner` reads on into the rest (by `mode`), as a get
+    /// takes all that has landed.
     #[inline]
-    pub(crate) fn get_whole_packet(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    pub(crate) fn get_first_packet(
+        &mut self,
+        buf: &mut [u8],
+        mode: GetMode,
+    ) -> io::Result<Option<usize>> {
         if buf.is_empty() || self.reads.is_some() || self.zc.is_some() || self.in_packet {
             return Ok(None);
         }
@@ -884,9 +890,12 @@ impl<F: Fabric> Receiver<F> {
         };
         let header = Header::new_unchecked(&landed.header[..]);
         let len = header.len() as usize;
-        // Exactly the buffer's length: with room left, get_inner would go on to the
-        // packets after this one, and a get takes all that has landed.
-        if header.kind() != Ok(PacketKind::Data) || len != buf.len() {
+        // get_inner skips empty packets and times the copies the path meter measures.
+        if header.kind() != Ok(PacketKind::Data)
+            || len == 0
+            || len > buf.len()
+            || self.times_copy(len)
+        {
             return Ok(None);
         }
         // A stream of such gets with no empty poll between: the upkeep the last one
@@ -907,6 +916,19 @@ impl<F: Fabric> Receiver<F> {
         }
         self.cur_cells = landed.cells;
         self.finish_packet();
+        if len < buf.len() {
+            let [first, second] = self.ring.head_words(self.read_pos);
+            if first | second != 0 {
+                // More landed behind it: the general path reads on, and does the upkeep.
+                return match self.get_inner(&mut [IoSliceMut::new(&mut buf[len..])], mode) {
+                    Ok(more) => Ok(Some(len + more)),
+                    // This packet's bytes are the caller's now. A failure seen after
+                    // them is the connection's (a protocol error, a lost peer): it
+                    // stays, and the next call reports it.
+                    Err(_) => Ok(Some(len)),
+                };
+            }
+        }
         self.arm_stream_backoff();
         // When the sender waits for credit, or a tail update is due, the space this
         // call gave back (the packet release_read released above) goes to the
@@ -1040,6 +1062,11 @@ impl<F: Fabric> Receiver<F> {
                 io::ErrorKind::InvalidInput,
                 "zero-copy reads are in flight: finish them with get_nowait first",
             ));
+        }
+        if let [buf] = iov {
+            if let Some(n) = self.get_first_packet(buf, GetMode::RingOnly)? {
+                return Ok(n);
+            }
         }
         self.get_inner(iov, GetMode::RingOnly)
     }

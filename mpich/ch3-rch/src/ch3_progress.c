@@ -495,7 +495,9 @@ static void progress_continue(void)
 {
 #if (MPICH_THREAD_GRANULARITY == MPICH_THREAD_GRANULARITY__GLOBAL)
     int err;
-    MPID_Thread_cond_broadcast(&progress_completion_cond, &err);
+    /* Only another thread of a threaded program can wait in progress_delay. */
+    if (MPIR_IS_THREADED)
+        MPID_Thread_cond_broadcast(&progress_completion_cond, &err);
 #endif
 }
 

@@ -48,7 +48,7 @@ impl<F: Fabric> Receiver<F> {
         // it declines whenever reads are in flight or a transfer is announced, the
         // only states in which the two calls differ.
         if let [buf] = iov {
-            if let Some(n) = self.get_whole_packet(buf)? {
+            if let Some(n) = self.get_first_packet(buf, GetMode::NoWait(Lent(())))? {
                 return Ok(n);
             }
         }

@@ -780,7 +780,7 @@ impl<F: Fabric> Receiver<F> {
 
     /// The current packet is read: the next one starts after it. Its cells are given
     /// back later, by [`release_read`](Self::release_read).
-    #[inline]
+    #[inline(always)]
     fn finish_packet(&mut self) {
         self.release_read();
         self.read_pos += (self.cur_cells * CELL) as u64;

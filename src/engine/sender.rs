@@ -206,6 +206,7 @@ impl<F: Fabric> Sender<F> {
     ///
     /// `BrokenPipe` once the peer stopped reading or after [`close`](Self::close);
     /// `ConnectionReset` when the peer vanished or the fabric failed.
+    #[inline]
     pub fn put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
         if let Some(r) = self.put_small_now(iov) {
             return r;
@@ -216,7 +217,7 @@ impl<F: Fabric> Sender<F> {
     /// The common small message: one buffer that fits a stacked packet, with room at
     /// the head, sent with the same steps as `put_inner` minus its loop and cursor;
     /// `None` when `iov` is not such a message (then `put_inner` sends it).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn put_small_now(&mut self, iov: &[IoSlice<'_>]) -> Option<io::Result<usize>> {
         let [one] = iov else {
             return None;
@@ -229,7 +230,7 @@ impl<F: Fabric> Sender<F> {
 
     /// [`put_small_now`](Self::put_small_now) once it knows the `len` bytes of `iov`
     /// fit.
-    #[inline]
+    #[inline(always)]
     fn put_small(&mut self, iov: &[IoSlice<'_>], len: usize) -> io::Result<usize> {
         let link = &*self.link;
         if let Some(e) = link.error() {

@@ -460,7 +460,7 @@ impl Group {
     ///
     /// `rch_put_datav`'s zero-copy contract: buffers the call announces stay mapped
     /// and unmodified until a later call counts them.
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn put(
         &mut self,
         rank: usize,
@@ -482,7 +482,7 @@ impl Group {
     /// # Safety
     ///
     /// As [`put`](Self::put).
-    #[inline]
+    #[inline(always)]
     unsafe fn put_inner(
         &mut self,
         rank: usize,
@@ -570,7 +570,7 @@ impl Group {
     ///
     /// `rch_read_datav`'s contract: a buffer that reads were left in flight into stays
     /// allocated and untouched until a later call counts them.
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn read(
         &mut self,
         rank: usize,
@@ -586,7 +586,7 @@ impl Group {
 
     /// rch_read_buffered: as [`read`](Self::read), but only bytes already in the
     /// ring; it stops before a zero-copy transfer, so it leaves no reads in flight.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn read_buffered(
         &mut self,
         rank: usize,
@@ -607,7 +607,7 @@ impl Group {
     /// # Safety
     ///
     /// As [`read`](Self::read).
-    #[inline]
+    #[inline(always)]
     unsafe fn read_inner(
         &mut self,
         rank: usize,

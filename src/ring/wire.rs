@@ -516,7 +516,7 @@ impl<T: AsRef<[u8]>> Header<T> {
     /// # Errors
     ///
     /// [`WireError::UnknownKind`] for a value outside [`PacketKind`].
-    #[inline]
+    #[inline(always)]
     pub fn kind(&self) -> Result<PacketKind, WireError> {
         let bits = (self.word() >> KIND_SHIFT) & 0xf;
         PacketKind::from_bits(bits).ok_or(WireError::UnknownKind(bits as u8))

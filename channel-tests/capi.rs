@@ -154,8 +154,7 @@ fn rchx() -> PathBuf {
     program("rchx", &["rchx.c"], false)
 }
 
-/// Every C program the tests run (but the two built with other flags), for
-/// `build_the_c_programs`.
+/// The test programs built on `mm.c`, the CH3-like layer, for `build_the_c_programs`.
 const MM_TESTS: &[&str] = &[
     "t_alltoall",
     "t_pingpong",
@@ -167,8 +166,9 @@ const MM_TESTS: &[&str] = &[
     "t_peer",
 ];
 
-/// Not a test: builds every C program, so that `scripts/softroce-test` can build them
-/// on the host before the VM boots (see `up_to_date`).
+/// Not a test: builds every C program the tests run (but the two built with other
+/// flags, `t_badinput_shared` and `header_check`), so that `scripts/softroce-test`
+/// can build them on the host before the VM boots (see `up_to_date`).
 #[test]
 #[ignore = "run on purpose by scripts/softroce-test: builds the C programs only"]
 fn build_the_c_programs() {

@@ -31,6 +31,7 @@
 //! The fabrics notice a dead peer too, but an RC queue pair on verbs only when it
 //! sends, and a process that only reads never does.
 
+use super::cpus::CpuSet;
 use crate::fabric::{FabricKind, RemoteRegion};
 
 /// Longest hello card, in bytes (`RCH_CARD_MAX`).
@@ -38,11 +39,12 @@ pub(crate) const CARD_MAX: usize = 255;
 
 /// What a process publishes about itself: how peers of its host reach it (the
 /// fabric and the abstract socket), which host it is on, where peers of other
-/// hosts reach it through rdma_cm (if it can be reached that way), and its
-/// doorbell, which the senders of its host ring when it asks (if it has one):
+/// hosts reach it through rdma_cm (if it can be reached that way), its doorbell,
+/// which the senders of its host ring when it asks (if it has one), and the CPUs it
+/// may run on (its affinity mask as ranges, `0-3.8`, if known and short):
 ///
 /// ```text
-/// rch3,<fabric>,<pid>,<socket name>,<host id>,<ip:port or ->,<addr:len:rkey in hex or ->
+/// rch4,<fabric>,<pid>,<socket name>,<host id>,<ip:port or ->,<addr:len:rkey in hex or ->,<cpus or ->
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Hello {
@@ -57,6 +59,8 @@ pub(crate) struct Hello {
     /// Its doorbell ([`Doorbell`](crate::ring::memory::Doorbell)) on its fabric,
     /// if it has one.
     pub(crate) bell: Option<RemoteRegion>,
+    /// The CPUs it may run on ([`CpuSet::of_this_process`]), if known.
+    pub(crate) cpus: Option<CpuSet>,
 }
 
 /// A field of a hello card: printable ASCII without the separator, spaces or `=`.
@@ -74,18 +78,24 @@ impl Hello {
             || "-".to_string(),
             |b| format!("{:x}:{:x}:{:x}", b.addr, b.len, b.rkey),
         );
-        format!(
-            "rch3,{},{},{},{},{cm},{bell}",
+        let card = format!(
+            "rch4,{},{},{},{},{cm},{bell}",
             self.fabric, self.pid, self.socket, self.host
-        )
+        );
+        // The CPU list goes only where the card stays within CARD_MAX (an IPv6
+        // address and a long list could pass it); without it peers count as before.
+        match self.cpus.as_ref().and_then(CpuSet::encode) {
+            Some(cpus) if card.len() + 1 + cpus.len() <= CARD_MAX => format!("{card},{cpus}"),
+            _ => format!("{card},-"),
+        }
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Hello, String> {
         let s = std::str::from_utf8(b).map_err(|_| "not UTF-8".to_string())?;
         let parts: Vec<&str> = s.trim_end_matches('\0').split(',').collect();
-        if parts.len() != 7 || parts[0] != "rch3" {
+        if parts.len() != 8 || parts[0] != "rch4" {
             return Err(format!(
-                "{s:?} is not an rch3 hello card (do all ranks run the same rdma-channel?)"
+                "{s:?} is not an rch4 hello card (do all ranks run the same rdma-channel?)"
             ));
         }
         let fabric = parts[1]
@@ -112,6 +122,12 @@ impl Hello {
             "-" => None,
             b => Some(parse_bell(b).ok_or_else(|| format!("bad doorbell {b:?} in hello card"))?),
         };
+        let cpus = match parts[7] {
+            "-" => None,
+            c => {
+                Some(CpuSet::decode(c).ok_or_else(|| format!("bad CPU list {c:?} in hello card"))?)
+            }
+        };
         Ok(Hello {
             fabric,
             pid,
@@ -119,6 +135,7 @@ impl Hello {
             host: host.to_string(),
             cm,
             bell,
+            cpus,
         })
     }
 }
@@ -180,36 +197,65 @@ mod tests {
                 len: 4160,
                 rkey: 0xdead_beef,
             }),
+            cpus: CpuSet::decode("0-3.8"),
         };
         let s = h.encode();
         assert!(s.len() <= CARD_MAX && !s.contains(' ') && !s.contains('='));
+        assert!(s.ends_with(",0-3.8"), "{s}");
         assert_eq!(Hello::decode(s.as_bytes()), Ok(h.clone()));
-        let without_cm = Hello {
+        let without = Hello {
             cm: None,
             bell: None,
+            cpus: None,
+            ..h.clone()
+        };
+        assert!(without.encode().ends_with(",-,-,-"));
+        // A list that would take the card past CARD_MAX is left out.
+        let long: Vec<String> = (0..34).map(|c| (c * 3).to_string()).collect();
+        let crowded = Hello {
+            pid: u32::MAX,
+            socket: "rch-4294967295-00ff12ab34cd56ef".into(),
+            cm: Some(
+                "[fd00:1234:5678:9abc:def0:1234:5678:9abc]:40001"
+                    .parse()
+                    .unwrap(),
+            ),
+            bell: Some(RemoteRegion {
+                addr: 0x7fff_ffff_0000,
+                len: 0xffff_ffff,
+                rkey: 0xdead_beef,
+            }),
+            cpus: CpuSet::decode(&long.join(".")),
             ..h
         };
-        assert!(without_cm.encode().ends_with(",-,-"));
-        assert_eq!(
-            Hello::decode(without_cm.encode().as_bytes()),
-            Ok(without_cm)
+        assert!(crowded.cpus.is_some());
+        let s = crowded.encode();
+        assert!(
+            s.len() <= CARD_MAX && s.ends_with(",-"),
+            "{} bytes: {s}",
+            s.len()
         );
+        assert_eq!(Hello::decode(without.encode().as_bytes()), Ok(without));
         for bad in [
             &b""[..],
             b"rch1:emulated:42:x",
             b"rch2,emulated,42,x,h,-",
-            b"rch3,emulated,42,x,h,-",
-            b"rch3,nic,42,x,h,-,-",
-            b"rch3,emulated,-1,x,h,-,-",
-            b"rch3,emulated,42,,h,-,-",
-            b"rch3,emulated,42,a b,h,-,-",
-            b"rch3,emulated,42,x,h=1,-,-",
-            b"rch3,emulated,42,x,h,10.0.0.1,-",
-            b"rch3,emulated,42,x,h,-,10:20",
-            b"rch3,emulated,42,x,h,-,10:20:1ffffffff",
-            b"rch3,emulated,42,x,h,-,10:20:30:40",
-            b"rch3,emulated,42,x,h,-,g:20:30",
-            b"rch3,emulated,42,x,h,-,-,extra",
+            // The previous version's card: all ranks must run one library.
+            b"rch3,emulated,42,x,h,-,-",
+            b"rch4,emulated,42,x,h,-,-",
+            b"rch4,nic,42,x,h,-,-,-",
+            b"rch4,emulated,-1,x,h,-,-,-",
+            b"rch4,emulated,42,,h,-,-,-",
+            b"rch4,emulated,42,a b,h,-,-,-",
+            b"rch4,emulated,42,x,h=1,-,-,-",
+            b"rch4,emulated,42,x,h,10.0.0.1,-,-",
+            b"rch4,emulated,42,x,h,-,10:20,-",
+            b"rch4,emulated,42,x,h,-,10:20:1ffffffff,-",
+            b"rch4,emulated,42,x,h,-,10:20:30:40,-",
+            b"rch4,emulated,42,x,h,-,g:20:30,-",
+            b"rch4,emulated,42,x,h,-,-,3-1",
+            b"rch4,emulated,42,x,h,-,-,0-3,8",
+            b"rch4,emulated,42,x,h,-,-,-,extra",
             b"\xff\xfe",
         ] {
             assert!(Hello::decode(bad).is_err(), "{bad:?}");

@@ -4,6 +4,7 @@
 //! The C interface ([`crate::ffi`]) is its face: exports, status codes and the
 //! library's global state live there.
 
+pub(crate) mod cpus;
 pub(crate) mod error;
 pub(crate) mod exchange;
 pub(crate) mod hello;
@@ -13,6 +14,7 @@ pub(crate) mod remote;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::unix::net::{UnixListener, UnixStream};
 
+use self::cpus::CpuSet;
 use self::error::{Error, ErrorKind};
 use self::exchange::Exchange;
 use self::hello::Hello;
@@ -202,6 +204,27 @@ impl Vc {
     }
 }
 
+/// The CPUs the group's ranks on `host` may run on: the union of their affinity
+/// masks (their hello cards carry them), so that ranks pinned to a core each count
+/// one CPU each, not one CPU in all; fewer under a CPU quota this process sees (a
+/// cgroup's, which no mask shows). This process's own count when a card has no mask.
+fn host_cpus(peers: &[Hello], host: &str) -> usize {
+    let own = available_cpus();
+    let mut union = CpuSet::default();
+    for h in peers.iter().filter(|h| h.host == host) {
+        match &h.cpus {
+            Some(c) => union.union_with(c),
+            None => return own,
+        }
+    }
+    // available_parallelism is the smaller of the mask and the quota: below the
+    // mask's count, the quota is what binds.
+    let quota = CpuSet::of_this_process()
+        .filter(|m| own < m.count())
+        .map(|_| own);
+    union.count().min(quota.unwrap_or(usize::MAX)).max(1)
+}
+
 /// What a look at one connection found (see `Group::readiness`).
 enum Readiness {
     Ready,
@@ -350,6 +373,7 @@ impl Group {
             cm: remote.as_ref().map(|r| r.addr),
             #[cfg(not(feature = "verbs"))]
             cm: None,
+            cpus: CpuSet::of_this_process(),
         };
         exchange.publish(HELLO_KEY, hello.encode().as_bytes())?;
         let vcs = (0..size)
@@ -419,7 +443,7 @@ impl Group {
             .iter()
             .filter(|h| h.host == self.hello.host)
             .count();
-        let cpus = available_cpus();
+        let cpus = host_cpus(&self.peers, &self.hello.host);
         // Soft-RoCE's protocol runs in this host's kernel: count one CPU as its when
         // our traffic goes through it (peers elsewhere, or the verbs fabric here). A
         // 1-CPU VM with one rank otherwise spins the kernel out.
@@ -1482,7 +1506,8 @@ enum Contention {
     /// A CPU for every rank of the group on this host (and for the RDMA device's
     /// protocol, where that runs in the host's kernel).
     None,
-    /// More ranks of the group on this host than CPUs this process may use.
+    /// More ranks of the group on this host than CPUs they may run on
+    /// ([`host_cpus`]).
     Ranks,
     /// Not a CPU for every rank and also one for the software RDMA device
     /// (Soft-RoCE) that the group's traffic goes through.
@@ -1619,6 +1644,54 @@ mod tests {
         assert_eq!(Contention::of(4, 2, true), Contention::Device);
         assert_eq!(Contention::of(1, 2, true), Contention::None);
         assert_eq!(Contention::of(1, 1, false), Contention::None);
+    }
+
+    #[test]
+    fn a_hosts_cpus_are_the_union_of_its_ranks_masks() {
+        let card = |host: &str, cpus: Option<&str>| Hello {
+            fabric: crate::fabric::FabricKind::Emulated,
+            pid: 1,
+            socket: "s".into(),
+            host: host.into(),
+            cm: None,
+            bell: None,
+            cpus: cpus.map(|c| CpuSet::decode(c).unwrap()),
+        };
+        // A CPU quota on the test host (below its own mask) caps every count.
+        let own = available_cpus();
+        let quota = if own < CpuSet::of_this_process().unwrap().count() {
+            own
+        } else {
+            usize::MAX
+        };
+        // Two ranks pinned to a core each (mpiexec -bind-to core): two CPUs, and
+        // two ranks are not outnumbered.
+        let pinned = [card("h", Some("0")), card("h", Some("1"))];
+        assert_eq!(host_cpus(&pinned, "h"), 2.min(quota));
+        if quota >= 2 {
+            assert_eq!(
+                Contention::of(2, host_cpus(&pinned, "h"), false),
+                Contention::None
+            );
+        }
+        // Four ranks pinned two to a core: two CPUs, outnumbered.
+        let doubled = [
+            card("h", Some("0")),
+            card("h", Some("0")),
+            card("h", Some("1")),
+            card("h", Some("1")),
+        ];
+        assert_eq!(host_cpus(&doubled, "h"), 2.min(quota));
+        assert_eq!(
+            Contention::of(4, host_cpus(&doubled, "h"), false),
+            Contention::Ranks
+        );
+        // Ranks of other hosts do not count; a card without a mask falls back to
+        // this process's own count.
+        let mixed = [card("h", Some("0-3")), card("other", Some("4-63"))];
+        assert_eq!(host_cpus(&mixed, "h"), 4.min(quota));
+        let unknown = [card("h", Some("0")), card("h", None)];
+        assert_eq!(host_cpus(&unknown, "h"), own);
     }
 
     #[test]

@@ -12,7 +12,6 @@ use std::time::Instant;
 
 use crate::fabric::emulated::card::CardInfo;
 use crate::fabric::Card;
-use crate::group::cpus::CpuSet;
 use crate::group::hello::Hello;
 use crate::handshake::unix;
 use crate::pmi::wire;
@@ -187,7 +186,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     let hello_v = Hello {
         fabric: FabricKind::Verbs,
         bell: Some(region(0x7f00_0002_0000, 64 + 8 * 64, 0x1234)),
-        cpus: CpuSet::decode("0-3.8"),
+        cpus: crate::group::cpus::CpuSet::decode("0-3.8"),
         ..hello(Some("169.254.77.2:40001".parse().expect("address")))
     };
     let pmi = |s: &str| s.as_bytes().to_vec();

@@ -56,7 +56,7 @@ pub fn handshake_hello(body: &[u8]) -> io::Result<(Vec<u8>, Vec<u8>)> {
     unix::parse_hello(card).map(|(hello, card)| (hello, card.bytes))
 }
 
-/// Decodes a process group's hello card (`rch3,...` text) and returns its encoding
+/// Decodes a process group's hello card (`rch4,...` text) and returns its encoding
 /// of the decoded fields.
 ///
 /// # Errors
@@ -298,7 +298,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         (
             "pmi_reply",
             "get",
-            pmi("cmd=get_result rc=0 msg=success value=rch3,emulated,42,x,h,-,-"),
+            pmi("cmd=get_result rc=0 msg=success value=rch4,emulated,42,x,h,-,-,0-1"),
         ),
         (
             "pmi_reply",

@@ -5,7 +5,7 @@
 # this host.
 #
 # usage: bench/mpi-level.sh [--sizes 8,64,...] [--rounds 3] [--probe-max NS]
-#                           [--before PREFIX] [--csv FILE]
+#                           [--before PREFIX [--before-label L]] [--csv FILE]
 #
 # Every MPI builds IMB-MPI1 (no -DCHECK: a timing build; -O2) and OSU 7.4's
 # point-to-point programs with its own mpicc, from the sources scripts/mpi-programs
@@ -21,7 +21,9 @@
 # PingPing; OSU's is half the round trip) and bandwidth in MB/s (10^6 bytes), with
 # ch3:rch over the better peer (latency: below 1 is ahead; bandwidth: above 1 is
 # ahead). --before PREFIX adds an MPICH with ch3:rch installed at PREFIX from an
-# earlier commit, run in the same rounds. --csv FILE writes every kept figure.
+# earlier commit, run in the same rounds (--before-label names its column, e.g.
+# "ch3:nemesis" for an install of `scripts/mpich-rch --device ch3:nemesis`). --csv
+# FILE writes every kept figure.
 # It is a benchmark, never a test: nothing here asserts.
 set -euo pipefail
 here=$(pwd)
@@ -30,6 +32,7 @@ cd "$(dirname "$0")/.."
 . bench/lib.sh
 
 before=
+before_label="ch3:rch before"
 csv=
 rest=()
 while [ $# -gt 0 ]; do
@@ -38,6 +41,7 @@ while [ $# -gt 0 ]; do
             before=$(cd "$here" && realpath -m "$2"); shift 2
             [ -x "$before/bin/mpicc" ] && [ -x "$before/bin/mpiexec" ] ||
                 { echo "mpi-level: --before holds no bin/mpicc and bin/mpiexec" >&2; exit 2; } ;;
+        --before-label) before_label=$2; shift 2 ;;
         --csv) csv=$(cd "$here" && realpath -m "$2"); shift 2 ;;
         *) rest+=("$1"); shift ;;
     esac
@@ -57,7 +61,7 @@ done
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 systems=(rch ${before:+before} deb ompi)
-declare -A label=([rch]="ch3:rch" [before]="ch3:rch before" [deb]="Debian MPICH" [ompi]="Open MPI")
+declare -A label=([rch]="ch3:rch" [before]="$before_label" [deb]="Debian MPICH" [ompi]="Open MPI")
 declare -A mpicc=([rch]="$rch_prefix/bin/mpicc" [before]="$before/bin/mpicc" [deb]=mpicc.mpich [ompi]=mpicc.openmpi)
 declare -A launch=(
     [rch]="$rch_prefix/bin/mpiexec -bind-to core -n 2"

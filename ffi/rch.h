@@ -122,7 +122,7 @@ extern "C" {
 
 /* Version of this interface. */
 #define RCH_VERSION_MAJOR 1
-#define RCH_VERSION_MINOR 3
+#define RCH_VERSION_MINOR 4
 
 /* Most iovec entries one rch_put_datav / rch_read_datav accepts (IOV_MAX on Linux). */
 #define RCH_IOV_MAX 1024
@@ -290,6 +290,28 @@ int rch_read_datav(rch_vc *vc, const struct iovec *iov, int n, size_t *nbytes);
  * RCH_ERR_INVALID for `len` above SSIZE_MAX), and RCH_ERR_IN_FLIGHT while reads
  * started by rch_read_datav are in flight (finish them with rch_read_datav first). */
 int rch_read_buffered(rch_vc *vc, void *buf, size_t len, size_t *nbytes);
+
+/* Lends the bytes at the front of vc's stream where the peer's RDMA writes put them
+ * in this process's ring: no copy. On RCH_SUCCESS *bytes and *len are those bytes
+ * (at most the rest of one packet the peer put, so a message may come in parts);
+ * *len is 0 and *bytes NULL when nothing has arrived, or when a zero-copy transfer is
+ * next, which only rch_read_datav reads (then *zero_copy_left, if not NULL, is its
+ * number of bytes still to read, else 0). The same bytes are lent again until
+ * rch_consume passes them. For an upper layer that decodes a packet where it lies:
+ * a header it parses, a payload its handler copies once to its destination.
+ * The bytes stay in place and unchanged (by a peer that keeps to the protocol) until
+ * rch_consume, rch_read_datav or rch_read_buffered on vc passes them, or rch_vc_close
+ * or rch_finalize; calls on other connections, puts on vc, rch_wait and
+ * rch_poll_ready leave them. They are the peer's to write, as any RDMA receive
+ * buffer: treat them as input from the network. Since interface 1.4.
+ * Errors: as rch_read_buffered (RCH_ERR_NULL for `bytes` or `len` NULL). */
+int rch_peek(rch_vc *vc, const void **bytes, size_t *len, size_t *zero_copy_left);
+
+/* Marks the first `n` bytes rch_peek lent on vc as read; their ring space goes back
+ * to the peer as after a read. rch_consume(vc, 0) does nothing. Since interface 1.4.
+ * Errors: RCH_ERR_INVALID, with nothing consumed, when `n` is more than rch_peek lent
+ * and no read has passed since; otherwise as rch_read_buffered. */
+int rch_consume(rch_vc *vc, size_t n);
 
 /* The connections with something to read, for an upper layer's progress loop that
  * should not read every connection of the job on every pass: stores the peer ranks

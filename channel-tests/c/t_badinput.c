@@ -170,6 +170,64 @@ int main(void)
         fprintf(stderr, "FAIL: buffered loopback read %zu of %zu bytes\n", got, put);
         failures++;
     }
+    /* bytes lent in place (rch_peek), consumed in parts, mixed with a buffered read */
+    {
+        const void *lent = data;
+        size_t len = 99, zc = 99;
+        EXPECT(rch_peek(NULL, &lent, &len, NULL), RCH_ERR_NULL);
+        EXPECT(rch_peek((rch_vc *)data, &lent, &len, NULL), RCH_ERR_UNKNOWN_VC);
+        EXPECT(rch_peek(vc, NULL, &len, NULL), RCH_ERR_NULL);
+        EXPECT(rch_peek(vc, &lent, NULL, NULL), RCH_ERR_NULL);
+        EXPECT(rch_consume(NULL, 1), RCH_ERR_NULL);
+        EXPECT(rch_consume((rch_vc *)data, 1), RCH_ERR_UNKNOWN_VC);
+        EXPECT(rch_peek(vc, &lent, &len, &zc), RCH_SUCCESS);
+        if (lent != NULL || len != 0 || zc != 0) {
+            fprintf(stderr, "FAIL: an empty peek lent %zu bytes at %p (zero-copy %zu)\n", len, lent, zc);
+            failures++;
+        }
+        EXPECT(rch_consume(vc, 1), RCH_ERR_INVALID); /* nothing was lent */
+        EXPECT(rch_consume(vc, 0), RCH_SUCCESS);
+        EXPECT(rch_put_datav(vc, parts, 3, &put), RCH_SUCCESS);
+        len = 0;
+        for (int i = 0; i < 1000000 && len == 0; i++)
+            EXPECT(rch_peek(vc, &lent, &len, NULL), RCH_SUCCESS);
+        if (len != 15 || memcmp(lent, data, 15) != 0) {
+            fprintf(stderr, "FAIL: peek lent %zu of 15 bytes\n", len);
+            failures++;
+        }
+        const void *again = NULL;
+        size_t len2 = 0;
+        EXPECT(rch_peek(vc, &again, &len2, NULL), RCH_SUCCESS); /* the same bytes, in place */
+        if (again != lent || len2 != len) {
+            fprintf(stderr, "FAIL: a second peek lent %zu bytes at %p, the first %zu at %p\n", len2,
+                    again, len, lent);
+            failures++;
+        }
+        EXPECT(rch_consume(vc, 16), RCH_ERR_INVALID); /* past the lent bytes: nothing taken */
+        EXPECT(rch_consume(vc, 7), RCH_SUCCESS);
+        EXPECT(rch_peek(vc, &lent, &len, NULL), RCH_SUCCESS);
+        if (len != 8 || memcmp(lent, data + 7, 8) != 0) {
+            fprintf(stderr, "FAIL: after consuming 7, peek lent %zu bytes\n", len);
+            failures++;
+        }
+        size_t n = 0;
+        EXPECT(rch_read_buffered(vc, back, 3, &n), RCH_SUCCESS); /* a read passes lent bytes */
+        if (n != 3 || memcmp(back, data + 7, 3) != 0) {
+            fprintf(stderr, "FAIL: a buffered read after a peek read %zu bytes\n", n);
+            failures++;
+        }
+        EXPECT(rch_peek(vc, &lent, &len, NULL), RCH_SUCCESS);
+        if (len != 5 || memcmp(lent, data + 10, 5) != 0) {
+            fprintf(stderr, "FAIL: after a read, peek lent %zu bytes\n", len);
+            failures++;
+        }
+        EXPECT(rch_consume(vc, 5), RCH_SUCCESS);
+        EXPECT(rch_peek(vc, &lent, &len, NULL), RCH_SUCCESS);
+        if (len != 0 || lent != NULL) {
+            fprintf(stderr, "FAIL: %zu bytes lent past the end of what was sent\n", len);
+            failures++;
+        }
+    }
     size_t extra = 0;
     EXPECT(rch_read_datav(vc, &iov, 1, &extra), RCH_SUCCESS);
     if (extra != 0) {
@@ -190,6 +248,17 @@ int main(void)
             failures++;
         }
         EXPECT(rch_put_datav(vc, &ov, 1, &n), RCH_ERR_IN_FLIGHT);
+        /* a zero-copy transfer is not in the ring: peek lends nothing and says so */
+        const void *lent = data;
+        size_t len = 99, zc = 0;
+        for (int i = 0; i < 1000000 && zc == 0; i++)
+            EXPECT(rch_peek(vc, &lent, &len, &zc), RCH_SUCCESS);
+        if (lent != NULL || len != 0 || zc != big_len) {
+            fprintf(stderr, "FAIL: peek before a zero-copy transfer: %zu bytes lent, %zu announced\n",
+                    len, zc);
+            failures++;
+        }
+        EXPECT(rch_consume(vc, 1), RCH_ERR_INVALID);
         /* the loopback peer (ourselves) pulls it, then the retry counts it */
         size_t got2 = 0;
         for (int i = 0; i < 1000000 && got2 < big_len; i++) {
@@ -222,6 +291,13 @@ int main(void)
     EXPECT(rch_put_datav(vc, &iov, 1, &nb), RCH_ERR_VC_CLOSED);
     EXPECT(rch_read_datav(vc, &iov, 1, &nb), RCH_ERR_VC_CLOSED);
     EXPECT(rch_read_buffered(vc, data, 8, &nb), RCH_ERR_VC_CLOSED);
+    {
+        const void *lent;
+        size_t len;
+        EXPECT(rch_peek(vc, &lent, &len, NULL), RCH_ERR_VC_CLOSED);
+        EXPECT(rch_consume(vc, 1), RCH_ERR_VC_CLOSED);
+        EXPECT(rch_consume(vc, 0), RCH_ERR_VC_CLOSED);
+    }
     EXPECT(rch_vc_close((rch_vc *)data), RCH_ERR_UNKNOWN_VC);
     EXPECT(rch_vc_close(NULL), RCH_ERR_NULL);
 
@@ -234,6 +310,12 @@ int main(void)
     EXPECT(rch_vc_get(0, &vc), RCH_ERR_FINALIZED);
     EXPECT(rch_put_datav(vc, &iov, 1, &nb), RCH_ERR_FINALIZED);
     EXPECT(rch_read_datav(vc, &iov, 1, &nb), RCH_ERR_FINALIZED);
+    {
+        const void *lent;
+        size_t len;
+        EXPECT(rch_peek(vc, &lent, &len, NULL), RCH_ERR_FINALIZED);
+        EXPECT(rch_consume(vc, 0), RCH_ERR_FINALIZED);
+    }
     EXPECT(rch_wait(0), RCH_ERR_FINALIZED);
     EXPECT(rch_rank(&rank), RCH_ERR_FINALIZED);
     if (strstr(rch_last_error(), "finalize") == NULL) {

@@ -992,15 +992,27 @@ impl<F: Fabric> Receiver<F> {
                 "zero-copy reads are in flight: finish them with get_nowait first",
             ));
         }
+        // An empty poll costs what get's does: a few loads when nothing is owed.
+        if self.quiet_poll() {
+            return Ok(Peeked::Nothing);
+        }
         if let Some(e) = self.read_failure() {
             return Err(e);
         }
         self.release_read();
-        if self.zc.is_none() && !self.in_packet && !self.next_packet()? {
-            // Nothing new: the same upkeep as an empty get (tail, credit, end of
-            // stream, health).
-            self.after_get(0)?;
-            return Ok(Peeked::Nothing);
+        if self.zc.is_none() && !self.in_packet {
+            self.take_due_backoff();
+            if !self.next_packet()? {
+                // Nothing new: the same upkeep as an empty get (tail, credit, end of
+                // stream, health).
+                self.after_get(0)?;
+                return Ok(Peeked::Nothing);
+            }
+            // A stream of packets each peeked and consumed whole: the upkeep the
+            // last consume left is done now, once per packet, as get does.
+            if self.upkeep_owed {
+                self.maintain()?;
+            }
         }
         if let Some(zc) = &self.zc {
             return Ok(Peeked::ZeroCopy {
@@ -1039,10 +1051,19 @@ impl<F: Fabric> Receiver<F> {
         }
         self.cur_off += n;
         self.cur_left -= n;
-        if self.cur_left == 0 {
-            self.finish_packet();
+        if self.cur_left != 0 {
+            return self.after_get(n);
         }
-        self.after_get(n)
+        self.finish_packet();
+        self.arm_stream_backoff();
+        // As after a get of a whole packet (get_first_packet): the space goes back
+        // now when the sender waits for it or a tail update is due, else the upkeep
+        // is left to the next call on this receiver, so that a reply is not held up.
+        if self.upkeep_due() {
+            return self.maintain();
+        }
+        self.upkeep_owed = true;
+        Ok(())
     }
 
     /// As [`get_nowait`](Self::get_nowait), but copies only bytes that are in the

@@ -35,6 +35,7 @@ impl From<crate::group::error::Error> for Error {
             K::PeerClosed => rch_status::RCH_ERR_PEER_CLOSED,
             K::PeerGone => rch_status::RCH_ERR_PEER_GONE,
             K::InFlight => rch_status::RCH_ERR_IN_FLIGHT,
+            K::Invalid => rch_status::RCH_ERR_INVALID,
             K::Pmi => rch_status::RCH_ERR_PMI,
             K::Exchange => rch_status::RCH_ERR_EXCHANGE,
             K::Fabric => rch_status::RCH_ERR_FABRIC,

@@ -585,6 +585,66 @@ pub unsafe extern "C" fn rch_read_buffered(
     })
 }
 
+/// See `rch_peek` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `bytes` and `len` are NULL or valid for writing a pointer and a `size_t`;
+/// `zero_copy_left` is NULL or valid for writing a `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn rch_peek(
+    vc: *mut rch_vc,
+    bytes: *mut *const c_void,
+    len: *mut size_t,
+    zero_copy_left: *mut size_t,
+) -> c_int {
+    guard(|| {
+        if bytes.is_null() {
+            return Err(null("bytes"));
+        }
+        if len.is_null() {
+            return Err(null("len"));
+        }
+        // SAFETY: both checked non-NULL; the caller promised writable locations.
+        unsafe {
+            out(bytes, std::ptr::null());
+            out(len, 0);
+        }
+        if !zero_copy_left.is_null() {
+            // SAFETY: non-NULL, so writable by the caller's promise.
+            unsafe { out(zero_copy_left, 0) };
+        }
+        let mut lib = lock()?;
+        let g = lib.ready()?;
+        let r = data_vc(g, vc)?;
+        let lent = g.peek(r)?;
+        // SAFETY: checked non-NULL above.
+        unsafe {
+            out(bytes, lent.bytes.cast::<c_void>());
+            out(len, lent.len as size_t);
+        }
+        if !zero_copy_left.is_null() {
+            // SAFETY: as above. A transfer is at most isize::MAX bytes (the sender's
+            // buffer), so it fits a size_t.
+            unsafe { out(zero_copy_left, lent.zero_copy_left as size_t) };
+        }
+        Ok(())
+    })
+}
+
+/// See `rch_consume` in `ffi/rch.h`.
+#[no_mangle]
+pub extern "C" fn rch_consume(vc: *mut rch_vc, n: size_t) -> c_int {
+    guard(|| {
+        let mut lib = lock()?;
+        let g = lib.ready()?;
+        let r = data_vc(g, vc)?;
+        // A size_t is a usize on every target Rust supports for this library.
+        g.consume(r, n as usize)?;
+        Ok(())
+    })
+}
+
 fn check_timeout(t: c_int) -> Result<(), Error> {
     if t < -1 {
         return Err(invalid(format!("timeout {t} ms is below -1")));
@@ -777,6 +837,8 @@ same_signature!(
     rch_put_datav,
     rch_read_datav,
     rch_read_buffered,
+    rch_peek,
+    rch_consume,
     rch_wait,
     rch_wakeup,
     rch_vc_wait_readable,

@@ -19,6 +19,8 @@ pub(crate) enum ErrorKind {
     PeerGone,
     /// A zero-copy transfer is in flight: offer the same buffer again.
     InFlight,
+    /// An argument out of range (more bytes consumed than were lent).
+    Invalid,
     /// PMI failed.
     Pmi,
     /// A card exchange callback failed.

@@ -19,7 +19,7 @@ use self::error::{Error, ErrorKind};
 use self::exchange::Exchange;
 use self::hello::Hello;
 use crate::config::{Config, WaitPolicy};
-use crate::engine::{available_cpus, Backoff, Prepared, Receiver, Sender, CONTENDED_SPIN};
+use crate::engine::{available_cpus, Backoff, Peeked, Prepared, Receiver, Sender, CONTENDED_SPIN};
 use crate::fabric::{Access, AnyFabric, Card, Fabric};
 use crate::handshake::unix;
 use crate::ring::memory::Doorbell;
@@ -174,6 +174,24 @@ enum Conn {
     Up(Up),
     Closed,
     Failed(Error),
+}
+
+/// What [`Group::peek`] lends: `len` bytes at `bytes` in the connection's ring
+/// (none when 0), or, with `zero_copy_left` > 0, a zero-copy transfer that only a
+/// read takes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lent {
+    pub(crate) bytes: *const u8,
+    pub(crate) len: usize,
+    pub(crate) zero_copy_left: u64,
+}
+
+impl Lent {
+    const NOTHING: Lent = Lent {
+        bytes: std::ptr::null(),
+        len: 0,
+        zero_copy_left: 0,
+    };
 }
 
 struct Vc {
@@ -623,6 +641,86 @@ impl Group {
             self.idle_backoff = None;
         }
         r
+    }
+
+    /// rch_peek: the bytes at the front of `rank`'s stream where they landed in the
+    /// ring (see [`Receiver::peek`]), valid until they are consumed or read, or the
+    /// connection is closed here (only `close` and finalize drop a receiver that is
+    /// up: a failure found later leaves it in place, so the lent bytes stay mapped).
+    #[inline(always)]
+    pub(crate) fn peek(&mut self, rank: usize) -> Result<Lent, Error> {
+        self.background();
+        self.enrol(rank);
+        let vc = &mut self.vcs[rank];
+        let Conn::Up(up) = &mut vc.conn else {
+            return self.peek_slow(rank);
+        };
+        // The borrow of the ring ends here: the bytes stay where they are (above).
+        let peeked = up.rx.peek().map(|p| match p {
+            Peeked::Bytes(b) => Lent {
+                bytes: b.as_ptr(),
+                len: b.len(),
+                zero_copy_left: 0,
+            },
+            Peeked::ZeroCopy { left } => Lent {
+                zero_copy_left: left,
+                ..Lent::NOTHING
+            },
+            Peeked::Nothing => Lent::NOTHING,
+        });
+        match peeked {
+            Ok(lent) if lent.len != 0 || lent.zero_copy_left != 0 => {
+                self.idle_backoff = None;
+                Ok(lent)
+            }
+            Ok(_) if up.idle_gone() => {
+                vc.rx_done = true;
+                Err(gone(rank))
+            }
+            Ok(nothing) => Ok(nothing),
+            Err(e) => {
+                if e.kind() != io::ErrorKind::InvalidInput {
+                    vc.rx_done = true;
+                }
+                Err(data_error(&e, rank, "peek"))
+            }
+        }
+    }
+
+    /// [`peek`](Self::peek) on a connection that is not up (yet): the handshake's
+    /// step a read takes, then nothing lent this time.
+    #[cold]
+    fn peek_slow(&mut self, rank: usize) -> Result<Lent, Error> {
+        // SAFETY: an empty buffered read starts no RDMA READ.
+        unsafe { self.read_slow(rank, &mut [], true) }?;
+        Ok(Lent::NOTHING)
+    }
+
+    /// rch_consume: marks `n` of the bytes [`peek`](Self::peek) lent as read.
+    ///
+    /// # Errors
+    ///
+    /// `Invalid`, with nothing consumed, when `n` is more than the last peek lent
+    /// (and no read passed since); the connection's failure, or its close here.
+    #[inline(always)]
+    pub(crate) fn consume(&mut self, rank: usize, n: usize) -> Result<(), Error> {
+        let vc = &mut self.vcs[rank];
+        match &mut vc.conn {
+            Conn::Up(up) => up.rx.consume(n).map_err(|e| {
+                if e.kind() == io::ErrorKind::InvalidInput {
+                    return Error::new(ErrorKind::Invalid, format!("rch_consume: {e}"));
+                }
+                vc.rx_done = true;
+                data_error(&e, rank, "consume")
+            }),
+            Conn::Closed => Err(closed(rank)),
+            Conn::Failed(e) => Err(e.clone()),
+            _ if n == 0 => Ok(()),
+            _ => Err(Error::new(
+                ErrorKind::Invalid,
+                format!("rch_consume({n}): nothing was lent on the connection to rank {rank}"),
+            )),
+        }
     }
 
     /// [`read`](Self::read) (or, `buffered`, [`read_buffered`](Self::read_buffered))

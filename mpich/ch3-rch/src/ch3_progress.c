@@ -198,6 +198,68 @@ static int fill_iov(MPIDI_CH3I_VC * vcch, MPIR_Request * rreq, int *full, int *m
     return rc;
 }
 
+/* The packet at the front of the connection, handed to its CH3 handler where it
+ * landed in rdma-channel's ring (rch_peek): no copy into the stage, and one call
+ * (rch_consume) to give its space back. *handled is 1 when a packet was handled, -1
+ * when nothing has arrived, 0 when the stage path must read it (a header split
+ * across two of the peer's puts, or a payload not 8-byte aligned, which CH3's
+ * handlers may read in place). Returns an rch status; *mpi_errno is the handler's. */
+static RCH_ALWAYS_INLINE int handle_in_place(MPIDI_VC_t * vc, int *handled, int *made_progress,
+                                             int *mpi_errno)
+{
+    MPIDI_CH3I_VC *vcch = &vc->ch;
+    MPIDI_CH3I_Rch_recv *rs = vcch->recv;
+    MPIR_Request *rreq = NULL;
+    MPIDI_CH3_Pkt_type_t type;
+    const void *lent;
+    size_t avail, hdr_len;
+    intptr_t buflen;
+    int rc = rch_peek(vcch->rvc, &lent, &avail, NULL);
+
+    *handled = 0;
+    if (rc != RCH_SUCCESS)
+        return rc;
+    if (avail == 0) {
+        *handled = -1;
+        return RCH_SUCCESS;
+    }
+    if (avail < sizeof(type))
+        return RCH_SUCCESS;
+    memcpy(&type, lent, sizeof(type));
+    hdr_len = MPIDI_CH3I_Pkt_wire_len(type);
+    if (avail < hdr_len || (((uintptr_t) lent + hdr_len) & 7) != 0)
+        return RCH_SUCCESS;
+    *made_progress = TRUE;
+    if (vc->state == MPIDI_VC_STATE_INACTIVE)
+        MPIDI_CHANGE_VC_STATE(vc, ACTIVE);
+    /* The handler reads only its type's struct; the ring's bytes are the peer's to
+     * write, so the header it decodes is a copy. */
+    memcpy(&rs->pkt, lent, hdr_len);
+    if (type < 0 || type >= MPIDI_CH3_PKT_END_CH3 || pktArray[type] == NULL) {
+        MPIR_ERR_SET1(*mpi_errno, MPI_ERR_OTHER, "**ch3|rch|peerlost",
+                      "**ch3|rch|peerlost %d", vc->pg_rank);
+        MPIDI_CH3I_VC_fail(vc, *mpi_errno);
+        return RCH_SUCCESS;
+    }
+    *handled = 1;
+    /* As on the stage path: REVOKE's handler takes no payload and leaves buflen. */
+    buflen = type == MPIDI_CH3_PKT_REVOKE ? 0 : (intptr_t) (avail - hdr_len);
+    *mpi_errno = pktArray[type] (vc, &rs->pkt, (char *) lent + hdr_len, &buflen, &rreq);
+    if (*mpi_errno != MPI_SUCCESS)
+        return RCH_SUCCESS;
+    rs->last_data = buflen;
+    if (rreq != NULL) {
+        rreq->dev.iov_offset = 0;
+        rs->active = rreq;
+    }
+    /* A handler may have closed the connection (CLOSE, a failure): its ring is gone,
+     * and so is the need to give the space back. */
+    rc = rch_consume(vcch->rvc, hdr_len + (size_t) buflen);
+    if (rc != RCH_SUCCESS && vcch->state != MPIDI_CH3I_VC_STATE_CONNECTED)
+        rc = RCH_SUCCESS;
+    return rc;
+}
+
 /* Reads what has arrived on one connection: headers, handed to CH3's handlers with
  * the payload bytes already staged, and the data they ask for. Stops when the
  * connection has nothing more, or, with `until_completion`, once a request completed
@@ -220,6 +282,18 @@ static RCH_ALWAYS_INLINE int recv_progress(MPIDI_VC_t * vc, int *made_progress,
             intptr_t buflen;
             size_t hdr_len;
 
+            if (rs->pos == rs->len) {
+                /* Nothing staged: the next packet where it landed in the ring. */
+                int handled = 0;
+                rc = handle_in_place(vc, &handled, made_progress, &mpi_errno);
+                if (rc != RCH_SUCCESS)
+                    goto read_error;
+                MPIR_ERR_CHECK(mpi_errno);
+                if (handled < 0)
+                    break;
+                if (handled)
+                    continue;
+            }
             rc = fill_header(vcch, &hdr_len, made_progress);
             if (rc != RCH_SUCCESS)
                 goto read_error;

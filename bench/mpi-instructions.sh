@@ -78,7 +78,7 @@ for spec in "${mpis[@]}"; do
             tail -20 "$work/err.$label.$n" >&2
             exit 1
         }
-        callgrind_annotate --threshold=100 "$work/cg.$label.$n" >"$work/ann.$label.$n" 2>/dev/null
+        callgrind_annotate --auto=no --threshold=100 "$work/cg.$label.$n" >"$work/ann.$label.$n" 2>/dev/null
     done
     echo "== $label ($where): instructions per round trip of $size B, rank 0, by own cost"
     python3 - "$work/ann.$label.$lo" "$work/ann.$label.$hi" "$per_rt" "$top" "$label" \

@@ -489,6 +489,7 @@ impl Drop for Segment {
     fn drop(&mut self) {
         if let Some(entry) = self.domain.table.seg(self.slot) {
             entry.clear();
+            self.domain.table.note_change();
         }
         lock(&self.domain.segs).slots[self.slot as usize] = None;
         // Peers that mapped the segment keep their views until their queue pair
@@ -756,6 +757,7 @@ impl Drop for EmuRegion {
         let index = self.key & 0xffff;
         if let Some(entry) = self.domain.table.reg(index) {
             entry.retire();
+            self.domain.table.note_change();
             if entry.wait_idle(DEREG_TIMEOUT) {
                 lock(&self.domain.regs).release(index);
             }
@@ -800,6 +802,7 @@ impl Drop for QpSlot {
             // Release: a peer that sees the queue pair gone also sees everything this
             // side did before dropping it.
             cell.store(0, Ordering::Release);
+            self.domain.table.note_change();
         }
         lock(&self.domain.qps).release(self.key & 0xffff);
     }

@@ -209,9 +209,9 @@ impl Drop for SegCache {
 }
 
 /// Where a peer registration that fast writes go to lies in this process, taken from
-/// a full check (`Peer::fast_write_target`) so that later writes to it repeat only the
-/// checks whose answer can change: the domain and queue pair still there, the key
-/// still live, the segment view still current.
+/// a full check (`Peer::fast_write_target`) so that later writes to it repeat only
+/// one: that the owner's table counted no change since (no registration retired, no
+/// queue pair or segment gone, the domain not dropped: `DomainTable::changes`).
 #[derive(Debug, Clone, Copy)]
 struct FastTarget {
     rkey: u32,
@@ -219,11 +219,12 @@ struct FastTarget {
     /// from there both the registration and our mapping of its segment hold.
     va: u64,
     len: u64,
-    /// Where `va` is in this process: inside `view`'s mapping.
+    /// Where `va` is in this process, inside our view of its segment. Views stay
+    /// mapped while the peer lives, so this address stays ours even if the owner
+    /// never counts a change.
     base: *mut u8,
-    /// The segment view `base` points into, and its slot.
-    slot: u32,
-    view: *const SegView,
+    /// The owner's change count read before the full check.
+    changes: u64,
 }
 
 /// The one-entry cache of a [`FastTarget`]: the target the last remembered write went
@@ -237,21 +238,20 @@ struct FastCache {
     /// a target of no bytes, which no write fits.
     seq: AtomicU64,
     rkey: AtomicU32,
-    slot: AtomicU32,
     va: AtomicU64,
     len: AtomicU64,
     base: AtomicPtr<u8>,
-    view: AtomicPtr<SegView>,
+    changes: AtomicU64,
     /// Serialises writers.
     write: Mutex<()>,
 }
 
 impl FastCache {
     /// Where `[addr, addr + n)` of registration `rkey` lies in this process, with the
-    /// slot and view of the segment it is in, if the cached target holds it and no
-    /// write raced this read. The caller checks that the target is still live.
+    /// owner's change count of the full check, if the cached target holds it and no
+    /// write raced this read. The caller checks that the count is still current.
     #[inline(always)]
-    fn find(&self, rkey: u32, addr: u64, n: u64) -> Option<(*mut u8, u32, *const SegView)> {
+    fn find(&self, rkey: u32, addr: u64, n: u64) -> Option<(*mut u8, u64)> {
         // Acquire: the fields loaded below are at least those of this sequence
         // number's write.
         let before = self.seq.load(Ordering::Acquire);
@@ -266,8 +266,7 @@ impl FastCache {
             return None;
         }
         let base = self.base.load(Ordering::Relaxed);
-        let slot = self.slot.load(Ordering::Relaxed);
-        let view = self.view.load(Ordering::Relaxed).cast_const();
+        let changes = self.changes.load(Ordering::Relaxed);
         // Acquire fence: the field loads above happen before the second sequence
         // load, so a write that began meanwhile shows as a changed number.
         std::sync::atomic::fence(Ordering::Acquire);
@@ -275,7 +274,7 @@ impl FastCache {
             return None;
         }
         // wrapping_add: off + n <= len, which lies inside the view's mapping.
-        Some((base.wrapping_add(off as usize), slot, view))
+        Some((base.wrapping_add(off as usize), changes))
     }
 
     /// Replaces the cached target.
@@ -287,11 +286,10 @@ impl FastCache {
         // number stored above, and retries.
         std::sync::atomic::fence(Ordering::Release);
         self.rkey.store(t.rkey, Ordering::Relaxed);
-        self.slot.store(t.slot, Ordering::Relaxed);
         self.va.store(t.va, Ordering::Relaxed);
         self.len.store(t.len, Ordering::Relaxed);
         self.base.store(t.base, Ordering::Relaxed);
-        self.view.store(t.view.cast_mut(), Ordering::Relaxed);
+        self.changes.store(t.changes, Ordering::Relaxed);
         // Release: the fields are visible to a reader that loads this number.
         self.seq.store(seq + 2, Ordering::Release);
     }
@@ -421,24 +419,16 @@ impl Peer {
     }
 
     /// The short check: the remembered target is `rkey`'s and holds
-    /// `[addr, addr + n)`, and what could have changed since it was checked in full
-    /// has not: the peer domain and our queue pair at it exist, the key still names a
-    /// live registration (a key is never reused for different contents: it carries a
-    /// generation), and the view of its segment is still the current one.
+    /// `[addr, addr + n)`, and the owner's table counted no change since it was
+    /// checked in full, so the peer domain and our queue pair at it exist, the key
+    /// still names a live registration and its segment is the one we mapped. (A
+    /// change the owner makes after this load races the write as it raced the four
+    /// loads this one replaces; a peer that changes its table without counting only
+    /// misdirects writes into its own memory: our view of a segment stays mapped.)
     #[inline(always)]
     fn cached_target(&self, rkey: u32, addr: u64, n: u64) -> Option<*mut u8> {
-        let (dst, slot, view) = self.fast.find(rkey, addr, n)?;
-        if !self.table.alive() {
-            return None;
-        }
-        // Acquire loads, as in check_alive, snapshot and segment.
-        if self.table.qp(self.qp_key & 0xffff)?.load(Ordering::Acquire) != self.qp_key
-            || !self.table.reg(rkey & 0xffff)?.has_key(rkey)
-            || !ptr::eq(
-                self.segs.cells.get(slot as usize)?.load(Ordering::Acquire),
-                view,
-            )
-        {
+        let (dst, changes) = self.fast.find(rkey, addr, n)?;
+        if self.table.changes() != changes {
             return None;
         }
         Some(dst)
@@ -455,6 +445,9 @@ impl Peer {
     /// `[addr, addr + n)` is, and the registration's whole target.
     #[inline(always)]
     fn checked_target(&self, rkey: u32, addr: u64, n: u64) -> Option<(*mut u8, FastTarget)> {
+        // Read first: a change counted after it makes the remembered target fail the
+        // short check, whether or not the checks below saw the change.
+        let changes = self.table.changes();
         if !self.table.alive() {
             return None;
         }
@@ -489,8 +482,7 @@ impl Peer {
             len,
             // wrapping_add: seg_off <= off < len of the mapping.
             base: view.map.ptr().wrapping_add(snap.seg_off as usize),
-            slot: snap.seg_slot,
-            view,
+            changes,
         };
         // wrapping_add: off + n <= len, so the result lies inside the mapping.
         Some((view.map.ptr().wrapping_add(off as usize), target))
@@ -766,8 +758,7 @@ mod tests {
             va,
             len: 4096,
             base,
-            slot: rkey,
-            view: ptr::null(),
+            changes: u64::from(rkey),
         }
     }
 
@@ -782,9 +773,9 @@ mod tests {
         // shrinking (the boxed cache this replaced stopped remembering after 16).
         for k in 1..=1000u32 {
             cache.write(target(k, 1 << 20, base));
-            let (dst, slot, _) = cache.find(k, (1 << 20) + 64, 8).expect("cached");
+            let (dst, changes) = cache.find(k, (1 << 20) + 64, 8).expect("cached");
             assert_eq!(dst, base.wrapping_add(64));
-            assert_eq!(slot, k);
+            assert_eq!(changes, u64::from(k));
             // Another key, or bytes outside the target, take the full check.
             assert!(cache.find(k + 1, (1 << 20) + 64, 8).is_none());
             assert!(cache.find(k, (1 << 20) + 4090, 8).is_none());
@@ -820,8 +811,8 @@ mod tests {
         let mut seen = 0;
         while !writer.is_finished() {
             for k in [1u32, 5_000, 10_000, 15_000, 20_000] {
-                if let Some((dst, slot, _)) = cache.find(k, u64::from(k) << 20, 8) {
-                    assert_eq!(slot, k);
+                if let Some((dst, changes)) = cache.find(k, u64::from(k) << 20, 8) {
+                    assert_eq!(changes, u64::from(k));
                     assert_eq!(dst as usize, k as usize * 4096);
                     seen += 1;
                 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 /// Magic number at the start of a domain segment and of a card: "RDMAEMU1".
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"RDMAEMU1");
 /// Layout version; bumped on any incompatible change of this file or of the card.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 /// Registration-table entries per domain.
 pub(crate) const REG_CAPACITY: u32 = 8192;
 /// Segment-table entries per domain.
@@ -50,6 +50,11 @@ pub(crate) struct Header {
     pub(crate) seg_capacity: AtomicU32,
     /// [`QP_CAPACITY`].
     pub(crate) qp_capacity: AtomicU32,
+    /// Bumped by the owner after every change that can make a peer's remembered
+    /// write target stale (a registration retired, a queue pair or segment gone, the
+    /// domain dropped), so a peer re-checks that target in one load
+    /// ([`DomainTable::changes`]).
+    pub(crate) changes: AtomicU64,
 }
 
 /// One registration. Each entry has its own cache line so that the `inuse` counter of
@@ -153,14 +158,6 @@ impl RegEntry {
         self.seg_off.store(snap.seg_off, Ordering::Relaxed);
         // Release: a reader that loads this key with Acquire sees all the fields above.
         self.key.store(key, Ordering::Release);
-    }
-
-    /// True while `key` names this entry's live registration (one Acquire load): the
-    /// fields a snapshot under `key` read are still its fields.
-    #[inline]
-    pub(crate) fn has_key(&self, key: u32) -> bool {
-        // Acquire: as in `snapshot`.
-        key != 0 && self.key.load(Ordering::Acquire) == key
     }
 
     /// Reads the entry if its key is `key`; `None` for a stale or invalid key.
@@ -439,6 +436,25 @@ impl Table {
         // Release: everything the owner did before dropping is visible to a peer that
         // observes the flag cleared.
         self.header().alive.store(0, Ordering::Release);
+        self.note_change();
+    }
+
+    /// How many changes [`note_change`](Self::note_change) counted: a peer that saw
+    /// this number when it checked a write target in full, and sees it again, knows
+    /// that no registration, queue pair or segment of this domain went since.
+    #[inline(always)]
+    pub(crate) fn changes(&self) -> u64 {
+        // Acquire: pairs with the Release in `note_change`, so a peer that sees the
+        // new count also sees the change it counts (a cleared key, queue pair,
+        // segment or alive flag).
+        self.header().changes.load(Ordering::Acquire)
+    }
+
+    /// Counts a change that can make a peer's remembered write target stale (owner
+    /// only): called after the change itself is stored.
+    pub(crate) fn note_change(&self) {
+        // Release: see `changes`.
+        self.header().changes.fetch_add(1, Ordering::Release);
     }
 }
 

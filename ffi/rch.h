@@ -313,6 +313,13 @@ int rch_peek(rch_vc *vc, const void **bytes, size_t *len, size_t *zero_copy_left
  * and no read has passed since; otherwise as rch_read_buffered. */
 int rch_consume(rch_vc *vc, size_t n);
 
+/* rch_consume(vc, n), then rch_peek(vc, bytes, len, zero_copy_left), in one call: for
+ * a layer that handles packets in place, one library entry per packet. When the
+ * consume fails nothing is peeked (*len 0, *bytes NULL). Since interface 1.4.
+ * Errors: as rch_consume, then as rch_peek. */
+int rch_consume_peek(rch_vc *vc, size_t n, const void **bytes, size_t *len,
+                     size_t *zero_copy_left);
+
 /* The connections with something to read, for an upper layer's progress loop that
  * should not read every connection of the job on every pass: stores the peer ranks
  * of up to `max` of them (at most 64 a call) in `ranks` and their number in *n. A connection is

@@ -227,6 +227,28 @@ int main(void)
             fprintf(stderr, "FAIL: %zu bytes lent past the end of what was sent\n", len);
             failures++;
         }
+        /* consume and peek in one call: a failed consume takes and lends nothing */
+        EXPECT(rch_put_datav(vc, parts, 3, &put), RCH_SUCCESS);
+        len = 0;
+        for (int i = 0; i < 1000000 && len == 0; i++)
+            EXPECT(rch_consume_peek(vc, 0, &lent, &len, NULL), RCH_SUCCESS);
+        EXPECT(rch_consume_peek(vc, 16, &lent, &len, NULL), RCH_ERR_INVALID);
+        if (len != 0 || lent != NULL) {
+            fprintf(stderr, "FAIL: a refused consume_peek lent %zu bytes\n", len);
+            failures++;
+        }
+        EXPECT(rch_consume_peek(vc, 6, &lent, &len, &zc), RCH_SUCCESS);
+        if (len != 9 || memcmp(lent, data + 6, 9) != 0 || zc != 0) {
+            fprintf(stderr, "FAIL: consume_peek(6) then lent %zu bytes\n", len);
+            failures++;
+        }
+        EXPECT(rch_consume_peek(vc, 9, &lent, &len, NULL), RCH_SUCCESS);
+        if (len != 0 || lent != NULL) {
+            fprintf(stderr, "FAIL: consume_peek past the end lent %zu bytes\n", len);
+            failures++;
+        }
+        EXPECT(rch_consume_peek(vc, 0, NULL, &len, NULL), RCH_ERR_NULL);
+        EXPECT(rch_consume_peek(NULL, 0, &lent, &len, NULL), RCH_ERR_NULL);
     }
     size_t extra = 0;
     EXPECT(rch_read_datav(vc, &iov, 1, &extra), RCH_SUCCESS);
@@ -297,6 +319,7 @@ int main(void)
         EXPECT(rch_peek(vc, &lent, &len, NULL), RCH_ERR_VC_CLOSED);
         EXPECT(rch_consume(vc, 1), RCH_ERR_VC_CLOSED);
         EXPECT(rch_consume(vc, 0), RCH_ERR_VC_CLOSED);
+        EXPECT(rch_consume_peek(vc, 0, &lent, &len, NULL), RCH_ERR_VC_CLOSED);
     }
     EXPECT(rch_vc_close((rch_vc *)data), RCH_ERR_UNKNOWN_VC);
     EXPECT(rch_vc_close(NULL), RCH_ERR_NULL);

@@ -598,6 +598,23 @@ pub unsafe extern "C" fn rch_peek(
     len: *mut size_t,
     zero_copy_left: *mut size_t,
 ) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { rch_consume_peek(vc, 0, bytes, len, zero_copy_left) }
+}
+
+/// See `rch_consume_peek` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// As [`rch_peek`].
+#[no_mangle]
+pub unsafe extern "C" fn rch_consume_peek(
+    vc: *mut rch_vc,
+    n: size_t,
+    bytes: *mut *const c_void,
+    len: *mut size_t,
+    zero_copy_left: *mut size_t,
+) -> c_int {
     guard(|| {
         if bytes.is_null() {
             return Err(null("bytes"));
@@ -617,7 +634,8 @@ pub unsafe extern "C" fn rch_peek(
         let mut lib = lock()?;
         let g = lib.ready()?;
         let r = data_vc(g, vc)?;
-        let lent = g.peek(r)?;
+        // A size_t is a usize on every target Rust supports for this library.
+        let lent = g.consume_peek(r, n as usize)?;
         // SAFETY: checked non-NULL above.
         unsafe {
             out(bytes, lent.bytes.cast::<c_void>());
@@ -839,6 +857,7 @@ same_signature!(
     rch_read_buffered,
     rch_peek,
     rch_consume,
+    rch_consume_peek,
     rch_wait,
     rch_wakeup,
     rch_vc_wait_readable,

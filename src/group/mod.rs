@@ -696,6 +696,20 @@ impl Group {
         Ok(Lent::NOTHING)
     }
 
+    /// rch_consume_peek: [`consume`](Self::consume) then [`peek`](Self::peek), in one
+    /// call of the C interface (a packet handled in place costs one entry, not two).
+    ///
+    /// # Errors
+    ///
+    /// As `consume` (nothing is peeked then), then as `peek`.
+    #[inline(always)]
+    pub(crate) fn consume_peek(&mut self, rank: usize, n: usize) -> Result<Lent, Error> {
+        if n != 0 {
+            self.consume(rank, n)?;
+        }
+        self.peek(rank)
+    }
+
     /// rch_consume: marks `n` of the bytes [`peek`](Self::peek) lent as read.
     ///
     /// # Errors

@@ -95,6 +95,10 @@ typedef struct MPIDI_CH3I_Rch_recv {
     size_t len;
     /* Data bytes of the last packet: whether to read ahead for the next header. */
     size_t last_data;
+    /* Bytes of a packet handled in place (rch_peek) that the connection still lends:
+     * the next look consumes them with rch_consume_peek, one library call per packet
+     * (a reply the handler's completion leads to goes out before that look). */
+    size_t lent_pending;
 } MPIDI_CH3I_Rch_recv;
 
 /* The send queue holds a reference to each request so that its `next` field stays

@@ -206,6 +206,7 @@ int MPIDI_CH3_VC_Init(MPIDI_VC_t * vc)
     vcch->recv->pos = 0;
     vcch->recv->len = 0;
     vcch->recv->last_data = 0;
+    vcch->recv->lent_pending = 0;
     /* The stage is allocated on the VC's first read (most VCs of a big job never
      * carry traffic). */
     vcch->recv->stage = NULL;

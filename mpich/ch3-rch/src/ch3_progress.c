@@ -214,11 +214,13 @@ static RCH_ALWAYS_INLINE int handle_in_place(MPIDI_VC_t * vc, int *handled, int 
     const void *lent;
     size_t avail, hdr_len;
     intptr_t buflen;
-    int rc = rch_peek(vcch->rvc, &lent, &avail, NULL);
+    /* What the last packet handled here took goes back in the same call. */
+    int rc = rch_consume_peek(vcch->rvc, rs->lent_pending, &lent, &avail, NULL);
 
     *handled = 0;
     if (rc != RCH_SUCCESS)
         return rc;
+    rs->lent_pending = 0;
     if (avail == 0) {
         *handled = -1;
         return RCH_SUCCESS;
@@ -254,10 +256,17 @@ static RCH_ALWAYS_INLINE int handle_in_place(MPIDI_VC_t * vc, int *handled, int 
     }
     /* A handler may have closed the connection (CLOSE, a failure): its ring is gone,
      * and so is the need to give the space back. */
-    rc = rch_consume(vcch->rvc, hdr_len + (size_t) buflen);
-    if (rc != RCH_SUCCESS && vcch->state != MPIDI_CH3I_VC_STATE_CONNECTED)
-        rc = RCH_SUCCESS;
-    return rc;
+    if (vcch->state != MPIDI_CH3I_VC_STATE_CONNECTED)
+        return RCH_SUCCESS;
+    if (rreq == NULL) {
+        /* Consumed by the next look at this connection (this loop's, or the next
+         * pass's: a VC with lent bytes is on the busy list, read every pass). */
+        rs->lent_pending = hdr_len + (size_t) buflen;
+        return RCH_SUCCESS;
+    }
+    /* The rest of the data is read into the request's iov: give these bytes back
+     * first, as the reads that follow pass them. */
+    return rch_consume(vcch->rvc, hdr_len + (size_t) buflen);
 }
 
 /* Reads what has arrived on one connection: headers, handed to CH3's handlers with

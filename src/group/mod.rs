@@ -678,12 +678,7 @@ impl Group {
                 Err(gone(rank))
             }
             Ok(nothing) => Ok(nothing),
-            Err(e) => {
-                if e.kind() != io::ErrorKind::InvalidInput {
-                    vc.rx_done = true;
-                }
-                Err(data_error(&e, rank, "peek"))
-            }
+            Err(e) => Err(read_failed(&mut vc.rx_done, &e, rank, "peek")),
         }
     }
 
@@ -766,12 +761,7 @@ impl Group {
                     Err(gone(rank))
                 }
                 Ok(n) => Ok(n),
-                Err(e) => {
-                    if e.kind() != io::ErrorKind::InvalidInput {
-                        vc.rx_done = true;
-                    }
-                    Err(data_error(&e, rank, "read"))
-                }
+                Err(e) => Err(read_failed(&mut vc.rx_done, &e, rank, "read")),
             };
         }
         // SAFETY: forwarded from this function's contract.
@@ -1727,6 +1717,17 @@ fn closed(rank: usize) -> Error {
         ErrorKind::VcClosed,
         format!("the connection to rank {rank} was closed by rch_vc_close"),
     )
+}
+
+/// A read's or peek's error as the group reports it. The connection's end or failure
+/// also sets `rx_done` (rch_wait stops watching it); a misuse (`InvalidInput`: reads
+/// in flight) leaves the connection as it was.
+#[cold]
+fn read_failed(rx_done: &mut bool, e: &io::Error, rank: usize, what: &str) -> Error {
+    if e.kind() != io::ErrorKind::InvalidInput {
+        *rx_done = true;
+    }
+    data_error(e, rank, what)
 }
 
 #[cold]

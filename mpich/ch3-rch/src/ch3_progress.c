@@ -199,8 +199,9 @@ static int fill_iov(MPIDI_CH3I_VC * vcch, MPIR_Request * rreq, int *full, int *m
 }
 
 /* The packet at the front of the connection, handed to its CH3 handler where it
- * landed in rdma-channel's ring (rch_peek): no copy into the stage, and one call
- * (rch_consume) to give its space back. *handled is 1 when a packet was handled, -1
+ * landed in rdma-channel's ring: no copy into the stage, and one library call a
+ * packet (rch_consume_peek gives back what the packet before took, then lends this
+ * one). *handled is 1 when a packet was handled, -1
  * when nothing has arrived, 0 when the stage path must read it (a header split
  * across two of the peer's puts, or a payload not 8-byte aligned, which CH3's
  * handlers may read in place). Returns an rch status; *mpi_errno is the handler's. */

@@ -114,6 +114,7 @@
 #define RCH_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/uio.h> /* struct iovec */
 
 #ifdef __cplusplus
@@ -122,7 +123,7 @@ extern "C" {
 
 /* Version of this interface. */
 #define RCH_VERSION_MAJOR 1
-#define RCH_VERSION_MINOR 4
+#define RCH_VERSION_MINOR 5
 
 /* Most iovec entries one rch_put_datav / rch_read_datav accepts (IOV_MAX on Linux). */
 #define RCH_IOV_MAX 1024
@@ -319,6 +320,63 @@ int rch_consume(rch_vc *vc, size_t n);
  * Errors: as rch_consume, then as rch_peek. */
 int rch_consume_peek(rch_vc *vc, size_t n, const void **bytes, size_t *len,
                      size_t *zero_copy_left);
+
+/* Most words one rch_watch compares. */
+#define RCH_WATCH_WORDS 6
+
+/* A connection's quiet state, for a progress loop that looks at a busy connection
+ * on every pass: the words (in the ring and the control block the peer writes) whose
+ * change means the connection may have something for the library to do, with the
+ * values they had when rch_consume_peek_watch found nothing. Test it with
+ * rch_watch_quiet instead of calling the library; while it says quiet, a call would
+ * have found nothing either, except what only a call notices (a failure found
+ * elsewhere, the library's periodic upkeep), which is why a watch runs out after a
+ * few tests. `count` is 0 when there is nothing to watch (call again). */
+typedef struct rch_watch {
+    const volatile uint64_t *word[RCH_WATCH_WORDS];
+    uint64_t value[RCH_WATCH_WORDS];
+    int count;      /* words to compare, at most RCH_WATCH_WORDS */
+    int tests_left; /* quiet answers left before the library must be called */
+} rch_watch;
+
+/* rch_consume_peek, and when it lends nothing and the connection is quiet, fills
+ * *watch (if not NULL) so that the caller may test it on the next passes instead of
+ * calling again; else sets watch->count and watch->tests_left to 0. The words stay
+ * readable until the next rch_consume_peek_watch, rch_consume_peek, rch_peek,
+ * rch_consume, rch_read_datav or rch_read_buffered on vc, or rch_vc_close or
+ * rch_finalize: call one of them once rch_watch_quiet says 0. Other calls (on other
+ * connections, puts, rch_wait, rch_poll_ready) may move the connection on (a
+ * packet read ahead, a new ring taken); the watch then says quiet until it runs out,
+ * never longer. Since interface 1.5.
+ * Errors: as rch_consume_peek; the watch is empty after an error. */
+int rch_consume_peek_watch(rch_vc *vc, size_t n, const void **bytes, size_t *len,
+                           size_t *zero_copy_left, rch_watch *watch);
+
+/* 1 while the connection rch_consume_peek_watch left `watch` for is still quiet:
+ * every word holds its value and the watch has tests left (each 1 uses one). 0 once
+ * a word changed or the tests ran out: call the library (rch_consume_peek_watch) to
+ * look. A handful of loads, no call: a progress pass over busy connections pays this
+ * instead of a library call per connection. Since interface 1.5. */
+static inline int rch_watch_quiet(rch_watch *watch)
+{
+    int i;
+    if (watch->tests_left <= 0 || watch->count <= 0)
+        return 0;
+    for (i = 0; i < watch->count; i++) {
+#if defined(__GNUC__)
+        /* Relaxed: a hint; the library's own look orders what it then reads. */
+        uint64_t now = __atomic_load_n(watch->word[i], __ATOMIC_RELAXED);
+#else
+        uint64_t now = *watch->word[i];
+#endif
+        if (now != watch->value[i]) {
+            watch->tests_left = 0;
+            return 0;
+        }
+    }
+    watch->tests_left--;
+    return 1;
+}
 
 /* The connections with something to read, for an upper layer's progress loop that
  * should not read every connection of the job on every pass: stores the peer ranks

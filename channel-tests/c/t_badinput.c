@@ -249,6 +249,54 @@ int main(void)
         }
         EXPECT(rch_consume_peek(vc, 0, NULL, &len, NULL), RCH_ERR_NULL);
         EXPECT(rch_consume_peek(NULL, 0, &lent, &len, NULL), RCH_ERR_NULL);
+
+        /* a quiet connection's watch: quiet until a word changes or its tests run out */
+        rch_watch w;
+        memset(&w, 0x55, sizeof w);
+        EXPECT(rch_consume_peek_watch(NULL, 0, &lent, &len, NULL, &w), RCH_ERR_NULL);
+        if (w.count != 0 || w.tests_left != 0 || rch_watch_quiet(&w)) {
+            fprintf(stderr, "FAIL: a failed call left a watch of %d words\n", w.count);
+            failures++;
+        }
+        /* a few calls may pass before the connection is quiet (upkeep it still owes) */
+        for (int i = 0; i < 100 && w.count == 0; i++)
+            EXPECT(rch_consume_peek_watch(vc, 0, &lent, &len, NULL, &w), RCH_SUCCESS);
+        if (len != 0 || w.count < 1 || w.count > RCH_WATCH_WORDS || w.tests_left < 1) {
+            fprintf(stderr, "FAIL: an idle connection's watch: %d words, %d tests, %zu bytes lent\n",
+                    w.count, w.tests_left, len);
+            failures++;
+        }
+        int tests = w.tests_left, quiet = 0;
+        rch_watch copy = w;
+        while (rch_watch_quiet(&copy))
+            quiet++;
+        if (quiet != tests || rch_watch_quiet(&copy)) {
+            fprintf(stderr, "FAIL: a watch of %d tests said quiet %d times\n", tests, quiet);
+            failures++;
+        }
+        EXPECT(rch_put_datav(vc, parts, 3, &put), RCH_SUCCESS); /* loopback: lands at once */
+        if (rch_watch_quiet(&w) || w.tests_left != 0) {
+            fprintf(stderr, "FAIL: the watch stayed quiet after a put landed\n");
+            failures++;
+        }
+        EXPECT(rch_consume_peek_watch(vc, 0, &lent, &len, NULL, &w), RCH_SUCCESS);
+        if (len != 15 || memcmp(lent, data, 15) != 0 || w.count != 0 || rch_watch_quiet(&w)) {
+            fprintf(stderr, "FAIL: the call after the watch lent %zu bytes, watch of %d words\n", len,
+                    w.count);
+            failures++;
+        }
+        EXPECT(rch_consume_peek_watch(vc, 16, &lent, &len, NULL, &w), RCH_ERR_INVALID);
+        if (w.count != 0 || len != 0) {
+            fprintf(stderr, "FAIL: a refused consume left a watch of %d words\n", w.count);
+            failures++;
+        }
+        EXPECT(rch_consume_peek_watch(vc, 15, &lent, &len, NULL, NULL), RCH_SUCCESS); /* no watch */
+        for (int i = 0; i < 100 && w.count == 0; i++)
+            EXPECT(rch_consume_peek_watch(vc, 0, &lent, &len, NULL, &w), RCH_SUCCESS);
+        if (len != 0 || w.count == 0 || !rch_watch_quiet(&w)) {
+            fprintf(stderr, "FAIL: no watch once the connection was read to its end\n");
+            failures++;
+        }
     }
     size_t extra = 0;
     EXPECT(rch_read_datav(vc, &iov, 1, &extra), RCH_SUCCESS);
@@ -320,6 +368,13 @@ int main(void)
         EXPECT(rch_consume(vc, 1), RCH_ERR_VC_CLOSED);
         EXPECT(rch_consume(vc, 0), RCH_ERR_VC_CLOSED);
         EXPECT(rch_consume_peek(vc, 0, &lent, &len, NULL), RCH_ERR_VC_CLOSED);
+        rch_watch w;
+        memset(&w, 0x55, sizeof w);
+        EXPECT(rch_consume_peek_watch(vc, 0, &lent, &len, NULL, &w), RCH_ERR_VC_CLOSED);
+        if (w.count != 0 || rch_watch_quiet(&w)) {
+            fprintf(stderr, "FAIL: a closed connection left a watch of %d words\n", w.count);
+            failures++;
+        }
     }
     EXPECT(rch_vc_close((rch_vc *)data), RCH_ERR_UNKNOWN_VC);
     EXPECT(rch_vc_close(NULL), RCH_ERR_NULL);

@@ -56,7 +56,9 @@ mod zerocopy;
 pub use card::CTRL_SIZE;
 pub use connect::Prepared;
 pub(crate) use link::Link;
-pub(crate) use receiver::{GetMode, LentPart, ReadsInFlight, READ_PIECE};
+pub(crate) use receiver::{
+    GetMode, LentPart, QuietWatch, ReadsInFlight, QUIET_WATCH_WORDS, READ_PIECE,
+};
 pub use receiver::{Peeked, Receiver};
 pub use sender::Sender;
 pub(crate) use sender::{Announce, PendingZc};

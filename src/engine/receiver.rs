@@ -3,7 +3,7 @@
 //! (the RDMA READs themselves are started in [`zerocopy`](super::zerocopy)).
 
 use std::io::{self, IoSliceMut};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,6 +33,19 @@ const GROW_AFTER_BIG_PACKETS: u32 = 16;
 /// ([`Receiver::quiet_poll`] cuts the others short).
 const QUIET_POLLS: u32 = 8;
 
+/// Words in a [`QuietWatch`].
+pub(crate) const QUIET_WATCH_WORDS: usize = 5;
+
+/// What a quiet receiver's caller may watch instead of polling
+/// ([`Receiver::quiet_watch`]; the C interface's `rch_watch`): words of the ring and
+/// of the control block, each with the value it holds while the receiver has
+/// nothing to do, and how many tests may pass before a poll is due (the polls the
+/// receiver itself cuts short, [`QUIET_POLLS`] less one).
+pub(crate) struct QuietWatch<'a> {
+    pub(crate) words: [(&'a AtomicU64, u64); QUIET_WATCH_WORDS],
+    pub(crate) tests: u32,
+}
+
 /// A packet that landed whole at the read position.
 struct Landed {
     /// Its header and ack words (for a short packet, those a full one would carry).
@@ -51,6 +64,11 @@ pub struct Receiver<F: Fabric> {
     /// The incoming ring (a clone of the link's: its address and mask sit here, in
     /// the half that polls it).
     ring: RingMemory<F::Region>,
+    /// The rings left at switches since the last read call (`get`, `peek`,
+    /// `consume`; not `can_get` or `poll_readable`, which switch too): a
+    /// [`QuietWatch`] handed out before a switch may still point into one. Dropped
+    /// by [`let_retired_go`](Self::let_retired_go).
+    retired_rings: Vec<RingMemory<F::Region>>,
     ring_size: u64,
     threshold: u64,
     /// Start of the packet being read (or of the next one).
@@ -199,6 +217,7 @@ impl<F: Fabric> Receiver<F> {
             growth_refused: false,
             meter: (link.zc_adaptive_min != usize::MAX).then(PathMeter::default),
             ring,
+            retired_rings: Vec::new(),
             backoff_pauses: link.cfg.stream_backoff(),
             link,
             read_pos: 0,
@@ -421,11 +440,13 @@ impl<F: Fabric> Receiver<F> {
         let new = {
             let mut rings = lock_incoming(&self.link);
             let new = rings.offered.take().expect("an offer is outstanding");
-            // The old ring is freed once our own clone goes, below.
+            // The old ring is freed once our own clone goes (at the next read call:
+            // see `retired_rings`).
             rings.current = new.clone();
             new
         };
-        self.ring = new;
+        let old = std::mem::replace(&mut self.ring, new);
+        self.retired_rings.push(old);
         self.ring_size = self.ring.size();
         self.threshold = self.link.cfg.tail_threshold_for(self.ring_size);
         self.offered_len = None;
@@ -822,6 +843,16 @@ impl<F: Fabric> Receiver<F> {
         self.link.rx_tail.store(self.read_pos, Ordering::Release);
     }
 
+    /// Frees the rings left at switches since the last read call: a read call ends
+    /// every [`QuietWatch`] handed out before it. Called by the read calls (`get`,
+    /// `peek`, `consume`) past their cut-short empty poll.
+    #[inline(always)]
+    fn let_retired_go(&mut self) {
+        if !self.retired_rings.is_empty() {
+            self.retired_rings.clear();
+        }
+    }
+
     /// Reads up to the total length of `iov` bytes, in order, and returns how many
     /// (0 when nothing has arrived).
     ///
@@ -876,6 +907,7 @@ impl<F: Fabric> Receiver<F> {
         if self.quiet_poll() {
             return Ok(Some(0));
         }
+        self.let_retired_go();
         if let Some(e) = self.read_failure() {
             return Err(e);
         }
@@ -996,6 +1028,7 @@ impl<F: Fabric> Receiver<F> {
         if self.quiet_poll() {
             return Ok(Peeked::Nothing);
         }
+        self.let_retired_go();
         if let Some(e) = self.read_failure() {
             return Err(e);
         }
@@ -1033,6 +1066,7 @@ impl<F: Fabric> Receiver<F> {
     /// `InvalidInput`, with nothing consumed, when `n` is more than the last `peek`
     /// lent (or it lent none); otherwise as [`get`](Self::get).
     pub fn consume(&mut self, n: usize) -> io::Result<()> {
+        self.let_retired_go();
         if n == 0 {
             return Ok(());
         }
@@ -1125,6 +1159,7 @@ impl<F: Fabric> Receiver<F> {
         if self.quiet_poll() {
             return Ok(0);
         }
+        self.let_retired_go();
         let nowait = mode != GetMode::Wait;
         let mut done = 0;
         let mut resumed = 0;
@@ -1388,6 +1423,52 @@ impl<F: Fabric> Receiver<F> {
         true
     }
 
+    /// The words to watch in place of the next polls, when this end is quiet as
+    /// [`quiet_poll`](Self::quiet_poll) means it (nothing half read, owed or in
+    /// flight, the connection open, no request of the peer unanswered) and the
+    /// ring's next cell is empty; `None` otherwise. While every word holds its value
+    /// a poll would find nothing but what only a poll notices (a failure found
+    /// elsewhere, the periodic upkeep): hence a watch's few tests. The words stay
+    /// mapped until the next read call here (the ring a switch leaves is kept until
+    /// then, see `retired_rings`), or this receiver's drop.
+    pub(crate) fn quiet_watch(&self) -> Option<QuietWatch<'_>> {
+        if self.in_packet
+            || self.zc.is_some()
+            || self.reads.is_some()
+            || self.released_pos != self.read_pos
+            || self.upkeep_owed
+            || self.backoff_due
+            || self.backoff_armed
+        {
+            return None;
+        }
+        let link = &*self.link;
+        // Acquire, as in Link::error.
+        if link.is_broken.load(Ordering::Acquire) {
+            return None;
+        }
+        let [first, second] = self.ring.head_word_refs(self.read_pos);
+        let [credit, end, lend] = link.ctrl.quiet_words();
+        // The values a quiet connection has, not the ones loaded now: a word that
+        // changed since the poll that found nothing fails the watch's first test.
+        // Relaxed: as credit_wanted and serve_lend's own looks.
+        let words = [
+            (first, 0),
+            (second, 0),
+            (credit, link.credit_served.load(Ordering::Relaxed)),
+            (end, 0),
+            (lend, link.lends_served.load(Ordering::Relaxed)),
+        ];
+        // Relaxed: a word that differs makes the caller call at once.
+        if words.iter().any(|(w, v)| w.load(Ordering::Relaxed) != *v) {
+            return None;
+        }
+        Some(QuietWatch {
+            words,
+            tests: QUIET_POLLS - 1,
+        })
+    }
+
     fn after_get(&mut self, done: usize) -> io::Result<()> {
         self.maintain()?;
         if done != 0 {
@@ -1577,4 +1658,74 @@ pub(crate) enum GetMode {
     NoWait(Lent),
     /// Stops before it (`get_buffered`).
     RingOnly,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{IoSlice, IoSliceMut};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use crate::{Config, RdmaStream};
+
+    /// A watch handed out before a ring switch points into the ring the switch
+    /// leaves: that ring stays mapped while a call that is no read (here `can_get`,
+    /// as `rch_poll_ready` makes) switches, and goes at the next read.
+    #[test]
+    fn a_watch_outlives_a_ring_switch_until_the_next_read() {
+        let (mut a, mut b) = RdmaStream::pair_with(Config::default()).unwrap();
+        let data = vec![7u8; 1 << 20];
+        let mut sink = vec![0u8; 1 << 20];
+        for _ in 0..10_000 {
+            // Drained and quiet: a watch of the current ring.
+            while b
+                .channel()
+                .receiver()
+                .get(&mut [IoSliceMut::new(&mut sink)])
+                .unwrap()
+                > 0
+            {}
+            let mut watched: Option<*const AtomicU64> = None;
+            for _ in 0..20 {
+                let rx = b.channel().receiver();
+                if let Some(w) = rx.quiet_watch() {
+                    watched = Some(w.words[0].0 as *const AtomicU64);
+                    break;
+                }
+                let _ = rx.get(&mut [IoSliceMut::new(&mut sink)]).unwrap();
+            }
+            let before = a.channel().sender().ring_size();
+            // A stall asks for a bigger ring; a put after the offer takes it.
+            let _ = a.channel().sender().put(&[IoSlice::new(&data)]).unwrap();
+            if a.channel().sender().ring_size() == before {
+                continue;
+            }
+            let Some(word) = watched else {
+                continue;
+            };
+            let rx = b.channel().receiver();
+            assert!(rx.retired_rings.is_empty());
+            // The switch packet, then data in the new ring; a second look (as every
+            // rch_poll_ready makes) keeps the ring too.
+            assert!(rx.can_get().unwrap());
+            assert!(rx.poll_readable().unwrap());
+            let old = rx
+                .retired_rings
+                .first()
+                .expect("the ring left behind is kept");
+            let base = old.lend(0, 0).as_ptr() as usize;
+            let at = word as usize;
+            assert!(
+                at >= base && at < base + old.size() as usize,
+                "the watched word lies in the ring left behind"
+            );
+            // SAFETY: inside the retired ring, which the receiver holds (checked just
+            // above); accessed atomically as the ring's words always are.
+            assert_eq!(unsafe { &*word }.load(Ordering::Relaxed), 0);
+            let n = rx.get(&mut [IoSliceMut::new(&mut sink)]).unwrap();
+            assert!(n > 0);
+            assert!(rx.retired_rings.is_empty(), "a read lets the old ring go");
+            return;
+        }
+        panic!("the ring never switched with a watch out");
+    }
 }

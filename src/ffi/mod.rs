@@ -40,7 +40,7 @@ use crate::group::Group;
 use error::{report, Error};
 use exchange::Callbacks;
 use state::{lock, Phase};
-use sys::{iovec, rch_exchange, rch_stats, rch_status, rch_vc, rch_watch_stats, size_t};
+use sys::{iovec, rch_exchange, rch_stats, rch_status, rch_vc, rch_watch, rch_watch_stats, size_t};
 
 /// Most iovec entries per data call (`RCH_IOV_MAX`).
 pub(crate) const IOV_MAX: usize = 1024;
@@ -615,6 +615,32 @@ pub unsafe extern "C" fn rch_consume_peek(
     len: *mut size_t,
     zero_copy_left: *mut size_t,
 ) -> c_int {
+    // SAFETY: forwarded from this function's contract; no watch.
+    unsafe { rch_consume_peek_watch(vc, n, bytes, len, zero_copy_left, std::ptr::null_mut()) }
+}
+
+/// See `rch_consume_peek_watch` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// As [`rch_peek`]; `watch` is NULL or valid for writing an `rch_watch`.
+#[no_mangle]
+pub unsafe extern "C" fn rch_consume_peek_watch(
+    vc: *mut rch_vc,
+    n: size_t,
+    bytes: *mut *const c_void,
+    len: *mut size_t,
+    zero_copy_left: *mut size_t,
+    watch: *mut rch_watch,
+) -> c_int {
+    if !watch.is_null() {
+        // SAFETY: non-NULL, so writable by the caller's promise. Empty until the
+        // call below finds the connection quiet.
+        unsafe {
+            (*watch).count = 0;
+            (*watch).tests_left = 0;
+        }
+    }
     guard(|| {
         if bytes.is_null() {
             return Err(null("bytes"));
@@ -645,6 +671,21 @@ pub unsafe extern "C" fn rch_consume_peek(
             // SAFETY: as above. A transfer is at most isize::MAX bytes (the sender's
             // buffer), so it fits a size_t.
             unsafe { out(zero_copy_left, lent.zero_copy_left as size_t) };
+        }
+        if lent.len == 0 && lent.zero_copy_left == 0 && !watch.is_null() {
+            if let Some(w) = g.quiet_watch(r) {
+                // SAFETY: non-NULL, so writable by the caller's promise.
+                let watch = unsafe { &mut *watch };
+                for (i, (word, value)) in w.words.iter().enumerate() {
+                    // The header's contract: the caller reads these words only until
+                    // its next read call on this connection, which they outlive
+                    // (Receiver::quiet_watch).
+                    watch.word[i] = word.as_ptr().cast_const();
+                    watch.value[i] = *value;
+                }
+                watch.count = w.words.len() as c_int;
+                watch.tests_left = w.tests as c_int;
+            }
         }
         Ok(())
     })

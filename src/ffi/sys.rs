@@ -20,7 +20,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::mem::{align_of, size_of};
 
 use memoffset::offset_of;
-use static_assertions::{assert_eq_align, assert_eq_size, const_assert_eq};
+use static_assertions::{assert_eq_align, assert_eq_size, const_assert, const_assert_eq};
 
 // `struct iovec` as the header sees it (through <sys/uio.h>) is the kernel's, libc's,
 // and std's IoSlice / IoSliceMut (which std guarantees to be ABI compatible with
@@ -71,6 +71,19 @@ const_assert_eq!(offset_of!(rch_watch_stats, rings), 16);
 const_assert_eq!(offset_of!(rch_watch_stats, found_by_bell), 24);
 const_assert_eq!(offset_of!(rch_watch_stats, found_in_turn), 32);
 const_assert_eq!(size_of::<rch_watch_stats>(), 40);
+
+// rch_watch: RCH_WATCH_WORDS pointers, as many unsigned 64-bit values, two ints.
+const W: usize = RCH_WATCH_WORDS as usize;
+const_assert_eq!(offset_of!(rch_watch, word), 0);
+const_assert_eq!(offset_of!(rch_watch, value), W * size_of::<usize>());
+const_assert_eq!(offset_of!(rch_watch, count), W * (size_of::<usize>() + 8));
+const_assert_eq!(
+    offset_of!(rch_watch, tests_left),
+    W * (size_of::<usize>() + 8) + 4
+);
+const_assert_eq!(size_of::<rch_watch>(), W * (size_of::<usize>() + 8) + 8);
+// A quiet receiver's words all fit.
+const_assert!(crate::engine::QUIET_WATCH_WORDS <= W);
 
 // Status codes are C ints on the wire (the functions return `int`).
 const_assert_eq!(rch_status::RCH_SUCCESS, 0);

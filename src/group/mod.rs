@@ -19,7 +19,9 @@ use self::error::{Error, ErrorKind};
 use self::exchange::Exchange;
 use self::hello::Hello;
 use crate::config::{Config, WaitPolicy};
-use crate::engine::{available_cpus, Backoff, Peeked, Prepared, Receiver, Sender, CONTENDED_SPIN};
+use crate::engine::{
+    available_cpus, Backoff, Peeked, Prepared, QuietWatch, Receiver, Sender, CONTENDED_SPIN,
+};
 use crate::fabric::{Access, AnyFabric, Card, Fabric};
 use crate::handshake::unix;
 use crate::ring::memory::Doorbell;
@@ -703,6 +705,17 @@ impl Group {
             self.consume(rank, n)?;
         }
         self.peek(rank)
+    }
+
+    /// rch_consume_peek_watch's watch: the words of `rank`'s connection that a caller
+    /// may test in place of the next peeks, when it is up and quiet (see
+    /// [`Receiver::quiet_watch`](crate::engine::Receiver)); `None` otherwise.
+    #[inline]
+    pub(crate) fn quiet_watch(&self, rank: usize) -> Option<QuietWatch<'_>> {
+        match &self.vcs.get(rank)?.conn {
+            Conn::Up(up) => up.rx.quiet_watch(),
+            _ => None,
+        }
     }
 
     /// rch_consume: marks `n` of the bytes [`peek`](Self::peek) lent as read.

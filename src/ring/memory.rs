@@ -201,6 +201,20 @@ impl<R: MemoryRegion> RingMemory<R> {
         [unsafe { &*first }.load(Ordering::Relaxed), second]
     }
 
+    /// The two words [`head_words`](Self::head_words) loads at cell boundary `pos`,
+    /// for a caller that watches them from outside ([`crate::engine::QuietWatch`]):
+    /// they stay where they are as long as this ring's memory does.
+    #[inline]
+    pub(crate) fn head_word_refs(&self, pos: u64) -> [&AtomicU64; 2] {
+        debug_assert_eq!(pos % CELL as u64, 0);
+        let first: *const AtomicU64 = self.word(pos);
+        // SAFETY: as in `head_words`: the second word lies in the same cell, inside
+        // the region, and is accessed only atomically.
+        [unsafe { &*first }, unsafe {
+            &*first.add(SHORT_HEADER_OFFSET / 8)
+        }]
+    }
+
     /// Zeroes the word at position `pos` (rounded down to a word). Relaxed: the caller
     /// publishes the consumed range with a Release store afterwards, which orders this.
     #[inline]
@@ -481,6 +495,17 @@ impl<R: MemoryRegion> ControlWords<R> {
     #[inline]
     pub fn lend_number(&self) -> u64 {
         self.slot_word(3).load(Ordering::Relaxed)
+    }
+
+    /// The words a quiet receiver's watch compares ([`crate::engine::QuietWatch`]):
+    /// the credit request, the end of stream and the lend slot's number.
+    #[inline]
+    pub(crate) fn quiet_words(&self) -> [&AtomicU64; 3] {
+        [
+            self.word(CtrlWord::CreditRequest),
+            self.word(CtrlWord::EndOfStream),
+            self.slot_word(3),
+        ]
     }
 
     /// The lend slot as the peer last wrote it.

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rch.h"
 
@@ -274,7 +275,20 @@ int main(void)
             fprintf(stderr, "FAIL: a watch of %d tests said quiet %d times\n", tests, quiet);
             failures++;
         }
-        EXPECT(rch_put_datav(vc, parts, 3, &put), RCH_SUCCESS); /* loopback: lands at once */
+        EXPECT(rch_put_datav(vc, parts, 3, &put), RCH_SUCCESS);
+        /* Wait for the write to land without calling the library (on verbs it lands
+         * a little later), looking at the watched words themselves. */
+        int landed = 0;
+        for (int i = 0; i < 5000 && !landed; i++) {
+            for (int k = 0; k < w.count; k++)
+                landed |= *w.word[k] != w.value[k];
+            if (!landed)
+                usleep(1000);
+        }
+        if (!landed) {
+            fprintf(stderr, "FAIL: no watched word changed in 5 s after a put\n");
+            failures++;
+        }
         if (rch_watch_quiet(&w) || w.tests_left != 0) {
             fprintf(stderr, "FAIL: the watch stayed quiet after a put landed\n");
             failures++;

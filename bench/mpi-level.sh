@@ -12,8 +12,9 @@
 # keeps (give them once with its --source). Two ranks bound to cores (Hydra's
 # `-bind-to core`, Open MPI's `--bind-to core`: CPUs 0 and 1), buffers from malloc as
 # the programs make them. A round runs every MPI once, in a different order each
-# round; each MPI's turn runs between two hand-off probes (bench/c/handoff_probe.c)
-# and is run again while one read above --probe-max ns (default 80), and a round is
+# round; each program of an MPI's turn (IMB PingPong, IMB PingPing, osu_latency,
+# osu_bw) runs between two hand-off probes (bench/c/handoff_probe.c) and is run
+# again while one read above --probe-max ns (default 80), and a round is
 # thrown away when the probes around it read slow or another process used more than
 # 10% of a CPU
 # (bench/lib.sh). Prints medians of the kept rounds: one-way latency in us (IMB's
@@ -102,20 +103,36 @@ trap 'rm -rf "$work"' EXIT
 max=$(tr , '\n' <<<"$sizes" | sort -n | tail -1)
 log2max=$(awk -v m="$max" 'BEGIN { l = 0; while (2 ^ l < m) l++; print l }')
 
-# run SYSTEM: one turn; prints "metric size value" lines.
+# run SYSTEM PROGRAM: one program of a system's turn; prints "metric size value" lines.
 run() {
     local s=$1 dir=$programs/build/perf-$1
-    # shellcheck disable=SC2086 # launch[] holds the launcher and its options
-    (cd "$work" && ${launch[$s]} "$dir/imb/IMB-MPI1" -msglog "3:$log2max" PingPong PingPing) |
-        awk '/# Benchmarking / { b = ($3 == "PingPong") ? "imb_pingpong" : "imb_pingping"; next }
-             /#bytes/ { on = 1; next } NF == 0 { on = 0 }
-             on && $1 ~ /^[0-9]+$/ { print b "_lat", $1, $3; print b "_bw", $1, $4 }'
-    # shellcheck disable=SC2086
-    ${launch[$s]} "$(osu_bin "$s" osu_latency)" -m "8:$max" | awk '$1 ~ /^[0-9]+$/ { print "osu_latency", $1, $2 }'
-    # shellcheck disable=SC2086
-    ${launch[$s]} "$(osu_bin "$s" osu_bw)" -m "8:$max" | awk '$1 ~ /^[0-9]+$/ { print "osu_bw", $1, $2 }'
+    case "$2" in
+        PingPong|PingPing)
+            # shellcheck disable=SC2086 # launch[] holds the launcher and its options
+            (cd "$work" && ${launch[$s]} "$dir/imb/IMB-MPI1" -msglog "3:$log2max" "$2") |
+                awk '/# Benchmarking / { b = ($3 == "PingPong") ? "imb_pingpong" : "imb_pingping"; next }
+                     /#bytes/ { on = 1; next } NF == 0 { on = 0 }
+                     on && $1 ~ /^[0-9]+$/ { print b "_lat", $1, $3; print b "_bw", $1, $4 }' ;;
+        osu_latency|osu_bw)
+            # shellcheck disable=SC2086
+            ${launch[$s]} "$(osu_bin "$s" "$2")" -m "8:$max" |
+                awk -v m="$2" '$1 ~ /^[0-9]+$/ { print m, $1, $2 }' ;;
+    esac
 }
-run_round() { probed_round mpi-level; }
+# A round: every system's turn, each of its four programs between two probes of its
+# own (bench/lib.sh, probed), run again while one read slow. A slow phase of the host
+# that begins inside a turn (they last seconds) then costs one program a rerun, not
+# the turn's figures: with the probes around whole turns, osu_latency at 4-256 KiB
+# read 2-2.5x in one table while the probes passed (bench/notebook/2026-12.md).
+run_round() {
+    local s p
+    for s in "${order[@]}"; do
+        : > "$work/$s.round$kept"
+        for p in PingPong PingPing osu_latency osu_bw; do
+            probed run "$s" "$p" >> "$work/$s.round$kept" || echo "mpi-level: $s $p failed" >&2
+        done
+    done
+}
 keep_rounds mpi-level
 
 # fig SYSTEM METRIC SIZE: the median over the kept rounds

@@ -1402,13 +1402,7 @@ impl<F: Fabric> Receiver<F> {
         // The ring first: a get that finds a packet pays only this look (the words
         // are the ones landed_packet loads next).
         let [first, second] = self.ring.head_words(self.read_pos);
-        if first | second != 0
-            || self.quiet_polls + 1 >= QUIET_POLLS
-            || self.released_pos != self.read_pos
-            || self.upkeep_owed
-            || self.backoff_due
-            || self.backoff_armed
-        {
+        if first | second != 0 || self.quiet_polls + 1 >= QUIET_POLLS || !self.nothing_owed() {
             return false;
         }
         let link = &*self.link;
@@ -1423,6 +1417,16 @@ impl<F: Fabric> Receiver<F> {
         true
     }
 
+    /// True when this end owes nothing a poll would do: no packet left to give
+    /// back, no upkeep, no stream backoff due or armed.
+    #[inline(always)]
+    fn nothing_owed(&self) -> bool {
+        self.released_pos == self.read_pos
+            && !self.upkeep_owed
+            && !self.backoff_due
+            && !self.backoff_armed
+    }
+
     /// The words to watch in place of the next polls, when this end is quiet as
     /// [`quiet_poll`](Self::quiet_poll) means it (nothing half read, owed or in
     /// flight, the connection open, no request of the peer unanswered) and the
@@ -1432,14 +1436,7 @@ impl<F: Fabric> Receiver<F> {
     /// mapped until the next read call here (the ring a switch leaves is kept until
     /// then, see `retired_rings`), or this receiver's drop.
     pub(crate) fn quiet_watch(&self) -> Option<QuietWatch<'_>> {
-        if self.in_packet
-            || self.zc.is_some()
-            || self.reads.is_some()
-            || self.released_pos != self.read_pos
-            || self.upkeep_owed
-            || self.backoff_due
-            || self.backoff_armed
-        {
+        if self.in_packet || self.zc.is_some() || self.reads.is_some() || !self.nothing_owed() {
             return None;
         }
         let link = &*self.link;

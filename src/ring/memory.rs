@@ -191,28 +191,25 @@ impl<R: MemoryRegion> RingMemory<R> {
     /// ```
     #[inline]
     pub fn head_words(&self, pos: u64) -> [u64; 2] {
-        debug_assert_eq!(pos % CELL as u64, 0);
-        let first: *const AtomicU64 = self.word(pos);
-        // SAFETY: `pos` is a cell boundary, so its word's offset is at most
-        // size - CELL and the word SHORT_HEADER_OFFSET (8) bytes on lies in the same
-        // cell, inside the region; it is accessed only atomically, as in `word`.
-        let second = unsafe { &*first.add(SHORT_HEADER_OFFSET / 8) }.load(Ordering::Acquire);
-        // SAFETY: `first` comes from `word`, a live reference into the region.
-        [unsafe { &*first }.load(Ordering::Relaxed), second]
+        let [first, second] = self.head_word_refs(pos);
+        let second = second.load(Ordering::Acquire);
+        [first.load(Ordering::Relaxed), second]
     }
 
     /// The two words [`head_words`](Self::head_words) loads at cell boundary `pos`,
-    /// for a caller that watches them from outside ([`crate::engine::QuietWatch`]):
-    /// they stay where they are as long as this ring's memory does.
-    #[inline]
+    /// also for a caller that watches them from outside
+    /// ([`crate::engine::QuietWatch`]): they stay where they are as long as this
+    /// ring's memory does.
+    #[inline(always)]
     pub(crate) fn head_word_refs(&self, pos: u64) -> [&AtomicU64; 2] {
         debug_assert_eq!(pos % CELL as u64, 0);
-        let first: *const AtomicU64 = self.word(pos);
-        // SAFETY: as in `head_words`: the second word lies in the same cell, inside
-        // the region, and is accessed only atomically.
-        [unsafe { &*first }, unsafe {
-            &*first.add(SHORT_HEADER_OFFSET / 8)
-        }]
+        let first = self.word(pos);
+        // SAFETY: `pos` is a cell boundary, so its word's offset is at most
+        // size - CELL and the word SHORT_HEADER_OFFSET (8) bytes on lies in the same
+        // cell, inside the region, which lives as long as `self`; it is accessed only
+        // atomically, as in `word`.
+        let second = unsafe { &*(first as *const AtomicU64).add(SHORT_HEADER_OFFSET / 8) };
+        [first, second]
     }
 
     /// Zeroes the word at position `pos` (rounded down to a word). Relaxed: the caller

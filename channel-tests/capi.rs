@@ -164,6 +164,7 @@ const MM_TESTS: &[&str] = &[
     "t_wakeup",
     "t_mem",
     "t_peer",
+    "t_lane",
 ];
 
 /// Not a test: builds every C program the tests run (but the two built with other
@@ -328,6 +329,16 @@ fn pingpong_external() {
 #[test]
 fn pingpong_external_with_idle_ranks() {
     external("t_pingpong", 4, &[], &[], "pingpong ok");
+}
+
+#[test]
+fn lane_external() {
+    external("t_lane", 2, &[], &[], "lane ok");
+}
+
+#[test]
+fn lane_pmi_with_an_idle_rank() {
+    pmi("t_lane", 3, &[], &[], "lane ok");
 }
 
 #[test]

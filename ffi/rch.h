@@ -123,7 +123,7 @@ extern "C" {
 
 /* Version of this interface. */
 #define RCH_VERSION_MAJOR 1
-#define RCH_VERSION_MINOR 5
+#define RCH_VERSION_MINOR 6
 
 /* Most iovec entries one rch_put_datav / rch_read_datav accepts (IOV_MAX on Linux). */
 #define RCH_IOV_MAX 1024
@@ -376,6 +376,122 @@ static inline int rch_watch_quiet(rch_watch *watch)
     }
     watch->tests_left--;
     return 1;
+}
+
+/* A quiet connection's watch, and with it a look at the ring cell where the next
+ * packet will start: rch_lane_packet finds a packet of plain data that landed there
+ * whole, and lends it, without calling the library. For a progress loop whose
+ * critical path is the wait for the next message: the message is handled where it
+ * landed at once, and the library's share (taking the packet's acknowledgement,
+ * giving its space back) is done by the next rch_consume_peek_lane, off that path.
+ * Filled by rch_consume_peek_lane; the fields are the library's, to be read only
+ * through rch_lane_packet and rch_watch_quiet. Since interface 1.6. */
+typedef struct rch_lane {
+    rch_watch watch;               /* word[0] and word[1] are the cell's first two words */
+    const volatile uint64_t *cell; /* the cell where the next packet starts; NULL: none */
+    uint64_t pos;                  /* its position in the connection's stream of cells */
+    uint64_t room;                 /* bytes from it to the end of the ring */
+    int lent;                      /* 1 once rch_lane_packet lent a packet */
+    int reserved;
+} rch_lane;
+
+/* rch_consume_peek_watch with a lane: `n` counts from the packet rch_lane_packet lent
+ * last (lane->lent), if it did, else from the bytes the previous call lent. Before
+ * anything else the call empties *lane (if not NULL); when it lends nothing and the
+ * connection is quiet it fills it again: lane->watch as rch_consume_peek_watch fills
+ * its watch, and the cell the next packet will start in. The lane's words stay
+ * readable as long as the watch's. Since interface 1.6.
+ * Errors: as rch_consume_peek_watch; RCH_ERR_INVALID, with nothing consumed, when
+ * `n` is more than the packet the lane lent. The lane is empty after an error. */
+int rch_consume_peek_lane(rch_vc *vc, size_t n, const void **bytes, size_t *len,
+                          size_t *zero_copy_left, rch_lane *lane);
+
+/* The packet format rch_lane_packet reads (the library's ring wire format): a full
+ * packet is a header word (tag 0xA in the top 4 bits, kind, 24-bit length, 32-bit
+ * stamp: the cell number), an acknowledgement word (lowest bit set, top 4 bits 0),
+ * the payload, and in its last cell's last word a trailer (a key xor the position
+ * where the packet ends); a short packet (1-8 bytes) is a payload word and a short
+ * header (tag 0x5, length, 24-bit acknowledgement, stamp). */
+#define RCH_LANE_CELL 64u
+#define RCH_LANE_STAMP_MASK 0xffffffffull
+#define RCH_LANE_TRAILER_KEY 0xC3A596E15A0F7B2Dull
+
+/* 1 when a packet of plain data has landed whole in lane's cell: *bytes and *len are
+ * its payload, where it landed (valid as rch_peek's bytes, until the next read call
+ * on the connection), and lane->lent is set: pass how much of it was read as `n` to
+ * the next rch_consume_peek_lane. The lane is then spent (the next test says -1).
+ * 0 while the connection is quiet, as rch_watch_quiet's 1 (each 0 uses a test).
+ * -1 when the library must be called (rch_consume_peek_lane): the lane is empty or
+ * spent, its tests ran out, a watched word other than the cell's changed, or what
+ * landed is not plain data (the library reads it). A handful of loads, no call.
+ * Since interface 1.6. */
+static inline int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *len)
+{
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    rch_watch *w = &lane->watch;
+    uint64_t first, second, stamp, end, n, cells;
+    int i;
+
+    if (w->tests_left <= 0 || w->count < 2 || lane->cell == NULL || lane->lent)
+        return -1;
+    for (i = 2; i < w->count; i++) {
+        /* Relaxed: a hint, as in rch_watch_quiet. */
+        if (__atomic_load_n(w->word[i], __ATOMIC_RELAXED) != w->value[i]) {
+            w->tests_left = 0;
+            return -1;
+        }
+    }
+    w->tests_left--;
+    /* Acquire on the second word: a short header is the last word of its write, so
+     * once it is seen so is the payload word before it. */
+    second = __atomic_load_n(&lane->cell[1], __ATOMIC_ACQUIRE);
+    first = __atomic_load_n(&lane->cell[0], __ATOMIC_RELAXED);
+    if ((first | second) == 0)
+        return 0;
+    stamp = (lane->pos / RCH_LANE_CELL) & RCH_LANE_STAMP_MASK;
+    if ((second & 1) == 0 || (second >> 60) != 0) {
+        /* Not an acknowledgement: a short header, or nothing yet (a short packet's
+         * payload seen before its header). */
+        if ((second >> 60) != 0x5 || (second & RCH_LANE_STAMP_MASK) != stamp)
+            return 0;
+        n = (second >> 56) & 0xf;
+        if (n == 0 || n > 8) {
+            w->tests_left = 0;
+            return -1;
+        }
+        *bytes = (const void *) lane->cell;
+    } else {
+        /* A full header counts once its acknowledgement word is there (above). */
+        if ((first & (0xfull << 60 | RCH_LANE_STAMP_MASK)) != (0xAull << 60 | stamp))
+            return 0;
+        n = (first >> 32) & 0xffffff;
+        cells = (16 + n + 8 + RCH_LANE_CELL - 1) / RCH_LANE_CELL;
+        if (((first >> 56) & 0xf) != 1 || n == 0 || cells * RCH_LANE_CELL > lane->room) {
+            w->tests_left = 0; /* not data, or an error the library reports */
+            return -1;
+        }
+        end = lane->pos + cells * RCH_LANE_CELL;
+        /* Acquire: the trailer is the last word of the write; once it is seen, the
+         * whole packet is. */
+        if (__atomic_load_n(&lane->cell[cells * (RCH_LANE_CELL / 8) - 1], __ATOMIC_ACQUIRE) !=
+            (RCH_LANE_TRAILER_KEY ^ end))
+            return 0;
+        /* A header read while it was being written may have pointed at a wrong
+         * trailer: read it again now that the packet is whole. */
+        if (__atomic_load_n(&lane->cell[0], __ATOMIC_RELAXED) != first)
+            return 0;
+        *bytes = (const void *) (lane->cell + 2);
+    }
+    *len = (size_t) n;
+    lane->lent = 1;
+    w->tests_left = 0;
+    return 1;
+#else
+    (void) lane;
+    (void) bytes;
+    (void) len;
+    return -1;
+#endif
 }
 
 /* The connections with something to read, for an upper layer's progress loop that

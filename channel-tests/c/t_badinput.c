@@ -311,6 +311,96 @@ int main(void)
             fprintf(stderr, "FAIL: no watch once the connection was read to its end\n");
             failures++;
         }
+
+        /* the lane: the packet landing in a quiet connection's next cell, found and
+         * lent without a call, then consumed (whole or in part) by the next call */
+        rch_lane lane;
+        memset(&lane, 0x55, sizeof lane);
+        EXPECT(rch_consume_peek_lane(NULL, 0, &lent, &len, NULL, &lane), RCH_ERR_NULL);
+        if (lane.cell != NULL || lane.lent != 0 || lane.watch.count != 0 ||
+            rch_lane_packet(&lane, &lent, &len) != -1) {
+            fprintf(stderr, "FAIL: a failed call left a lane\n");
+            failures++;
+        }
+        for (int form = 0; form < 2; form++) {
+            /* a full packet of 15 bytes, then a short one of 5 */
+            size_t plen = form == 0 ? 15 : 5;
+            struct iovec one = {data, plen};
+            for (int i = 0; i < 100 && lane.cell == NULL; i++)
+                EXPECT(rch_consume_peek_lane(vc, 0, &lent, &len, NULL, &lane), RCH_SUCCESS);
+            if (len != 0 || lane.cell == NULL || lane.room < 64 || lane.room % 64 != 0 ||
+                lane.pos % 64 != 0) {
+                fprintf(stderr, "FAIL: no lane on a quiet connection (room %llu)\n",
+                        (unsigned long long)lane.room);
+                failures++;
+                break;
+            }
+            rch_lane spare = lane;
+            if (rch_lane_packet(&spare, &lent, &len) != 0 || spare.lent) {
+                fprintf(stderr, "FAIL: a quiet lane lent a packet\n");
+                failures++;
+            }
+            EXPECT(rch_put_datav(vc, &one, 1, &put), RCH_SUCCESS);
+            /* wait for the write to land (the packet's second word), without a call */
+            for (int i = 0; i < 5000 && lane.cell[1] == 0; i++)
+                usleep(1000);
+            for (int i = 0; i < 5000 && rch_lane_packet(&lane, &lent, &len) == 0; i++) {
+                lane.watch.tests_left = 1; /* a packet still landing, on verbs */
+                usleep(1000);
+            }
+            if (!lane.lent || len != plen || memcmp(lent, data, plen) != 0) {
+                fprintf(stderr, "FAIL: the lane lent %zu bytes of a %zu-byte put\n", len, plen);
+                failures++;
+            }
+            if (rch_lane_packet(&lane, &lent, &len) != -1) {
+                fprintf(stderr, "FAIL: a spent lane said other than -1\n");
+                failures++;
+            }
+            /* more than the lane lent: refused, nothing consumed, the lane emptied */
+            EXPECT(rch_consume_peek_lane(vc, plen + 1, &lent, &len, NULL, &lane), RCH_ERR_INVALID);
+            if (len != 0 || lane.cell != NULL || lane.lent != 0) {
+                fprintf(stderr, "FAIL: a refused lane consume lent %zu bytes\n", len);
+                failures++;
+            }
+            EXPECT(rch_consume_peek_lane(vc, 0, &lent, &len, NULL, &lane), RCH_SUCCESS);
+            if (len != plen || memcmp(lent, data, plen) != 0) {
+                fprintf(stderr, "FAIL: after a refused consume %zu bytes were lent\n", len);
+                failures++;
+            }
+            /* read in two parts: the first through the call after a lane packet */
+            memset(&lane, 0, sizeof lane);
+            EXPECT(rch_consume_peek_lane(vc, 2, &lent, &len, NULL, &lane), RCH_SUCCESS);
+            if (len != plen - 2 || memcmp(lent, data + 2, plen - 2) != 0) {
+                fprintf(stderr, "FAIL: consume(2) left %zu bytes lent\n", len);
+                failures++;
+            }
+            EXPECT(rch_consume_peek_lane(vc, plen - 2, &lent, &len, NULL, &lane), RCH_SUCCESS);
+            if (len != 0) {
+                fprintf(stderr, "FAIL: %zu bytes lent past the end\n", len);
+                failures++;
+            }
+        }
+        /* a lane packet read in part: the call lends the rest */
+        for (int i = 0; i < 100 && lane.cell == NULL; i++)
+            EXPECT(rch_consume_peek_lane(vc, 0, &lent, &len, NULL, &lane), RCH_SUCCESS);
+        struct iovec five = {data, 5};
+        EXPECT(rch_put_datav(vc, &five, 1, &put), RCH_SUCCESS);
+        for (int i = 0; i < 5000 && lane.cell != NULL && lane.cell[1] == 0; i++)
+            usleep(1000);
+        for (int i = 0; i < 5000 && rch_lane_packet(&lane, &lent, &len) == 0; i++) {
+            lane.watch.tests_left = 1;
+            usleep(1000);
+        }
+        if (!lane.lent || len != 5) {
+            fprintf(stderr, "FAIL: the lane lent %zu bytes of a 5-byte put\n", len);
+            failures++;
+        }
+        EXPECT(rch_consume_peek_lane(vc, 2, &lent, &len, NULL, &lane), RCH_SUCCESS);
+        if (len != 3 || memcmp(lent, data + 2, 3) != 0) {
+            fprintf(stderr, "FAIL: a lane packet read in part: %zu bytes lent after\n", len);
+            failures++;
+        }
+        EXPECT(rch_consume_peek_lane(vc, 3, &lent, &len, NULL, NULL), RCH_SUCCESS);
     }
     size_t extra = 0;
     EXPECT(rch_read_datav(vc, &iov, 1, &extra), RCH_SUCCESS);

@@ -32,21 +32,21 @@ AM_COND_IF([BUILD_CH3_RCH],[
     if test "$rch_found" = "no" ; then
         AC_MSG_ERROR([ch3:rch needs rdma-channel's rch.h and librdma_channel; install them with scripts/install-c PREFIX from rdma-channel and pass --with-rch=PREFIX])
     fi
-    AC_MSG_CHECKING([whether rch.h has rch_consume_peek_watch (interface 1.5)])
+    AC_MSG_CHECKING([whether rch.h has rch_consume_peek_lane (interface 1.6)])
     AC_COMPILE_IFELSE([AC_LANG_PROGRAM([[#include <rch.h>]],
-        [[#if RCH_VERSION_MAJOR != 1 || RCH_VERSION_MINOR < 5
+        [[#if RCH_VERSION_MAJOR != 1 || RCH_VERSION_MINOR < 6
           #error too old
           #endif
           int r, n;
           const void *b;
           size_t l;
-          rch_watch w;
+          rch_lane w;
           return rch_wakeup() + rch_poll_ready(&r, 1, &n) + rch_peek(0, &b, &l, 0) +
-                 rch_consume(0, 0) + rch_consume_peek_watch(0, 0, &b, &l, 0, &w) +
-                 rch_watch_quiet(&w);]])],
+                 rch_consume(0, 0) + rch_consume_peek_lane(0, 0, &b, &l, 0, &w) +
+                 rch_lane_packet(&w, &b, &l);]])],
         [AC_MSG_RESULT([yes])],
         [AC_MSG_RESULT([no])
-         AC_MSG_ERROR([ch3:rch needs rdma-channel's C interface 1.5 or later])])
+         AC_MSG_ERROR([ch3:rch needs rdma-channel's C interface 1.6 or later])])
     PAC_LIBS_ADD([-lrdma_channel])
 ])dnl end AM_COND_IF(BUILD_CH3_RCH,...)
 ])dnl end _BODY

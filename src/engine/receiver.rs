@@ -42,8 +42,15 @@ pub(crate) const QUIET_WATCH_WORDS: usize = 5;
 /// nothing to do, and how many tests may pass before a poll is due (the polls the
 /// receiver itself cuts short, [`QUIET_POLLS`] less one).
 pub(crate) struct QuietWatch<'a> {
+    /// The ring's two head words at the read position first (the C interface's
+    /// `rch_lane` relies on that order), then the control words.
     pub(crate) words: [(&'a AtomicU64, u64); QUIET_WATCH_WORDS],
     pub(crate) tests: u32,
+    /// The read position (where the next packet starts) and the bytes from it to the
+    /// ring's end, for a caller that reads the packet landing there itself
+    /// (`rch_lane_packet`), then [`Receiver::consume_landed`].
+    pub(crate) pos: u64,
+    pub(crate) room: u64,
 }
 
 /// A packet that landed whole at the read position.
@@ -1100,6 +1107,36 @@ impl<F: Fabric> Receiver<F> {
         Ok(())
     }
 
+    /// [`consume`](Self::consume) of `n` bytes of the data packet at the read
+    /// position, which a caller found itself where [`quiet_watch`](Self::quiet_watch)
+    /// pointed (the C interface's `rch_lane_packet`), without a `peek`: the packet is
+    /// looked up first, as `peek` would, taking its acknowledgement. If it is already
+    /// lent (a poll since looked at it), as `consume`.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput`, with nothing consumed, when no data packet of at least `n`
+    /// bytes is at the read position; otherwise as [`get`](Self::get).
+    pub(crate) fn consume_landed(&mut self, n: usize) -> io::Result<()> {
+        if n != 0 && !self.in_packet && self.zc.is_none() && self.reads.is_none() {
+            self.let_retired_go();
+            if let Some(e) = self.read_failure() {
+                return Err(e);
+            }
+            self.release_read();
+            if !self.next_packet()? {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("consume({n}): no packet has landed at the read position"),
+                ));
+            }
+            if self.upkeep_owed {
+                self.maintain()?;
+            }
+        }
+        self.consume(n)
+    }
+
     /// As [`get_nowait`](Self::get_nowait), but copies only bytes that are in the
     /// ring: it stops before a zero-copy transfer instead of starting its RDMA READs,
     /// so it never leaves reads in flight and `iov` may be any scratch buffer. For a
@@ -1463,6 +1500,8 @@ impl<F: Fabric> Receiver<F> {
         Some(QuietWatch {
             words,
             tests: QUIET_POLLS - 1,
+            pos: self.read_pos,
+            room: self.ring_size - (self.read_pos & (self.ring_size - 1)),
         })
     }
 
@@ -1724,5 +1763,50 @@ mod tests {
             return;
         }
         panic!("the ring never switched with a watch out");
+    }
+
+    /// A packet found where the quiet watch points, without a peek, is consumed by
+    /// `consume_landed` as if it had been lent, in parts and whole; more than it
+    /// holds, or nothing landed, is refused with nothing consumed.
+    #[test]
+    fn consume_landed_takes_the_packet_at_the_watched_cell() {
+        let (mut a, mut b) = RdmaStream::pair_with(Config::default()).unwrap();
+        let rx = b.channel().receiver();
+        let mut w = None;
+        for _ in 0..20 {
+            if let Some(q) = rx.quiet_watch() {
+                w = Some((q.pos, q.room, q.words[0].0 as *const AtomicU64));
+                break;
+            }
+            assert!(matches!(rx.peek().unwrap(), crate::engine::Peeked::Nothing));
+        }
+        let (pos, room, cell) = w.expect("a quiet receiver has a watch");
+        assert_eq!(pos, 0);
+        assert_eq!(room, rx.ring_size());
+        let err = rx.consume_landed(1).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        for (k, msg) in [&b"short"[..], &[9u8; 100][..]].into_iter().enumerate() {
+            assert_eq!(a.put(&[IoSlice::new(msg)]).unwrap(), msg.len());
+            let rx = b.channel().receiver();
+            if k == 0 {
+                // Landed where the watch pointed: its header is the cell's second
+                // word, which the watch holds as zero while quiet.
+                // SAFETY: the word lies in the receiver's ring, which `b` keeps; it
+                // is read atomically, as the ring's words always are.
+                assert_ne!(unsafe { &*cell.wrapping_add(1) }.load(Ordering::Acquire), 0);
+            }
+            let err = rx.consume_landed(msg.len() + 1).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+            rx.consume_landed(2).unwrap();
+            match rx.peek().unwrap() {
+                crate::engine::Peeked::Bytes(rest) => assert_eq!(rest, &msg[2..]),
+                other => panic!("after consume_landed(2): {other:?}"),
+            }
+            rx.consume_landed(msg.len() - 2).unwrap();
+            assert!(matches!(rx.peek().unwrap(), crate::engine::Peeked::Nothing));
+        }
+        let mut sink = [0u8; 8];
+        let rx = b.channel().receiver();
+        assert_eq!(rx.get(&mut [IoSliceMut::new(&mut sink)]).unwrap(), 0);
     }
 }

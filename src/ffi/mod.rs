@@ -40,7 +40,10 @@ use crate::group::Group;
 use error::{report, Error};
 use exchange::Callbacks;
 use state::{lock, Phase};
-use sys::{iovec, rch_exchange, rch_stats, rch_status, rch_vc, rch_watch, rch_watch_stats, size_t};
+use sys::{
+    iovec, rch_exchange, rch_lane, rch_stats, rch_status, rch_vc, rch_watch, rch_watch_stats,
+    size_t,
+};
 
 /// Most iovec entries per data call (`RCH_IOV_MAX`).
 pub(crate) const IOV_MAX: usize = 1024;
@@ -633,6 +636,71 @@ pub unsafe extern "C" fn rch_consume_peek_watch(
     zero_copy_left: *mut size_t,
     watch: *mut rch_watch,
 ) -> c_int {
+    // SAFETY: forwarded from this function's contract; no lane.
+    unsafe {
+        consume_peek_watching(
+            vc,
+            n,
+            false,
+            bytes,
+            len,
+            zero_copy_left,
+            watch,
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// See `rch_consume_peek_lane` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// As [`rch_peek`]; `lane` is NULL or valid for reading and writing an `rch_lane`.
+#[no_mangle]
+pub unsafe extern "C" fn rch_consume_peek_lane(
+    vc: *mut rch_vc,
+    n: size_t,
+    bytes: *mut *const c_void,
+    len: *mut size_t,
+    zero_copy_left: *mut size_t,
+    lane: *mut rch_lane,
+) -> c_int {
+    let mut landed = false;
+    let mut watch = std::ptr::null_mut();
+    if !lane.is_null() {
+        // SAFETY: non-NULL, so readable and writable by the caller's promise. Empty
+        // until the call below finds the connection quiet.
+        let l = unsafe { &mut *lane };
+        landed = l.lent != 0;
+        l.lent = 0;
+        l.cell = std::ptr::null();
+        l.pos = 0;
+        l.room = 0;
+        watch = std::ptr::addr_of_mut!(l.watch);
+    }
+    // SAFETY: forwarded from this function's contract; `watch` is NULL or the lane's.
+    unsafe { consume_peek_watching(vc, n, landed, bytes, len, zero_copy_left, watch, lane) }
+}
+
+/// The body of `rch_consume_peek_watch` and `rch_consume_peek_lane`: `landed` says
+/// `n` counts bytes of the packet the lane lent.
+///
+/// # Safety
+///
+/// As [`rch_peek`]; `watch` is NULL or valid for writing an `rch_watch`; `lane` is
+/// NULL or valid for writing an `rch_lane` whose `watch` is `watch`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn consume_peek_watching(
+    vc: *mut rch_vc,
+    n: size_t,
+    landed: bool,
+    bytes: *mut *const c_void,
+    len: *mut size_t,
+    zero_copy_left: *mut size_t,
+    watch: *mut rch_watch,
+    lane: *mut rch_lane,
+) -> c_int {
     if !watch.is_null() {
         // SAFETY: non-NULL, so writable by the caller's promise. Empty until the
         // call below finds the connection quiet.
@@ -661,7 +729,7 @@ pub unsafe extern "C" fn rch_consume_peek_watch(
         let g = lib.ready()?;
         let r = data_vc(g, vc)?;
         // A size_t is a usize on every target Rust supports for this library.
-        let lent = g.consume_peek(r, n as usize)?;
+        let lent = g.consume_landed_peek(r, n as usize, landed)?;
         // SAFETY: checked non-NULL above.
         unsafe {
             out(bytes, lent.bytes.cast::<c_void>());
@@ -685,6 +753,16 @@ pub unsafe extern "C" fn rch_consume_peek_watch(
                 }
                 watch.count = w.words.len() as c_int;
                 watch.tests_left = w.tests as c_int;
+                if !lane.is_null() {
+                    // SAFETY: non-NULL, so writable by the caller's promise; the
+                    // watch's borrow above has ended. The cell is the first watched
+                    // word (QuietWatch's order), as long-lived as it.
+                    unsafe {
+                        (*lane).cell = w.words[0].0.as_ptr().cast_const();
+                        (*lane).pos = w.pos;
+                        (*lane).room = w.room;
+                    }
+                }
             }
         }
         Ok(())

@@ -85,6 +85,25 @@ const_assert_eq!(size_of::<rch_watch>(), W * (size_of::<usize>() + 8) + 8);
 // A quiet receiver's words all fit.
 const_assert!(crate::engine::QUIET_WATCH_WORDS <= W);
 
+// rch_lane: an rch_watch, a pointer, two unsigned 64-bit values, two ints.
+const_assert_eq!(offset_of!(rch_lane, watch), 0);
+const_assert_eq!(offset_of!(rch_lane, cell), size_of::<rch_watch>());
+const_assert_eq!(
+    offset_of!(rch_lane, pos),
+    size_of::<rch_watch>() + size_of::<usize>()
+);
+const_assert_eq!(
+    offset_of!(rch_lane, lent),
+    size_of::<rch_watch>() + size_of::<usize>() + 16
+);
+// The packet format rch_lane_packet reads is the ring's (ring::wire).
+const_assert_eq!(RCH_LANE_CELL as usize, crate::ring::wire::CELL);
+const_assert_eq!(RCH_LANE_TRAILER_KEY as u64, crate::ring::wire::TRAILER_KEY);
+const_assert_eq!(
+    RCH_LANE_STAMP_MASK as u64 | (0xf << 60),
+    crate::ring::wire::HEADER_MATCH_MASK
+);
+
 // Status codes are C ints on the wire (the functions return `int`).
 const_assert_eq!(rch_status::RCH_SUCCESS, 0);
 assert_eq_size!(rch_status::Type, std::os::raw::c_int);

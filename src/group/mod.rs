@@ -695,13 +695,22 @@ impl Group {
 
     /// rch_consume_peek: [`consume`](Self::consume) then [`peek`](Self::peek), in one
     /// call of the C interface (a packet handled in place costs one entry, not two).
+    /// With `landed` the `n` bytes are of the packet the caller found at the read
+    /// position itself (rch_lane_packet): see `Receiver::consume_landed`.
     ///
     /// # Errors
     ///
     /// As `consume` (nothing is peeked then), then as `peek`.
     #[inline(always)]
-    pub(crate) fn consume_peek(&mut self, rank: usize, n: usize) -> Result<Lent, Error> {
-        if n != 0 {
+    pub(crate) fn consume_landed_peek(
+        &mut self,
+        rank: usize,
+        n: usize,
+        landed: bool,
+    ) -> Result<Lent, Error> {
+        if landed && n != 0 {
+            self.consume_with(rank, n, |rx, n| rx.consume_landed(n))?;
+        } else if n != 0 {
             self.consume(rank, n)?;
         }
         self.peek(rank)
@@ -726,9 +735,20 @@ impl Group {
     /// (and no read passed since); the connection's failure, or its close here.
     #[inline(always)]
     pub(crate) fn consume(&mut self, rank: usize, n: usize) -> Result<(), Error> {
+        self.consume_with(rank, n, |rx, n| rx.consume(n))
+    }
+
+    /// [`consume`](Self::consume) by `how` (`Receiver::consume` or `consume_landed`).
+    #[inline(always)]
+    fn consume_with(
+        &mut self,
+        rank: usize,
+        n: usize,
+        how: impl FnOnce(&mut Receiver<AnyFabric>, usize) -> io::Result<()>,
+    ) -> Result<(), Error> {
         let vc = &mut self.vcs[rank];
         match &mut vc.conn {
-            Conn::Up(up) => up.rx.consume(n).map_err(|e| {
+            Conn::Up(up) => how(&mut up.rx, n).map_err(|e| {
                 if e.kind() == io::ErrorKind::InvalidInput {
                     return Error::new(ErrorKind::Invalid, format!("rch_consume: {e}"));
                 }

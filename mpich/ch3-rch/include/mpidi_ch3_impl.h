@@ -99,18 +99,22 @@ typedef struct MPIDI_CH3I_Rch_recv {
      * the next look consumes them with rch_consume_peek, one library call per packet
      * (a reply the handler's completion leads to goes out before that look). */
     size_t lent_pending;
-    /* The connection's quiet state as rch_consume_peek_watch left it: a look while
-     * it holds costs a few loads, not a library call. Its words are readable only
-     * until the next read call on the connection: every read here other than
-     * rch_consume_peek_watch empties it first (MPIDI_CH3I_Rch_unwatch). */
-    rch_watch watch;
+    /* The connection's quiet state as rch_consume_peek_lane left it: a look while
+     * it holds costs a few loads, not a library call, and the packet that lands
+     * next is found and handled without one (rch_lane_packet; the next
+     * rch_consume_peek_lane gives it back). Its words are readable only until the
+     * next read call on the connection: every read here other than
+     * rch_consume_peek_lane empties it first (MPIDI_CH3I_Rch_unwatch). */
+    rch_lane lane;
 } MPIDI_CH3I_Rch_recv;
 
-/* Forgets a connection's watch, before a read call that may let its words go. */
+/* Forgets a connection's lane, before a read call that may let its words go (and
+ * that reads a packet the lane lent, if any, as the library's next bytes). */
 static inline void MPIDI_CH3I_Rch_unwatch(MPIDI_CH3I_Rch_recv * rs)
 {
-    rs->watch.count = 0;
-    rs->watch.tests_left = 0;
+    rs->lane.watch.count = 0;
+    rs->lane.watch.tests_left = 0;
+    rs->lane.lent = 0;
 }
 
 /* The send queue holds a reference to each request so that its `next` field stays

@@ -1,0 +1,246 @@
+/* The lane (rch_lane_packet, rch_consume_peek_lane) against the byte stream: rank 0
+ * puts a known stream in pieces of 1 byte to 96 KiB from one to three buffers, and
+ * every few pieces waits for rank 1's 8-byte answer, so that rank 1 is often quiet
+ * when a packet lands; rank 1 reads the stream with the lane where it can and with
+ * rch_consume_peek_lane where it must, consuming each packet in one or more parts,
+ * and checks every byte. Fails if the lane never lent a packet (then it is not
+ * being tested) or if a byte is wrong, lost or repeated. The other ranks (if any)
+ * only take part in the barriers. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mm.h"
+#include "rch.h"
+
+static unsigned char stream_byte(uint64_t i) { return (unsigned char)(i * 131 + (i >> 9) * 7 + 3); }
+
+/* A small deterministic generator, the same on both ranks. */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rng(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* The length of piece k: mostly small (the lane's case: short packets of 1-8 bytes
+ * and one- or two-cell packets), some of a few KiB, now and then 96 KiB (several
+ * packets, or a zero-copy transfer, which the lane leaves to the library). */
+static size_t piece_len(void)
+{
+    uint64_t r = rng();
+    switch (r % 8) {
+    case 0:
+    case 1:
+    case 2:
+        return 1 + (r >> 8) % 8;
+    case 3:
+    case 4:
+        return 9 + (r >> 8) % 120;
+    case 5:
+    case 6:
+        return 129 + (r >> 8) % 4000;
+    default:
+        return (r >> 8) % 16 == 0 ? 96 * 1024 : 1 + (r >> 8) % 300;
+    }
+}
+
+#define PIECES 20000
+#define ANSWER_EVERY 3
+
+static void check(int rc, const char *what)
+{
+    if (rc != RCH_SUCCESS)
+        mm_fatal("%s: %s (%s)", what, rch_strerror(rc), rch_last_error());
+}
+
+static void put_all(rch_vc *vc, const unsigned char *buf, size_t len)
+{
+    size_t done = 0;
+    while (done < len) {
+        struct iovec v = {(void *)(buf + done), len - done};
+        size_t n = 0;
+        check(rch_put_datav(vc, &v, 1, &n), "rch_put_datav");
+        done += n;
+        if (n == 0) {
+            int rc = rch_wait(10);
+            if (rc != RCH_ERR_TIMEOUT)
+                check(rc, "rch_wait");
+        }
+    }
+}
+
+static void read_all(rch_vc *vc, unsigned char *buf, size_t len)
+{
+    size_t done = 0;
+    while (done < len) {
+        struct iovec v = {buf + done, len - done};
+        size_t n = 0;
+        check(rch_read_datav(vc, &v, 1, &n), "rch_read_datav");
+        done += n;
+    }
+}
+
+/* Checks `len` bytes at `bytes` against the stream from position `at`. */
+static void expect_stream(const unsigned char *bytes, size_t len, uint64_t at)
+{
+    for (size_t i = 0; i < len; i++)
+        if (bytes[i] != stream_byte(at + i))
+            mm_fatal("stream byte %llu is %d, expected %d", (unsigned long long)(at + i), bytes[i],
+                     stream_byte(at + i));
+}
+
+int main(void)
+{
+    mm_init();
+    int rank = mm_rank(), size = mm_size();
+    if (size < 2)
+        mm_fatal("needs 2 ranks");
+    size_t lens[PIECES];
+    uint64_t total = 0;
+    for (int k = 0; k < PIECES; k++) {
+        lens[k] = piece_len();
+        total += lens[k];
+    }
+    /* Ranks 0 and 1 use their connection directly, not through mm, until the last
+     * barrier: mm's progress would read (and keep) what the other sent. */
+    if (rank == 0) {
+        rch_vc *vc;
+        check(rch_vc_get(1, &vc), "rch_vc_get");
+        size_t max = 96 * 1024;
+        unsigned char *buf = malloc(max), answer[8];
+        if (!buf)
+            mm_fatal("oom");
+        uint64_t at = 0;
+        for (int k = 0; k < PIECES; k++) {
+            for (size_t i = 0; i < lens[k]; i++)
+                buf[i] = stream_byte(at + i);
+            /* One to three buffers, split where the generator says. */
+            uint64_t r = rng();
+            size_t a = lens[k] > 2 ? r % lens[k] : lens[k], b = lens[k] > 2 ? (r >> 20) % (lens[k] - a + 1) : 0;
+            struct iovec v[3] = {{buf, a}, {buf + a, b}, {buf + a + b, lens[k] - a - b}};
+            size_t done = 0;
+            while (done < lens[k]) {
+                /* Offer what is left as the rest of the three buffers. */
+                struct iovec left[3];
+                int n = 0;
+                size_t skip = done;
+                for (int j = 0; j < 3; j++) {
+                    if (skip >= v[j].iov_len) {
+                        skip -= v[j].iov_len;
+                        continue;
+                    }
+                    left[n].iov_base = (char *)v[j].iov_base + skip;
+                    left[n].iov_len = v[j].iov_len - skip;
+                    skip = 0;
+                    n++;
+                }
+                size_t nb = 0;
+                check(rch_put_datav(vc, left, n, &nb), "rch_put_datav");
+                done += nb;
+            }
+            at += lens[k];
+            if (k % ANSWER_EVERY == ANSWER_EVERY - 1 && k < PIECES - 1) {
+                read_all(vc, answer, sizeof answer);
+                uint64_t seen;
+                memcpy(&seen, answer, 8);
+                if (seen > at)
+                    mm_fatal("rank 1 says it read %llu bytes of %llu sent", (unsigned long long)seen,
+                             (unsigned long long)at);
+            }
+        }
+        /* Rank 1's last word: every byte arrived. */
+        read_all(vc, answer, sizeof answer);
+        uint64_t seen;
+        memcpy(&seen, answer, 8);
+        if (seen != total)
+            mm_fatal("rank 1 read %llu bytes of %llu", (unsigned long long)seen, (unsigned long long)total);
+        free(buf);
+    } else if (rank == 1) {
+        rch_vc *vc;
+        check(rch_vc_get(0, &vc), "rch_vc_get");
+        unsigned char *scratch = malloc(96 * 1024);
+        if (!scratch)
+            mm_fatal("oom");
+        rch_lane lane;
+        memset(&lane, 0, sizeof lane);
+        uint64_t got = 0, lane_packets = 0, lane_parts = 0, calls = 0;
+        uint64_t next_answer_at = 0; /* the stream's length after the next answered piece */
+        int k = 0;
+        size_t pending = 0; /* bytes of the last lent packet read, to consume */
+        for (int j = 0; j < ANSWER_EVERY && k < PIECES; j++)
+            next_answer_at += lens[k++];
+        while (got < total) {
+            const void *bytes;
+            size_t len = 0, zc = 0;
+            int r = pending == 0 ? rch_lane_packet(&lane, &bytes, &len) : -1;
+            if (r == 0)
+                continue;
+            if (r == 1) {
+                lane_packets++;
+            } else {
+                calls++;
+                check(rch_consume_peek_lane(vc, pending, &bytes, &len, &zc, &lane), "rch_consume_peek_lane");
+                pending = 0;
+                if (len == 0 && zc != 0) {
+                    /* A zero-copy transfer: only a read takes it. */
+                    size_t n = zc < 96 * 1024 ? zc : 96 * 1024;
+                    read_all(vc, scratch, n);
+                    expect_stream(scratch, n, got);
+                    got += n;
+                }
+            }
+            if (len > 0) {
+                /* Read a part of it, now and then: the rest is lent again. */
+                size_t take = len;
+                uint64_t rr = rng();
+                if (len > 1 && rr % 4 == 0)
+                    take = 1 + (rr >> 8) % (len - 1);
+                if (r == 1 && take < len)
+                    lane_parts++;
+                expect_stream(bytes, take, got);
+                got += take;
+                pending = take;
+            }
+            if (got >= next_answer_at && got < total) {
+                /* Give back what was read first: the sender may be waiting for room. */
+                if (pending != 0) {
+                    calls++;
+                    check(rch_consume_peek_lane(vc, pending, &bytes, &len, NULL, &lane),
+                          "rch_consume_peek_lane");
+                    pending = 0;
+                }
+                unsigned char answer[8];
+                memcpy(answer, &got, 8);
+                put_all(vc, answer, 8);
+                for (int j = 0; j < ANSWER_EVERY && k < PIECES; j++)
+                    next_answer_at += lens[k++];
+            }
+        }
+        if (pending != 0) {
+            const void *bytes;
+            size_t len = 0;
+            check(rch_consume_peek_lane(vc, pending, &bytes, &len, NULL, &lane), "rch_consume_peek_lane");
+            if (len != 0)
+                mm_fatal("%zu bytes more than were sent", len);
+        }
+        unsigned char answer[8];
+        memcpy(answer, &got, 8);
+        put_all(vc, answer, 8);
+        if (lane_packets == 0)
+            mm_fatal("the lane lent no packet in %d pieces (%llu library calls)", PIECES,
+                     (unsigned long long)calls);
+        printf("lane: %llu bytes, %llu packets lent by the lane (%llu read in parts), %llu library calls\n",
+               (unsigned long long)total, (unsigned long long)lane_packets, (unsigned long long)lane_parts,
+               (unsigned long long)calls);
+        free(scratch);
+    }
+    mm_barrier();
+    if (rank == 0)
+        printf("lane ok: %d ranks, %s mode\n", size, mm_mode());
+    mm_finalize();
+    return 0;
+}

@@ -207,7 +207,7 @@ int MPIDI_CH3_VC_Init(MPIDI_VC_t * vc)
     vcch->recv->len = 0;
     vcch->recv->last_data = 0;
     vcch->recv->lent_pending = 0;
-    MPIDI_CH3I_Rch_unwatch(vcch->recv);
+    memset(&vcch->recv->lane, 0, sizeof(vcch->recv->lane));
     /* The stage is allocated on the VC's first read (most VCs of a big job never
      * carry traffic). */
     vcch->recv->stage = NULL;

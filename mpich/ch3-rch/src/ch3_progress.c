@@ -203,10 +203,11 @@ static int fill_iov(MPIDI_CH3I_VC * vcch, MPIR_Request * rreq, int *full, int *m
 /* The packet at the front of the connection, handed to its CH3 handler where it
  * landed in rdma-channel's ring: no copy into the stage, and at most one library
  * call a packet (rch_consume_peek_lane gives back what the packet before took, then
- * lends this one; on a quiet connection rch_lane_packet finds it without a call). *handled is 1 when a packet was handled, -1
- * when nothing has arrived, 0 when the stage path must read it (a header split
- * across two of the peer's puts, or a payload not 8-byte aligned, which CH3's
- * handlers may read in place). Returns an rch status; *mpi_errno is the handler's. */
+ * lends this one; on a quiet connection rch_lane_packet finds it without a call).
+ * *handled is 1 when a packet was handled, -1 when nothing has arrived, 0 when the
+ * stage path must read it (a header split across two of the peer's puts, or a
+ * payload not 8-byte aligned, which CH3's handlers may read in place). Returns an
+ * rch status; *mpi_errno is the handler's. */
 static RCH_ALWAYS_INLINE int handle_in_place(MPIDI_VC_t * vc, int *handled, int *made_progress,
                                              int *mpi_errno)
 {

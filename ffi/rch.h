@@ -413,6 +413,9 @@ int rch_consume_peek_lane(rch_vc *vc, size_t n, const void **bytes, size_t *len,
  * where the packet ends); a short packet (1-8 bytes) is a payload word and a short
  * header (tag 0x5, length, 24-bit acknowledgement, stamp). */
 #define RCH_LANE_CELL 64u
+#define RCH_LANE_OVERHEAD 24u /* a full packet's header and ack words, and trailer */
+#define RCH_LANE_FULL_TAG 0xAull
+#define RCH_LANE_SHORT_TAG 0x5ull
 #define RCH_LANE_STAMP_MASK 0xffffffffull
 #define RCH_LANE_TRAILER_KEY 0xC3A596E15A0F7B2Dull
 
@@ -452,7 +455,7 @@ static inline int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *le
     if ((second & 1) == 0 || (second >> 60) != 0) {
         /* Not an acknowledgement: a short header, or nothing yet (a short packet's
          * payload seen before its header). */
-        if ((second >> 60) != 0x5 || (second & RCH_LANE_STAMP_MASK) != stamp)
+        if ((second >> 60) != RCH_LANE_SHORT_TAG || (second & RCH_LANE_STAMP_MASK) != stamp)
             return 0;
         n = (second >> 56) & 0xf;
         if (n == 0 || n > 8) {
@@ -462,10 +465,10 @@ static inline int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *le
         *bytes = (const void *) lane->cell;
     } else {
         /* A full header counts once its acknowledgement word is there (above). */
-        if ((first & (0xfull << 60 | RCH_LANE_STAMP_MASK)) != (0xAull << 60 | stamp))
+        if ((first & (0xfull << 60 | RCH_LANE_STAMP_MASK)) != (RCH_LANE_FULL_TAG << 60 | stamp))
             return 0;
         n = (first >> 32) & 0xffffff;
-        cells = (16 + n + 8 + RCH_LANE_CELL - 1) / RCH_LANE_CELL;
+        cells = (n + RCH_LANE_OVERHEAD + RCH_LANE_CELL - 1) / RCH_LANE_CELL;
         if (((first >> 56) & 0xf) != 1 || n == 0 || cells * RCH_LANE_CELL > lane->room) {
             w->tests_left = 0; /* not data, or an error the library reports */
             return -1;

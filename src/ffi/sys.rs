@@ -98,6 +98,15 @@ const_assert_eq!(
 );
 // The packet format rch_lane_packet reads is the ring's (ring::wire).
 const_assert_eq!(RCH_LANE_CELL as usize, crate::ring::wire::CELL);
+const_assert_eq!(RCH_LANE_OVERHEAD as usize, crate::ring::wire::OVERHEAD);
+const_assert_eq!(
+    (RCH_LANE_FULL_TAG as u64) << 60,
+    crate::ring::wire::header_match(0)
+);
+const_assert_eq!(
+    (RCH_LANE_SHORT_TAG as u64) << 60,
+    crate::ring::wire::ShortHeader::new(0, 0, 0).word()
+);
 const_assert_eq!(RCH_LANE_TRAILER_KEY as u64, crate::ring::wire::TRAILER_KEY);
 const_assert_eq!(
     RCH_LANE_STAMP_MASK as u64 | (0xf << 60),

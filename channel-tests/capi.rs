@@ -165,6 +165,7 @@ const MM_TESTS: &[&str] = &[
     "t_mem",
     "t_peer",
     "t_lane",
+    "t_send_lane",
 ];
 
 /// Not a test: builds every C program the tests run (but the two built with other
@@ -334,6 +335,28 @@ fn pingpong_external_with_idle_ranks() {
 #[test]
 fn lane_external() {
     external("t_lane", 2, &[], &[], "lane ok");
+}
+
+#[test]
+fn send_lane_external() {
+    external("t_send_lane", 2, &[], &[], "send lane ok");
+}
+
+/// A small ring: laps, room and growth end the lane's stretches far more often.
+#[test]
+fn send_lane_external_small_ring() {
+    external(
+        "t_send_lane",
+        2,
+        &[],
+        &[("RCH_RING_SIZE", "16k"), ("RCH_RING_INITIAL", "4k")],
+        "send lane ok",
+    );
+}
+
+#[test]
+fn send_lane_pmi_with_an_idle_rank() {
+    pmi("t_send_lane", 3, &[], &[], "send lane ok");
 }
 
 #[test]

@@ -123,7 +123,7 @@ extern "C" {
 
 /* Version of this interface. */
 #define RCH_VERSION_MAJOR 1
-#define RCH_VERSION_MINOR 6
+#define RCH_VERSION_MINOR 7
 
 /* Most iovec entries one rch_put_datav / rch_read_datav accepts (IOV_MAX on Linux). */
 #define RCH_IOV_MAX 1024
@@ -494,6 +494,110 @@ static inline int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *le
     (void) bytes;
     (void) len;
     return -1;
+#endif
+}
+
+/* A connection's send lane: where the caller writes a small message into the peer's
+ * ring itself, without a call, on a fabric whose rings this process maps (the
+ * emulated one, between processes of one host); on others it stays closed and every
+ * message takes rch_put_datav. The lane is the library's sending state (its head is
+ * the connection's), which the library keeps open after each put with room up to
+ * what it knows the peer has read and to the end of the ring's current lap, and
+ * closes while nothing may be written without it (a zero-copy transfer in flight,
+ * the end of the stream, a new ring offered, a failure). Library-owned: read and
+ * written only through rch_lane_send, from one thread, never while another rch_*
+ * call on the same connection runs or while another thread is in rch_wait or
+ * rch_poll_ready; valid (possibly closed) until rch_finalize. Since interface 1.7. */
+typedef struct rch_send_lane {
+    volatile uint64_t *ring;        /* the peer's ring as mapped here; NULL: closed */
+    uint64_t mask;                  /* ring bytes - 1 */
+    uint64_t head;                  /* stream position of the next packet */
+    uint64_t end;                   /* lane packets end at or before this position */
+    uint64_t max_payload;           /* largest payload of one lane packet */
+    const volatile uint64_t *ack;   /* this end's receive tail, carried in each packet */
+    volatile uint64_t *acked;       /* the highest tail carried so far */
+    const volatile uint64_t *bell;  /* the peer's requests to ring its doorbell */
+    uint64_t bell_seen;             /* the last request answered */
+    const volatile uint64_t *changes; /* the peer's count of registration changes */
+    uint64_t changes_seen;          /* its value while `ring` is known good */
+    rch_vc *vc;                     /* the connection */
+} rch_send_lane;
+
+/* The send lane of the connection `vc` in *lane once the connection is up and its
+ * handshake done (a put has gone through), else NULL (ask again after a put). The
+ * pointer stays valid until rch_finalize; the same for every call. Since interface
+ * 1.7.
+ * Errors: RCH_ERR_NULL (vc or lane), RCH_ERR_UNKNOWN_VC, RCH_ERR_INVALID (the
+ * process's own connection: its loopback has no lane), RCH_ERR_NOT_INITIALIZED,
+ * RCH_ERR_FINALIZED; *lane is NULL after an error. */
+int rch_vc_send_lane(rch_vc *vc, rch_send_lane **lane);
+
+/* After packets written through vc's lane: rings the peer's doorbell if it asked
+ * for it since it was last rung (rch_lane_send calls this itself when it sees the
+ * request), watches the connection closely as a put does, and opens the lane again
+ * with the room the library knows of now (a call when rch_lane_send returned 0
+ * because its room ran out). Since interface 1.7.
+ * Errors: as rch_vc_send_lane's (a failed connection is reported by the next put
+ * or read, as after a write the fabric lost). */
+int rch_lane_ring(rch_vc *vc);
+
+/* Writes one message of alen + blen bytes (a, then b; either may be 0 long with a
+ * NULL pointer) through `lane` (from rch_vc_send_lane, never NULL) as one packet of the ring's wire format (see
+ * rch_lane_packet): 1 when it was written whole, as rch_put_datav of the same bytes
+ * would have; 0 when it was not written at all: the lane is closed, the message is
+ * empty or longer than lane->max_payload, its room ran out, or the peer's memory
+ * changed since the lane was opened: put it with rch_put_datav, which opens the
+ * lane again. The bytes may be reused at once. A handful of stores and a copy, no
+ * call but rch_lane_ring when the peer asked for its doorbell. Since interface 1.7. */
+static inline int rch_lane_send(rch_send_lane *lane, const void *a, size_t alen, const void *b,
+                                size_t blen)
+{
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t len = (uint64_t) alen + (uint64_t) blen, head, bytes, end, ack;
+    volatile uint64_t *cell;
+    char *payload;
+
+    if (lane->ring == NULL || len == 0 || len > lane->max_payload)
+        return 0;
+    head = lane->head;
+    bytes = (len + RCH_LANE_OVERHEAD + RCH_LANE_CELL - 1) / RCH_LANE_CELL * RCH_LANE_CELL;
+    end = head + bytes;
+    if (end > lane->end)
+        return 0;
+    /* Acquire: as the library's own check, so the registration it counts is there. */
+    if (__atomic_load_n(lane->changes, __ATOMIC_ACQUIRE) != lane->changes_seen)
+        return 0;
+    cell = (volatile uint64_t *) ((volatile char *) lane->ring + (head & lane->mask));
+    payload = (char *) (uintptr_t) (cell + 2);
+    if (alen != 0)
+        __builtin_memcpy(payload, a, alen);
+    if (blen != 0)
+        __builtin_memcpy(payload + alen, b, blen);
+    /* Acquire: the tail announced is one whose bytes this end has finished reading. */
+    ack = __atomic_load_n(lane->ack, __ATOMIC_ACQUIRE);
+    /* The header and ack words, then the trailer last with Release: a reader that
+     * sees the trailer sees the whole packet (the fabric's own order). */
+    __atomic_store_n(&cell[0],
+                     RCH_LANE_FULL_TAG << 60 | 1ull << 56 | len << 32 |
+                         ((head / RCH_LANE_CELL) & RCH_LANE_STAMP_MASK),
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&cell[1], ack | 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&cell[bytes / 8 - 1], RCH_LANE_TRAILER_KEY ^ end, __ATOMIC_RELEASE);
+    lane->head = end;
+    /* Relaxed: only this sender writes it; the receiver reads it as a hint. */
+    if (ack > __atomic_load_n(lane->acked, __ATOMIC_RELAXED))
+        __atomic_store_n(lane->acked, ack, __ATOMIC_RELAXED);
+    /* Relaxed: a request only; loaded after the write, as the library does. */
+    if (__atomic_load_n(lane->bell, __ATOMIC_RELAXED) != lane->bell_seen)
+        (void) rch_lane_ring(lane->vc);
+    return 1;
+#else
+    (void) lane;
+    (void) a;
+    (void) alen;
+    (void) b;
+    (void) blen;
+    return 0;
 #endif
 }
 

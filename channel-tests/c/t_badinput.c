@@ -68,6 +68,15 @@ int main(void)
     }
     EXPECT(rch_read_datav((rch_vc *)(uintptr_t)0xc5, &iov, 1, &nb), RCH_ERR_NOT_INITIALIZED);
     EXPECT(rch_read_buffered((rch_vc *)(uintptr_t)0xc5, data, 8, &nb), RCH_ERR_NOT_INITIALIZED);
+    {
+        rch_send_lane *sl = (rch_send_lane *)data;
+        EXPECT(rch_vc_send_lane((rch_vc *)(uintptr_t)0xc5, &sl), RCH_ERR_NOT_INITIALIZED);
+        if (sl != NULL) {
+            fprintf(stderr, "FAIL: a failed rch_vc_send_lane left a lane\n");
+            failures++;
+        }
+        EXPECT(rch_lane_ring((rch_vc *)(uintptr_t)0xc5), RCH_ERR_NOT_INITIALIZED);
+    }
 
     /* bad init arguments */
     EXPECT(rch_init_process_group(NULL, &size, &parent), RCH_ERR_NULL);
@@ -181,6 +190,20 @@ int main(void)
         EXPECT(rch_peek(vc, &lent, NULL, NULL), RCH_ERR_NULL);
         EXPECT(rch_consume(NULL, 1), RCH_ERR_NULL);
         EXPECT(rch_consume((rch_vc *)data, 1), RCH_ERR_UNKNOWN_VC);
+        /* the send lane: none to the process itself */
+        rch_send_lane *sl = (rch_send_lane *)data;
+        EXPECT(rch_vc_send_lane(NULL, &sl), RCH_ERR_NULL);
+        EXPECT(rch_vc_send_lane((rch_vc *)data, &sl), RCH_ERR_UNKNOWN_VC);
+        EXPECT(rch_vc_send_lane(vc, NULL), RCH_ERR_NULL);
+        sl = (rch_send_lane *)data;
+        EXPECT(rch_vc_send_lane(vc, &sl), RCH_ERR_INVALID);
+        if (sl != NULL) {
+            fprintf(stderr, "FAIL: rch_vc_send_lane gave the loopback a lane\n");
+            failures++;
+        }
+        EXPECT(rch_lane_ring(NULL), RCH_ERR_NULL);
+        EXPECT(rch_lane_ring((rch_vc *)data), RCH_ERR_UNKNOWN_VC);
+        EXPECT(rch_lane_ring(vc), RCH_ERR_INVALID);
         EXPECT(rch_peek(vc, &lent, &len, &zc), RCH_SUCCESS);
         if (lent != NULL || len != 0 || zc != 0) {
             fprintf(stderr, "FAIL: an empty peek lent %zu bytes at %p (zero-copy %zu)\n", len, lent, zc);

@@ -47,6 +47,7 @@
 
 pub mod card;
 mod connect;
+pub(crate) mod lane;
 mod link;
 mod receiver;
 mod sender;

@@ -8,10 +8,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::connect::staging_for;
+use super::lane::LaneCell;
 use super::link::{Link, HEALTH_EVERY};
 use super::wait::{past, Backoff};
 use super::zerocopy::{Lent, ADVICE_ZERO_COPY, MEASURE_MIN};
-use crate::fabric::{Fabric, GatherList, RemoteRegion, ZeroCopyThresholds};
+use crate::fabric::{
+    DirectTarget, Fabric, GatherList, QueuePair, RemoteRegion, ZeroCopyThresholds,
+};
 use crate::rcache::{CacheStats, RdmaBuf, RegCache, RegHandle};
 use crate::ring::memory::{BellTarget, CtrlWord, StagingBuffer};
 use crate::ring::wire::{
@@ -47,8 +50,14 @@ struct Cells<const BYTES: usize>([u8; BYTES]);
 /// The sending direction of a connection.
 pub struct Sender<F: Fabric> {
     pub(crate) link: Arc<Link<F>>,
-    /// Master head of the outgoing ring (in the peer's memory).
-    head: u64,
+    /// The send lane (`lane.rs`), which also holds the master head of the outgoing
+    /// ring ([`head`](Self::head)) and the doorbell request last answered: a C caller
+    /// may write packets through it between calls.
+    lane: Arc<LaneCell>,
+    /// A C caller asked for the lane: publish it after each call.
+    lane_armed: bool,
+    /// Where the peer ring lies in this process, once looked up (for the lane).
+    direct: Option<(RemoteRegion, DirectTarget)>,
     /// Cached replica of the peer's tail: never ahead of the real one (or, in a ring
     /// just switched to, the ring's first position: nothing before it is in there).
     tail: u64,
@@ -90,8 +99,6 @@ pub struct Sender<F: Fabric> {
     pub(crate) max_rndv_segs: usize,
     /// The peer's doorbell, rung when it asks ([`set_bell`](Self::set_bell)).
     bell: Option<BellTarget>,
-    /// The peer's last request to be rung that we answered.
-    bells_answered: u64,
 }
 
 /// A zero-copy transfer the peer has been told about and has not confirmed.
@@ -130,7 +137,9 @@ impl<F: Fabric> Sender<F> {
             growth_asked: false,
             short_laps,
             link,
-            head: 0,
+            lane: Arc::new(LaneCell::new()),
+            lane_armed: false,
+            direct: None,
             tail: 0,
             inline_limit,
             max_pieces,
@@ -141,8 +150,14 @@ impl<F: Fabric> Sender<F> {
             zc_polls: 0,
             max_rndv_segs,
             bell: None,
-            bells_answered: 0,
         }
+    }
+
+    /// The master head of the outgoing ring (kept in the lane, which may have
+    /// advanced it since the last call).
+    #[inline(always)]
+    fn head(&self) -> u64 {
+        self.lane.head()
     }
 
     /// From now on, rings the peer's doorbell at `target` after the next write each
@@ -152,6 +167,91 @@ impl<F: Fabric> Sender<F> {
     /// load per put.
     pub(crate) fn set_bell(&mut self, target: BellTarget) {
         self.bell = Some(target);
+        if self.lane_armed {
+            self.publish_lane();
+        }
+    }
+
+    /// The send lane (`lane.rs`), published from now on after each call that may
+    /// change what it may write. The cell outlives this sender if the caller keeps it
+    /// (it is closed then).
+    pub(crate) fn send_lane(&mut self) -> Arc<LaneCell> {
+        self.lane_armed = true;
+        self.publish_lane();
+        Arc::clone(&self.lane)
+    }
+
+    /// After packets written through the lane: rings the peer's doorbell if it asked,
+    /// and publishes the lane again.
+    pub(crate) fn after_lane(&mut self) {
+        self.ring_if_asked();
+        if self.lane_armed {
+            self.publish_lane();
+        }
+    }
+
+    /// Largest payload of a lane packet: a stacked packet's (one inline write of
+    /// whole cells, one chunk at most).
+    fn lane_payload(&self) -> usize {
+        let by_inline = (self.inline_limit / CELL * CELL).saturating_sub(OVERHEAD);
+        let by_chunk = (self.chunk as usize).saturating_sub(OVERHEAD);
+        STACKED_PAYLOAD.min(by_inline).min(by_chunk)
+    }
+
+    /// Publishes what the lane may write now: nothing while a zero-copy transfer is
+    /// pending (its bytes are not the caller's to follow yet), after the end of the
+    /// stream, while the peer offers another ring (the library takes it), past the
+    /// small packets' lap (the library wraps), after a failure, or where the fabric
+    /// does not write by plain stores; else packets of up to
+    /// [`lane_payload`](Self::lane_payload) bytes, ending by the tail we know and the
+    /// lap's end.
+    fn publish_lane(&mut self) {
+        let head = self.head();
+        let payload = self.lane_payload();
+        let lap = self.lap_for(payload);
+        let offset = head & (self.ring_size - 1);
+        if payload == 0
+            || self.closed
+            || self.pending.is_some()
+            || self.offer_pending()
+            || offset >= lap
+            || self.link.error().is_some()
+        {
+            self.lane.close();
+            return;
+        }
+        let target = match self.direct {
+            // SAFETY: the word lies in the peer's table, mapped while the queue pair
+            // (held by our link) lives. Acquire: as in the fabric's own check.
+            Some((region, t))
+                if region == self.peer_ring
+                    && unsafe { (*t.changes).load(Ordering::Acquire) } == t.seen =>
+            {
+                t
+            }
+            _ => match self.link.qp.direct_target(self.peer_ring) {
+                Some(t) => {
+                    self.direct = Some((self.peer_ring, t));
+                    t
+                }
+                None => {
+                    self.direct = None;
+                    self.lane.close();
+                    return;
+                }
+            },
+        };
+        let link = &*self.link;
+        let end = (head - offset + lap).min(self.tail + self.ring_size);
+        self.lane.open(
+            target,
+            self.ring_size - 1,
+            end,
+            payload as u64,
+            &link.rx_tail,
+            &link.rx_piggy,
+            self.bell.map(|_| link.ctrl.bell_word()),
+        );
     }
 
     /// Rings the doorbell if the peer asked since we last did. Called after every
@@ -163,7 +263,7 @@ impl<F: Fabric> Sender<F> {
     /// still looks at its quiet connections in turn, slowly, and finds it then.
     #[inline(always)]
     fn ring_if_asked(&mut self) {
-        if self.bell.is_some() && self.link.ctrl.bell_wanted() != self.bells_answered {
+        if self.bell.is_some() && self.link.ctrl.bell_wanted() != self.lane.bell_seen() {
             self.ring_bell();
         }
     }
@@ -174,7 +274,7 @@ impl<F: Fabric> Sender<F> {
         let Some(t) = self.bell else {
             return;
         };
-        self.bells_answered = self.link.ctrl.bell_wanted();
+        self.lane.set_bell_seen(self.link.ctrl.bell_wanted());
         let one = 1u64.to_le_bytes();
         // The slot before the summary, on one queue pair, so they land in that order
         // (fabric guarantee 1): a peer that sees the summary finds the slot. A failed
@@ -216,10 +316,20 @@ impl<F: Fabric> Sender<F> {
     /// `ConnectionReset` when the peer vanished or the fabric failed.
     #[inline]
     pub fn put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
-        if let Some(r) = self.put_small_now(iov) {
-            return r;
+        let r = match self.put_small_now(iov) {
+            Some(r) => r,
+            None => self.put_inner(iov, None),
+        };
+        self.after_lane_put();
+        r
+    }
+
+    /// After a put: the lane's room again, if a C caller uses it.
+    #[inline(always)]
+    pub(crate) fn after_lane_put(&mut self) {
+        if self.lane_armed {
+            self.publish_lane();
         }
-        self.put_inner(iov, None)
     }
 
     /// The common small message: up to [`SMALL_PIECES`] buffers (an MPI header and
@@ -269,8 +379,8 @@ impl<F: Fabric> Sender<F> {
             && !self.closed
             && self.pending.is_none()
             && !self.offer_pending()
-            && self.head & (self.ring_size - 1) < self.lap_for(len)
-            && max_payload_now(self.ring_size, self.head, self.tail, self.chunk) >= len
+            && self.head() & (self.ring_size - 1) < self.lap_for(len)
+            && max_payload_now(self.ring_size, self.head(), self.tail, self.chunk) >= len
     }
 
     /// The registration cache of this connection's protection domain (see [`Channel::registration_cache`](crate::Channel::registration_cache)).
@@ -493,13 +603,13 @@ impl<F: Fabric> Sender<F> {
                     }
                 }
             }
-            if self.head & (self.ring_size - 1) >= self.lap_for(eager_left) {
+            if self.head() & (self.ring_size - 1) >= self.lap_for(eager_left) {
                 self.wrap_if_caught_up(eager_left)?;
             }
-            let mut room = max_payload_now(self.ring_size, self.head, self.tail, self.chunk);
+            let mut room = max_payload_now(self.ring_size, self.head(), self.tail, self.chunk);
             if room < eager_left && room < self.chunk as usize - OVERHEAD {
                 self.refresh_tail()?;
-                room = max_payload_now(self.ring_size, self.head, self.tail, self.chunk);
+                room = max_payload_now(self.ring_size, self.head(), self.tail, self.chunk);
                 if room == 0 {
                     self.request_credit()?;
                     break;
@@ -576,12 +686,12 @@ impl<F: Fabric> Sender<F> {
     /// False when the ring has no room (credit requested).
     pub(crate) fn make_room_for(&mut self, payload: usize) -> io::Result<bool> {
         loop {
-            let room = max_payload_now(self.ring_size, self.head, self.tail, self.chunk);
+            let room = max_payload_now(self.ring_size, self.head(), self.tail, self.chunk);
             if room >= payload {
                 return Ok(true);
             }
-            let to_end = self.ring_size - (self.head & (self.ring_size - 1));
-            let free = self.ring_size - (self.head - self.tail);
+            let to_end = self.ring_size - (self.head() & (self.ring_size - 1));
+            let free = self.ring_size - (self.head() - self.tail);
             if room > 0 && to_end < (cells_for(payload) * CELL) as u64 && free >= to_end {
                 // Fill to the end with a pad packet; the packet then starts at offset 0.
                 let pad = to_end as usize - OVERHEAD;
@@ -589,10 +699,10 @@ impl<F: Fabric> Sender<F> {
                 continue;
             }
             self.refresh_tail()?;
-            if max_payload_now(self.ring_size, self.head, self.tail, self.chunk) >= payload {
+            if max_payload_now(self.ring_size, self.head(), self.tail, self.chunk) >= payload {
                 return Ok(true);
             }
-            if max_payload_now(self.ring_size, self.head, self.tail, self.chunk) == room {
+            if max_payload_now(self.ring_size, self.head(), self.tail, self.chunk) == room {
                 self.request_credit()?;
                 return Ok(false);
             }
@@ -671,11 +781,11 @@ impl<F: Fabric> Sender<F> {
         let link = &*self.link;
         let mut packet = Cells([0; SHORT_WRITE]);
         gather_into(&mut packet.0[..len], iov, skip);
-        let header = ShortHeader::new(self.head, len, ack);
+        let header = ShortHeader::new(self.head(), len, ack);
         packet.0[SHORT_PAYLOAD..].copy_from_slice(&header.word().to_le_bytes());
-        let remote = self.peer_ring.addr + (self.head & (self.ring_size - 1));
+        let remote = self.peer_ring.addr + (self.head() & (self.ring_size - 1));
         link.write_inline(&packet.0, remote, self.peer_ring.rkey)?;
-        self.head += CELL as u64;
+        self.lane.set_head(self.head() + CELL as u64);
         self.sent_ack(ack);
         Ok(len)
     }
@@ -697,16 +807,16 @@ impl<F: Fabric> Sender<F> {
         // Acquire: as in write_gathered.
         let ack = link.rx_tail.load(Ordering::Acquire);
         Header::new_unchecked(&mut cells.0[..HEADER_LEN]).fill(
-            self.head,
+            self.head(),
             PacketKind::Data,
             len as u32,
             ack,
         );
-        let end = self.head + bytes as u64;
+        let end = self.head() + bytes as u64;
         cells.0[bytes - TRAILER_LEN..bytes].copy_from_slice(&trailer_word(end).to_le_bytes());
-        let remote = self.peer_ring.addr + (self.head & (self.ring_size - 1));
+        let remote = self.peer_ring.addr + (self.head() & (self.ring_size - 1));
         link.write_inline(&cells.0[..bytes], remote, self.peer_ring.rkey)?;
-        self.head = end;
+        self.lane.set_head(end);
         self.sent_ack(ack);
         Ok(len)
     }
@@ -748,13 +858,13 @@ impl<F: Fabric> Sender<F> {
         }
         let cells = cells_for(len);
         let bytes = cells * CELL;
-        let end = self.head + bytes as u64;
+        let end = self.head() + bytes as u64;
         let pad = bytes - OVERHEAD - len;
         let mut header = [0u8; HEADER_LEN];
         // Acquire pairs with the receiver's Release after copying out: the value we
         // announce is only ever a position whose bytes were fully consumed.
         let ack = link.rx_tail.load(Ordering::Acquire);
-        Header::new_unchecked(&mut header[..]).fill(self.head, kind, len as u32, ack);
+        Header::new_unchecked(&mut header[..]).fill(self.head(), kind, len as u32, ack);
         let trailer = trailer_word(end).to_le_bytes();
         let mut list = GatherList::<MAX_SGE>::new();
         list.push(&header);
@@ -772,7 +882,7 @@ impl<F: Fabric> Sender<F> {
             list.push(&ZEROS[..pad]);
         }
         list.push(&trailer);
-        let at = (self.head & (self.ring_size - 1)) as usize;
+        let at = (self.head() & (self.ring_size - 1)) as usize;
         let remote = self.peer_ring.addr + at as u64;
         if bytes <= self.inline_limit {
             link.post_inline(&list, remote, self.peer_ring.rkey)?;
@@ -785,7 +895,7 @@ impl<F: Fabric> Sender<F> {
                 .expect("a staging buffer exists when packets exceed the inline limit");
             link.post_staged(staging, &self.peer_ring, at, &list)?;
         }
-        self.head = end;
+        self.lane.set_head(end);
         self.sent_ack(ack);
         Ok(len)
     }
@@ -796,15 +906,16 @@ impl<F: Fabric> Sender<F> {
     fn wrap_if_caught_up(&mut self, payload: usize) -> io::Result<()> {
         let next = self.packet_bytes(payload);
         let lap = self.lap_for(payload);
-        if !wrap_early(self.ring_size, self.head, self.tail, next, lap) {
+        if !wrap_early(self.ring_size, self.head(), self.tail, next, lap) {
             self.update_tail()?;
-            if !wrap_early(self.ring_size, self.head, self.tail, next, lap) {
+            if !wrap_early(self.ring_size, self.head(), self.tail, next, lap) {
                 return Ok(());
             }
         }
         self.write_gathered(&[], 0, 0, PacketKind::Wrap)?;
         // The receiver skips to the same place when it meets the wrap packet.
-        self.head = self.head.next_multiple_of(self.ring_size);
+        self.lane
+            .set_head(self.head().next_multiple_of(self.ring_size));
         Ok(())
     }
 
@@ -824,12 +935,12 @@ impl<F: Fabric> Sender<F> {
         let explicit = link.ctrl.tail();
         let piggy = link.tx_tail_piggy.load(Ordering::Acquire);
         let t = explicit.max(piggy);
-        if !tail_ok(t, self.head) {
+        if !tail_ok(t, self.head()) {
             return Err(link.fail(
                 io::ErrorKind::InvalidData,
                 format!(
                     "protocol error: peer announced tail {t} beyond head {}",
-                    self.head
+                    self.head()
                 ),
             ));
         }
@@ -890,9 +1001,9 @@ impl<F: Fabric> Sender<F> {
                 format!("protocol error: bad ring offer {offer:?}"),
             ));
         }
-        if max_payload_now(self.ring_size, self.head, self.tail, self.chunk) < 8 {
+        if max_payload_now(self.ring_size, self.head(), self.tail, self.chunk) < 8 {
             self.refresh_tail()?;
-            if max_payload_now(self.ring_size, self.head, self.tail, self.chunk) < 8 {
+            if max_payload_now(self.ring_size, self.head(), self.tail, self.chunk) < 8 {
                 self.request_credit()?;
                 return Ok(false);
             }
@@ -934,9 +1045,9 @@ impl<F: Fabric> Sender<F> {
         self.ring_size = offer.len;
         self.chunk = self.link.cfg.chunk_for(offer.len);
         self.working_set = self.link.cfg.working_set_for(offer.len);
-        self.head = self.head.next_multiple_of(offer.len);
+        self.lane.set_head(self.head().next_multiple_of(offer.len));
         // Nothing before the new ring's first position is in it.
-        self.tail = self.head;
+        self.tail = self.head();
         self.credit_requested_at = u64::MAX;
         self.offers_taken = offer.number;
         self.growth_asked = false;
@@ -970,11 +1081,11 @@ impl<F: Fabric> Sender<F> {
         if self.offer_pending() && !self.closed && self.pending.is_none() {
             self.take_offer()?;
         }
-        if max_payload_now(self.ring_size, self.head, self.tail, self.chunk) > 0 {
+        if max_payload_now(self.ring_size, self.head(), self.tail, self.chunk) > 0 {
             return Ok(true);
         }
         self.refresh_tail()?;
-        let ok = max_payload_now(self.ring_size, self.head, self.tail, self.chunk) > 0;
+        let ok = max_payload_now(self.ring_size, self.head(), self.tail, self.chunk) > 0;
         if !ok {
             self.request_credit()?;
         }
@@ -992,17 +1103,19 @@ impl<F: Fabric> Sender<F> {
             return Ok(());
         }
         self.closed = true;
+        self.lane.close();
         if self.link.error().is_some() {
             return Ok(());
         }
-        self.link.post_ctrl(CtrlWord::EndOfStream, self.head + 1)?;
+        self.link
+            .post_ctrl(CtrlWord::EndOfStream, self.head() + 1)?;
         self.ring_if_asked();
         Ok(())
     }
 
     /// Bytes written into the ring so far, padding and headers included.
     pub fn position(&self) -> u64 {
-        self.head
+        self.head()
     }
 
     /// One non-blocking step of [`wait_writable`](Self::wait_writable), for callers
@@ -1078,6 +1191,8 @@ impl<F: Fabric> Drop for Sender<F> {
             .unwrap_or_else(|p| p.into_inner());
         left.extend(self.staging.take());
         left.extend(self.retired_staging.drain(..).map(|(_, s)| s));
+        // The lane's pointers are into this connection's memory.
+        self.lane.close();
     }
 }
 

@@ -531,6 +531,10 @@ impl QueuePair for AnyQp {
         forward!(self, AnyQp, q => q.prepare_remote(region))
     }
 
+    fn direct_target(&self, region: super::RemoteRegion) -> Option<super::DirectTarget> {
+        forward!(self, AnyQp, q => q.direct_target(region))
+    }
+
     #[inline]
     fn state(&self) -> QpState {
         forward!(self, AnyQp, q => q.state())

@@ -132,6 +132,29 @@ pub struct RemoteRegion {
     pub rkey: u32,
 }
 
+/// Where a peer's registered region lies in this process, on a fabric whose writes
+/// are plain stores into a mapping of the peer's memory (see
+/// [`QueuePair::direct_target`]): what the send lane writes through.
+#[derive(Clone, Copy, Debug)]
+pub struct DirectTarget {
+    /// The region's first byte in our mapping of the peer's memory, which stays
+    /// mapped while the queue pair lives.
+    pub base: *mut u8,
+    /// The peer's count of changes to its registrations: while it reads `seen`, the
+    /// region is still registered (a write after a change could land in memory the
+    /// peer has given to something else).
+    pub changes: *const std::sync::atomic::AtomicU64,
+    /// Its value when `base` was checked.
+    pub seen: u64,
+}
+
+// SAFETY: the pointers are addresses in mappings that live as long as the queue pair
+// that gave them (which is Send and Sync); any thread may hold them, and writes
+// through them follow the fabric's rules whichever thread makes them.
+unsafe impl Send for DirectTarget {}
+// SAFETY: as for Send: the struct itself is only copied.
+unsafe impl Sync for DirectTarget {}
+
 impl RemoteRegion {
     /// True when `[addr, addr + len)` lies inside the region (overflow counts as outside).
     ///
@@ -482,6 +505,17 @@ pub trait QueuePair: Send + Sync {
     /// The default does nothing: an RDMA device needs nothing of the sender.
     fn prepare_remote(&self, region: RemoteRegion) {
         let _ = region;
+    }
+
+    /// Where the peer's `region` lies in this process, when this queue pair's writes
+    /// into it would be plain stores there (the emulated fabric, with an unbounded send
+    /// queue, once connected): a caller may then write by itself, checking
+    /// [`DirectTarget::changes`] before each write, in the order the fabric's own
+    /// writes keep (the last word last, with Release). `None` on an RDMA device, or
+    /// when the region cannot be reached so now (a bad key or range, a peer gone).
+    fn direct_target(&self, region: RemoteRegion) -> Option<DirectTarget> {
+        let _ = region;
+        None
     }
 
     /// Moves up to `out.len()` completions into `out` and returns how many.

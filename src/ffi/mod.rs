@@ -41,8 +41,8 @@ use error::{report, Error};
 use exchange::Callbacks;
 use state::{lock, Phase};
 use sys::{
-    iovec, rch_exchange, rch_lane, rch_stats, rch_status, rch_vc, rch_watch, rch_watch_stats,
-    size_t,
+    iovec, rch_exchange, rch_lane, rch_send_lane, rch_stats, rch_status, rch_vc, rch_watch,
+    rch_watch_stats, size_t,
 };
 
 /// Most iovec entries per data call (`RCH_IOV_MAX`).
@@ -765,6 +765,42 @@ unsafe fn consume_peek_watching(
                 }
             }
         }
+        Ok(())
+    })
+}
+
+/// See `rch_vc_send_lane` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `lane` is NULL or valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn rch_vc_send_lane(vc: *mut rch_vc, lane: *mut *mut rch_send_lane) -> c_int {
+    guard(|| {
+        if lane.is_null() {
+            return Err(null("lane"));
+        }
+        // SAFETY: checked non-NULL; the caller promised a writable pointer.
+        unsafe { out(lane, std::ptr::null_mut()) };
+        let mut lib = lock()?;
+        let g = lib.ready()?;
+        let r = data_vc(g, vc)?;
+        if let Some(p) = g.send_lane(r, vc.cast())? {
+            // SAFETY: as above. SendLane and rch_send_lane have one layout (sys.rs).
+            unsafe { out(lane, p.cast::<rch_send_lane>()) };
+        }
+        Ok(())
+    })
+}
+
+/// See `rch_lane_ring` in `ffi/rch.h`.
+#[no_mangle]
+pub extern "C" fn rch_lane_ring(vc: *mut rch_vc) -> c_int {
+    guard(|| {
+        let mut lib = lock()?;
+        let g = lib.ready()?;
+        let r = data_vc(g, vc)?;
+        g.after_lane(r)?;
         Ok(())
     })
 }

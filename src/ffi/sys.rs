@@ -113,6 +113,62 @@ const_assert_eq!(
     crate::ring::wire::HEADER_MATCH_MASK
 );
 
+// rch_send_lane is the engine's SendLane (engine/lane.rs), field by field.
+assert_eq_size!(rch_send_lane, crate::engine::lane::SendLane);
+const_assert_eq!(
+    offset_of!(rch_send_lane, ring),
+    offset_of!(crate::engine::lane::SendLane, ring)
+);
+const_assert_eq!(
+    offset_of!(rch_send_lane, mask),
+    offset_of!(crate::engine::lane::SendLane, mask)
+);
+const_assert_eq!(
+    offset_of!(rch_send_lane, head),
+    offset_of!(crate::engine::lane::SendLane, head)
+);
+const_assert_eq!(
+    offset_of!(rch_send_lane, end),
+    offset_of!(crate::engine::lane::SendLane, end)
+);
+const_assert_eq!(
+    offset_of!(rch_send_lane, max_payload),
+    offset_of!(crate::engine::lane::SendLane, max_payload)
+);
+const_assert_eq!(
+    offset_of!(rch_send_lane, ack),
+    offset_of!(crate::engine::lane::SendLane, ack)
+);
+const_assert_eq!(
+    offset_of!(rch_send_lane, acked),
+    offset_of!(crate::engine::lane::SendLane, acked)
+);
+const_assert_eq!(
+    offset_of!(rch_send_lane, bell),
+    offset_of!(crate::engine::lane::SendLane, bell)
+);
+const_assert_eq!(
+    offset_of!(rch_send_lane, bell_seen),
+    offset_of!(crate::engine::lane::SendLane, bell_seen)
+);
+const_assert_eq!(
+    offset_of!(rch_send_lane, changes),
+    offset_of!(crate::engine::lane::SendLane, changes)
+);
+const_assert_eq!(
+    offset_of!(rch_send_lane, changes_seen),
+    offset_of!(crate::engine::lane::SendLane, changes_seen)
+);
+const_assert_eq!(
+    offset_of!(rch_send_lane, vc),
+    offset_of!(crate::engine::lane::SendLane, vc)
+);
+// The packet rch_lane_send writes: a data packet's kind (bits 56-59 of the header).
+const_assert_eq!(
+    crate::ring::wire::header_word(0, crate::ring::wire::PacketKind::Data, 0),
+    ((RCH_LANE_FULL_TAG as u64) << 60) | (1 << 56)
+);
+
 // Status codes are C ints on the wire (the functions return `int`).
 const_assert_eq!(rch_status::RCH_SUCCESS, 0);
 assert_eq_size!(rch_status::Type, std::os::raw::c_int);

@@ -13,12 +13,14 @@ pub(crate) mod remote;
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
 
 use self::cpus::CpuSet;
 use self::error::{Error, ErrorKind};
 use self::exchange::Exchange;
 use self::hello::Hello;
 use crate::config::{Config, WaitPolicy};
+use crate::engine::lane::{LaneCell, SendLane};
 use crate::engine::{
     available_cpus, Backoff, Peeked, Prepared, QuietWatch, Receiver, Sender, CONTENDED_SPIN,
 };
@@ -208,6 +210,9 @@ struct Vc {
     /// The peer's sender rings our doorbell when asked: a connection of this host
     /// (not the loopback, whose halves live in a domain of their own).
     belled: bool,
+    /// The send lane handed to the C interface, kept so that its pointer stays valid
+    /// until the group goes, whatever becomes of the connection.
+    lane: Option<Arc<LaneCell>>,
 }
 
 impl Vc {
@@ -403,6 +408,7 @@ impl Group {
                 want_write: false,
                 rx_done: false,
                 belled: false,
+                lane: None,
             })
             .collect();
         Ok(Group {
@@ -714,6 +720,64 @@ impl Group {
             self.consume(rank, n)?;
         }
         self.peek(rank)
+    }
+
+    /// rch_vc_send_lane: the send lane of `rank`'s connection once it is up (`None`
+    /// before), published from then on after each put. The pointer stays valid until
+    /// the group goes; the lane is closed when the connection is.
+    ///
+    /// # Errors
+    ///
+    /// `Invalid` for our own rank (its loopback connection is the library's own).
+    pub(crate) fn send_lane(
+        &mut self,
+        rank: usize,
+        handle: *mut std::ffi::c_void,
+    ) -> Result<Option<*mut SendLane>, Error> {
+        if rank == self.rank as usize {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                "no send lane to this process itself",
+            ));
+        }
+        let vc = &mut self.vcs[rank];
+        if let Some(l) = &vc.lane {
+            return Ok(Some(l.as_ptr()));
+        }
+        // Not before the handshake is confirmed: puts take the slow path until then.
+        let Conn::Up(up) = &mut vc.conn else {
+            return Ok(None);
+        };
+        if up.confirm.is_some() {
+            return Ok(None);
+        }
+        let lane = up.tx.send_lane();
+        lane.set_vc(handle);
+        let p = lane.as_ptr();
+        vc.lane = Some(lane);
+        Ok(Some(p))
+    }
+
+    /// rch_lane_ring: after packets the caller wrote through `rank`'s send lane, rings
+    /// the peer's doorbell if it asked, and publishes the lane's room again.
+    ///
+    /// # Errors
+    ///
+    /// `Invalid` for our own rank, as [`send_lane`](Self::send_lane).
+    pub(crate) fn after_lane(&mut self, rank: usize) -> Result<(), Error> {
+        if rank == self.rank as usize {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                "no send lane to this process itself",
+            ));
+        }
+        self.enrol(rank);
+        if let Conn::Up(up) = &mut self.vcs[rank].conn {
+            if up.confirm.is_none() {
+                up.tx.after_lane();
+            }
+        }
+        Ok(())
     }
 
     /// rch_consume_peek_watch's watch: the words of `rank`'s connection that a caller

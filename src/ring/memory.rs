@@ -463,6 +463,12 @@ impl<R: MemoryRegion> ControlWords<R> {
         self.word(CtrlWord::BellWanted).load(Ordering::Relaxed)
     }
 
+    /// The word [`bell_wanted`](Self::bell_wanted) loads, for the send lane, which
+    /// compares it after each packet it writes (`engine/lane.rs`).
+    pub(crate) fn bell_word(&self) -> &AtomicU64 {
+        self.word(CtrlWord::BellWanted)
+    }
+
     /// The peer sender's credit request (the tail it knows + 1), 0 before the first.
     /// Relaxed: only the value matters; the tail update that answers it orders the
     /// data itself.

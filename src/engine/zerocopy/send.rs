@@ -57,10 +57,12 @@ impl<F: Fabric> Sender<F> {
         // small-message path of `put`, which never leaves a transfer in flight.
         if iov.len() == 1 && self.below_zero_copy(iov[0].len()) {
             if let Some(r) = self.put_small_now(iov) {
+                self.after_lane_put();
                 return r;
             }
         }
         let r = self.put_inner(iov, Some(Lent(())));
+        self.after_lane_put();
         if let Err(e) = &r {
             // A mismatched retry leaves the transfer in flight (the caller may retry
             // correctly); any other error ends the connection, so revoke the buffers.

@@ -19,7 +19,7 @@ use super::remote;
 use super::shm::{self, Mapping};
 use super::table::{RegEntry, RegSnapshot, Table, LAYOUT_SIZE, NO_SEGMENT, SEG_CAPACITY};
 use super::{current_pid, lock, DomainInner};
-use crate::fabric::{Access, Card, CompletionStatus, Sge};
+use crate::fabric::{Access, Card, CompletionStatus, DirectTarget, Sge};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io;
@@ -416,6 +416,18 @@ impl Peer {
         let (dst, target) = self.checked_target(rkey, addr, n)?;
         self.remember(target);
         Some(dst)
+    }
+
+    /// Where `[addr, addr + n)` of registration `rkey` lies in our view of the peer's
+    /// memory, after the full check, with the change count that check saw and the
+    /// word that counts (see [`QueuePair::direct_target`](crate::fabric::QueuePair::direct_target)).
+    pub(crate) fn direct_target(&self, rkey: u32, addr: u64, n: u64) -> Option<DirectTarget> {
+        let (base, target) = self.checked_target(rkey, addr, n)?;
+        Some(DirectTarget {
+            base,
+            changes: self.table.changes_word(),
+            seen: target.changes,
+        })
     }
 
     /// The short check: the remembered target is `rkey`'s and holds

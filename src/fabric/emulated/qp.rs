@@ -6,8 +6,8 @@ use super::shm;
 use super::table::NO_SEGMENT;
 use super::{lock, QpSlot, CAPS};
 use crate::fabric::{
-    Access, Caps, CompletedOp, Completion, CompletionStatus, FabricError, GatherList, Opcode,
-    QpState, QueuePair, RemoteRegion, Sge, WorkRequest,
+    Access, Caps, CompletedOp, Completion, CompletionStatus, DirectTarget, FabricError, GatherList,
+    Opcode, QpState, QueuePair, RemoteRegion, Sge, WorkRequest,
 };
 use std::collections::VecDeque;
 use std::fmt;
@@ -437,6 +437,16 @@ impl QueuePair for EmuQp {
         let mut list = GatherList::<1>::new();
         list.push(bytes);
         self.post_inline_write(0, &list, remote_addr, rkey, false)
+    }
+
+    fn direct_target(&self, region: RemoteRegion) -> Option<DirectTarget> {
+        // As write_inline's direct path: a finite send queue counts every write, and
+        // only a connected queue pair writes. Acquire: as in `execute`.
+        if self.send_slots.is_some() || self.state.load(Ordering::Acquire) != RTS {
+            return None;
+        }
+        self.peer
+            .direct_target(region.rkey, region.addr, region.len)
     }
 
     /// Maps the peer's segment (if this end had not yet) and faults in its view of

@@ -450,6 +450,12 @@ impl Table {
         self.header().changes.load(Ordering::Acquire)
     }
 
+    /// The word [`changes`](Self::changes) loads, for a writer outside this crate's
+    /// code (the send lane, `engine/lane.rs`) that checks it before each write.
+    pub(crate) fn changes_word(&self) -> &AtomicU64 {
+        &self.header().changes
+    }
+
     /// Counts a change that can make a peer's remembered write target stale (owner
     /// only): called after the change itself is stored.
     pub(crate) fn note_change(&self) {

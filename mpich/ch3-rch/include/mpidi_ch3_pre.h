@@ -36,6 +36,9 @@ typedef struct MPIDI_CH3I_VC {
     struct MPIR_Request *sendq_tail;
     MPIDI_CH3I_VC_state_t state;
     struct rch_vc *rvc;
+    /* The connection's send lane (rch_vc_send_lane), once a put went through: small
+     * packets are written into the peer's ring without a call. */
+    struct rch_send_lane *send_lane;
     struct MPIDI_CH3I_Rch_recv *recv;
     /* Position in the channel's list of VCs that need the progress engine. */
     struct MPIDI_VC *active_next;

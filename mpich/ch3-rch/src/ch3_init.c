@@ -193,6 +193,7 @@ int MPIDI_CH3_VC_Init(MPIDI_VC_t * vc)
     vcch->sendq_tail = NULL;
     vcch->state = MPIDI_CH3I_VC_STATE_UNCONNECTED;
     vcch->rvc = NULL;
+    vcch->send_lane = NULL;
     vcch->active_next = NULL;
     vcch->in_active_list = 0;
     vcch->staged_next = NULL;

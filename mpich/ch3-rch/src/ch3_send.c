@@ -13,6 +13,12 @@
 
 #include "mpidi_ch3_impl.h"
 
+#if defined(__GNUC__)
+#define RCH_SEND_INLINE inline __attribute__((always_inline))
+#else
+#define RCH_SEND_INLINE inline
+#endif
+
 /* The rdma-channel connection of a VC, looked up on first use. */
 static int vc_connection(MPIDI_VC_t * vc, struct rch_vc **out)
 {
@@ -27,6 +33,39 @@ static int vc_connection(MPIDI_VC_t * vc, struct rch_vc **out)
     return MPI_SUCCESS;
 }
 
+/* Whether this process may write through send lanes: not while another thread may
+ * be in rch_wait (block_in_rch leaves CH3's lock for it), which the lane's contract
+ * excludes. */
+#ifdef MPICH_IS_THREADED
+#define RCH_LANES_OK (!MPIR_IS_THREADED)
+#else
+#define RCH_LANES_OK 1
+#endif
+
+/* A lane that takes nothing: the VC's once rch_vc_send_lane refused it (the loopback
+ * to this process), so that it is not asked again. */
+static rch_send_lane no_lane;
+
+/* Looks up the VC's send lane after a put went through (the connection is up then;
+ * before, rch_vc_send_lane gives none and is asked again after the next put). */
+static void find_send_lane(MPIDI_CH3I_VC * vcch)
+{
+    if (vcch->send_lane == NULL && RCH_LANES_OK &&
+        rch_vc_send_lane(vcch->rvc, &vcch->send_lane) != RCH_SUCCESS)
+        vcch->send_lane = &no_lane;
+}
+
+/* One or two entries through the VC's send lane, whole: 1 when they went. */
+static RCH_SEND_INLINE int lane_put(MPIDI_CH3I_VC * vcch, const struct iovec *iov, int n)
+{
+    if (vcch->send_lane == NULL || n > 2)
+        return 0;
+    if (n == 1)
+        return rch_lane_send(vcch->send_lane, iov[0].iov_base, iov[0].iov_len, NULL, 0);
+    return rch_lane_send(vcch->send_lane, iov[0].iov_base, iov[0].iov_len, iov[1].iov_base,
+                         iov[1].iov_len);
+}
+
 int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iovp, int *np, int *done)
 {
     struct rch_vc *rvc;
@@ -39,9 +78,18 @@ int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iovp, int *np, int *done)
     *done = 0;
     if (mpi_errno != MPI_SUCCESS)
         return mpi_errno;
+    if (lane_put(&vc->ch, iov, n)) {
+        MPIDI_CH3I_VC_make_busy(vc);
+        *iovp = iov + n;
+        *np = 0;
+        *done = 1;
+        return MPI_SUCCESS;
+    }
     rc = rch_put_datav(rvc, iov, n, &nb);
     if (rc != RCH_SUCCESS)
         return MPIDI_CH3I_Rch_error(rc, "put", vc->pg_rank);
+    if (nb != 0)
+        find_send_lane(&vc->ch);
     /* A peer we write to answers: read it on every pass for a while. */
     MPIDI_CH3I_VC_make_busy(vc);
     /* Advance past the bytes counted; a partly sent entry keeps its rest. */
@@ -220,6 +268,12 @@ int MPIDI_CH3_iStartMsg(MPIDI_VC_t * vc, void *pkt, intptr_t pkt_sz, MPIR_Reques
         MPIR_Request *sreq;
 
         iov[0].iov_len = len;
+        /* Through the lane, without a call, when it has room. */
+        if (vcch->send_lane != NULL && rch_lane_send(vcch->send_lane, pkt, len, NULL, 0)) {
+            MPIDI_CH3I_VC_make_busy(vc);
+            *sreq_ptr = NULL;
+            return MPI_SUCCESS;
+        }
         if (rch_put_datav(vcch->rvc, iov, 1, &nb) != RCH_SUCCESS || nb == 0) {
             /* Nothing went (an error, a full ring): send_common puts again, and
              * queues the packet or reports the connection's error. */
@@ -227,6 +281,7 @@ int MPIDI_CH3_iStartMsg(MPIDI_VC_t * vc, void *pkt, intptr_t pkt_sz, MPIR_Reques
         }
         /* A peer we write to answers: read it on every pass for a while. */
         MPIDI_CH3I_VC_make_busy(vc);
+        find_send_lane(vcch);
         if (nb == len) {
             *sreq_ptr = NULL;
             return MPI_SUCCESS;

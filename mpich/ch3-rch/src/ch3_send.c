@@ -4,7 +4,9 @@
  * Every CH3 packet goes as a header as long as its type's struct
  * (MPIDI_CH3I_Pkt_wire_len: the receiver reads the type, then knows how much header
  * to read before the packet handler tells it the rest) followed by its data. A send
- * first tries to put everything at once; what the connection does not take now
+ * first tries to put everything at once (a header, or a header and its data, small
+ * enough for one packet is written through the VC's send lane, without a library
+ * call, when the lane has room: rch_lane_send); what the connection does not take now
  * (ring full, connection being set up, zero-copy buffer announced and not yet read)
  * waits in the VC's send queue, with the header copied into the request, and the
  * progress engine offers it again. Packets never interleave: while the queue is not

@@ -220,16 +220,18 @@ impl<F: Fabric> Sender<F> {
             self.lane.close();
             return;
         }
-        let target = match self.direct {
-            // SAFETY: the word lies in the peer's table, mapped while the queue pair
-            // (held by our link) lives. Acquire: as in the fabric's own check.
-            Some((region, t))
-                if region == self.peer_ring
-                    && unsafe { (*t.changes).load(Ordering::Acquire) } == t.seen =>
-            {
-                t
+        let known = match self.direct {
+            Some((region, t)) if region == self.peer_ring => {
+                // SAFETY: the word lies in the peer's table, mapped while the queue
+                // pair (held by our link) lives. Acquire: as in the fabric's own check.
+                let now = unsafe { (*t.changes).load(Ordering::Acquire) };
+                (now == t.seen).then_some(t)
             }
-            _ => match self.link.qp.direct_target(self.peer_ring) {
+            _ => None,
+        };
+        let target = match known {
+            Some(t) => t,
+            None => match self.link.qp.direct_target(self.peer_ring) {
                 Some(t) => {
                     self.direct = Some((self.peer_ring, t));
                     t

@@ -13,18 +13,11 @@
 
 #include "mm.h"
 #include "rch.h"
+#include "stream.h"
 
-static unsigned char stream_byte(uint64_t i) { return (unsigned char)(i * 131 + (i >> 9) * 7 + 3); }
-
-/* A small deterministic generator, the same on both ranks. */
+/* The generator's state, the same on both ranks. */
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint64_t rng(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t rng(void) { return stream_rng(&rng_state); }
 
 /* The length of piece k: mostly small (the lane's case: short packets of 1-8 bytes
  * and one- or two-cell packets), some of a few KiB, now and then 96 KiB (several
@@ -51,24 +44,18 @@ static size_t piece_len(void)
 #define PIECES 20000
 #define ANSWER_EVERY 3
 
-static void check(int rc, const char *what)
-{
-    if (rc != RCH_SUCCESS)
-        mm_fatal("%s: %s (%s)", what, rch_strerror(rc), rch_last_error());
-}
-
 static void put_all(rch_vc *vc, const unsigned char *buf, size_t len)
 {
     size_t done = 0;
     while (done < len) {
         struct iovec v = {(void *)(buf + done), len - done};
         size_t n = 0;
-        check(rch_put_datav(vc, &v, 1, &n), "rch_put_datav");
+        stream_check(rch_put_datav(vc, &v, 1, &n), "rch_put_datav");
         done += n;
         if (n == 0) {
             int rc = rch_wait(10);
             if (rc != RCH_ERR_TIMEOUT)
-                check(rc, "rch_wait");
+                stream_check(rc, "rch_wait");
         }
     }
 }
@@ -79,7 +66,7 @@ static void read_all(rch_vc *vc, unsigned char *buf, size_t len)
     while (done < len) {
         struct iovec v = {buf + done, len - done};
         size_t n = 0;
-        check(rch_read_datav(vc, &v, 1, &n), "rch_read_datav");
+        stream_check(rch_read_datav(vc, &v, 1, &n), "rch_read_datav");
         done += n;
     }
 }
@@ -109,7 +96,7 @@ int main(void)
      * barrier: mm's progress would read (and keep) what the other sent. */
     if (rank == 0) {
         rch_vc *vc;
-        check(rch_vc_get(1, &vc), "rch_vc_get");
+        stream_check(rch_vc_get(1, &vc), "rch_vc_get");
         size_t max = 96 * 1024;
         unsigned char *buf = malloc(max), answer[8];
         if (!buf)
@@ -126,20 +113,9 @@ int main(void)
             while (done < lens[k]) {
                 /* Offer what is left as the rest of the three buffers. */
                 struct iovec left[3];
-                int n = 0;
-                size_t skip = done;
-                for (int j = 0; j < 3; j++) {
-                    if (skip >= v[j].iov_len) {
-                        skip -= v[j].iov_len;
-                        continue;
-                    }
-                    left[n].iov_base = (char *)v[j].iov_base + skip;
-                    left[n].iov_len = v[j].iov_len - skip;
-                    skip = 0;
-                    n++;
-                }
+                int n = stream_rest(v, 3, done, left);
                 size_t nb = 0;
-                check(rch_put_datav(vc, left, n, &nb), "rch_put_datav");
+                stream_check(rch_put_datav(vc, left, n, &nb), "rch_put_datav");
                 done += nb;
             }
             at += lens[k];
@@ -161,7 +137,7 @@ int main(void)
         free(buf);
     } else if (rank == 1) {
         rch_vc *vc;
-        check(rch_vc_get(0, &vc), "rch_vc_get");
+        stream_check(rch_vc_get(0, &vc), "rch_vc_get");
         unsigned char *scratch = malloc(96 * 1024);
         if (!scratch)
             mm_fatal("oom");
@@ -183,7 +159,7 @@ int main(void)
                 lane_packets++;
             } else {
                 calls++;
-                check(rch_consume_peek_lane(vc, pending, &bytes, &len, &zc, &lane), "rch_consume_peek_lane");
+                stream_check(rch_consume_peek_lane(vc, pending, &bytes, &len, &zc, &lane), "rch_consume_peek_lane");
                 pending = 0;
                 if (len == 0 && zc != 0) {
                     /* A zero-copy transfer: only a read takes it. */
@@ -209,7 +185,7 @@ int main(void)
                 /* Give back what was read first: the sender may be waiting for room. */
                 if (pending != 0) {
                     calls++;
-                    check(rch_consume_peek_lane(vc, pending, &bytes, &len, NULL, &lane),
+                    stream_check(rch_consume_peek_lane(vc, pending, &bytes, &len, NULL, &lane),
                           "rch_consume_peek_lane");
                     pending = 0;
                 }
@@ -223,7 +199,7 @@ int main(void)
         if (pending != 0) {
             const void *bytes;
             size_t len = 0;
-            check(rch_consume_peek_lane(vc, pending, &bytes, &len, NULL, &lane), "rch_consume_peek_lane");
+            stream_check(rch_consume_peek_lane(vc, pending, &bytes, &len, NULL, &lane), "rch_consume_peek_lane");
             if (len != 0)
                 mm_fatal("%zu bytes more than were sent", len);
         }

@@ -19,18 +19,11 @@
 
 #include "mm.h"
 #include "rch.h"
+#include "stream.h"
 
-static unsigned char stream_byte(uint64_t i) { return (unsigned char)(i * 131 + (i >> 9) * 7 + 3); }
-
-/* A small deterministic generator, the same on both ranks. */
+/* The generator's state, the same on both ranks. */
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint64_t rng(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t rng(void) { return stream_rng(&rng_state); }
 
 /* Mostly what the lane takes (a few bytes to a few hundred), some longer than it
  * takes, now and then 96 KiB (a zero-copy transfer from 64 KiB, or ring packets). */
@@ -65,12 +58,6 @@ static void pause_a_while(void)
     nanosleep(&t, NULL);
 }
 
-static void check(int rc, const char *what)
-{
-    if (rc != RCH_SUCCESS)
-        mm_fatal("%s: %s (%s)", what, rch_strerror(rc), rch_last_error());
-}
-
 static uint64_t lane_writes, library_puts;
 
 /* Sends a + b whole: through the lane if it takes them, else with rch_put_datav. */
@@ -78,7 +65,7 @@ static void send_two(rch_vc *vc, rch_send_lane **lane, const unsigned char *a, s
                      const unsigned char *b, size_t blen)
 {
     if (*lane == NULL)
-        check(rch_vc_send_lane(vc, lane), "rch_vc_send_lane");
+        stream_check(rch_vc_send_lane(vc, lane), "rch_vc_send_lane");
     if (*lane != NULL && rch_lane_send(*lane, alen ? a : NULL, alen, blen ? b : NULL, blen) == 1) {
         lane_writes++;
         return;
@@ -88,25 +75,14 @@ static void send_two(rch_vc *vc, rch_send_lane **lane, const unsigned char *a, s
     library_puts++;
     while (done < alen + blen) {
         struct iovec left[2];
-        int n = 0;
-        size_t skip = done;
-        for (int j = 0; j < 2; j++) {
-            if (skip >= v[j].iov_len) {
-                skip -= v[j].iov_len;
-                continue;
-            }
-            left[n].iov_base = (char *)v[j].iov_base + skip;
-            left[n].iov_len = v[j].iov_len - skip;
-            skip = 0;
-            n++;
-        }
+        int n = stream_rest(v, 2, done, left);
         size_t nb = 0;
-        check(rch_put_datav(vc, left, n, &nb), "rch_put_datav");
+        stream_check(rch_put_datav(vc, left, n, &nb), "rch_put_datav");
         done += nb;
         if (nb == 0) {
             int rc = rch_wait(10);
             if (rc != RCH_ERR_TIMEOUT)
-                check(rc, "rch_wait");
+                stream_check(rc, "rch_wait");
         }
     }
 }
@@ -121,18 +97,18 @@ static void read_all(rch_vc *vc, unsigned char *buf, size_t len)
     while (done < len) {
         struct iovec v = {buf + done, len - done};
         size_t n = 0;
-        check(rch_read_datav(vc, &v, 1, &n), "rch_read_datav");
+        stream_check(rch_read_datav(vc, &v, 1, &n), "rch_read_datav");
         done += n;
         if (n != 0) {
             idle = 0;
             continue;
         }
         int ranks[64], nr = 0;
-        check(rch_poll_ready(ranks, 64, &nr), "rch_poll_ready");
+        stream_check(rch_poll_ready(ranks, 64, &nr), "rch_poll_ready");
         if (nr == 0 && ++idle % 512 == 0) {
             int rc = rch_wait(100);
             if (rc != RCH_ERR_TIMEOUT)
-                check(rc, "rch_wait");
+                stream_check(rc, "rch_wait");
         }
     }
 }
@@ -157,7 +133,7 @@ int main(void)
      * barrier: mm's progress would read (and keep) what the other sent. */
     if (rank == 0 || rank == 1) {
         rch_vc *vc;
-        check(rch_vc_get(1 - rank, &vc), "rch_vc_get");
+        stream_check(rch_vc_get(1 - rank, &vc), "rch_vc_get");
         rch_send_lane *lane = NULL, *again = NULL;
         unsigned char *buf = malloc(96 * 1024), answer[8];
         if (!buf)
@@ -201,7 +177,7 @@ int main(void)
         if (at != total)
             mm_fatal("%llu bytes of %llu", (unsigned long long)at, (unsigned long long)total);
         /* The same lane for every call. */
-        check(rch_vc_send_lane(vc, &again), "rch_vc_send_lane");
+        stream_check(rch_vc_send_lane(vc, &again), "rch_vc_send_lane");
         if (lane != NULL && again != lane)
             mm_fatal("rch_vc_send_lane gave %p, then %p", (void *)lane, (void *)again);
         if (!verbs && lane_writes == 0)
@@ -235,12 +211,12 @@ int main(void)
             unsigned long long rings_before = 0;
             while (!listed) {
                 int ranks[64], nr = 0;
-                check(rch_poll_ready(ranks, 64, &nr), "rch_poll_ready");
+                stream_check(rch_poll_ready(ranks, 64, &nr), "rch_poll_ready");
                 for (int i = 0; i < nr; i++)
                     listed |= ranks[i] == 1;
                 if (listed)
                     break;
-                check(rch_get_watch_stats(&ws), "rch_get_watch_stats");
+                stream_check(rch_get_watch_stats(&ws), "rch_get_watch_stats");
                 /* With two ranks the one connection that can ask is rank 1's (the
                  * loopback has no doorbell); with more, another may be the one. */
                 if (lane_rang == -1 && size == 2 && ws.quiet_belled > 0) {
@@ -250,7 +226,7 @@ int main(void)
                 if (nr == 0 && ++idle % 512 == 0) {
                     int rc = rch_wait(100);
                     if (rc != RCH_ERR_TIMEOUT)
-                        check(rc, "rch_wait");
+                        stream_check(rc, "rch_wait");
                 }
             }
             read_all(vc, answer, 8);
@@ -263,8 +239,8 @@ int main(void)
              * at most: nothing else rings now). */
             for (int i = 0; lane_rang == 0 && !verbs && i < 100000; i++) {
                 int ranks[64], nr = 0;
-                check(rch_poll_ready(ranks, 64, &nr), "rch_poll_ready");
-                check(rch_get_watch_stats(&ws), "rch_get_watch_stats");
+                stream_check(rch_poll_ready(ranks, 64, &nr), "rch_poll_ready");
+                stream_check(rch_get_watch_stats(&ws), "rch_get_watch_stats");
                 if (ws.rings > rings_before)
                     lane_rang = 1;
                 else if (i % 64 == 63) {
@@ -277,7 +253,7 @@ int main(void)
             answer[0] = 1;
             send_two(vc, &lane, answer, 1, NULL, 0);
         }
-        check(rch_get_watch_stats(&ws), "rch_get_watch_stats");
+        stream_check(rch_get_watch_stats(&ws), "rch_get_watch_stats");
         printf("send lane: rank %d, %llu bytes, %llu messages through the lane, %llu through "
                "rch_put_datav, doorbell rung %llu times%s\n",
                rank, (unsigned long long)total, (unsigned long long)lane_writes,

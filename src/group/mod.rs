@@ -722,6 +722,17 @@ impl Group {
         self.peek(rank)
     }
 
+    /// A lane's rank is another process's: the loopback connection is the library's.
+    fn lane_rank(&self, rank: usize) -> Result<(), Error> {
+        if rank == self.rank as usize {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                "no send lane to this process itself",
+            ));
+        }
+        Ok(())
+    }
+
     /// rch_vc_send_lane: the send lane of `rank`'s connection once it is up (`None`
     /// before), published from then on after each put. The pointer stays valid until
     /// the group goes; the lane is closed when the connection is.
@@ -734,12 +745,7 @@ impl Group {
         rank: usize,
         handle: *mut std::ffi::c_void,
     ) -> Result<Option<*mut SendLane>, Error> {
-        if rank == self.rank as usize {
-            return Err(Error::new(
-                ErrorKind::Invalid,
-                "no send lane to this process itself",
-            ));
-        }
+        self.lane_rank(rank)?;
         let vc = &mut self.vcs[rank];
         if let Some(l) = &vc.lane {
             return Ok(Some(l.as_ptr()));
@@ -765,12 +771,7 @@ impl Group {
     ///
     /// `Invalid` for our own rank, as [`send_lane`](Self::send_lane).
     pub(crate) fn after_lane(&mut self, rank: usize) -> Result<(), Error> {
-        if rank == self.rank as usize {
-            return Err(Error::new(
-                ErrorKind::Invalid,
-                "no send lane to this process itself",
-            ));
-        }
+        self.lane_rank(rank)?;
         self.enrol(rank);
         if let Conn::Up(up) = &mut self.vcs[rank].conn {
             if up.confirm.is_none() {

@@ -410,6 +410,10 @@ impl Fabric for AnyFabric {
         forward!(self, AnyFabric, f => f.shares_caches())
     }
 
+    fn registrations_pin_pages(&self) -> bool {
+        forward!(self, AnyFabric, f => f.registrations_pin_pages())
+    }
+
     fn zero_copy_loopback_defaults(&self) -> ZeroCopyThresholds {
         forward!(self, AnyFabric, f => f.zero_copy_loopback_defaults())
     }

@@ -712,6 +712,15 @@ pub trait Fabric: Send + Sync + Sized + 'static {
         false
     }
 
+    /// True when a registration holds on to the pages it was made over (verbs pins
+    /// them): one made before its memory was unmapped and mapped anew would move the
+    /// old pages, so the registration cache confirms each hit with the kernel
+    /// ([`crate::rcache`]). False when remote access follows the address, as the
+    /// emulated fabric's does. True unless the fabric says otherwise.
+    fn registrations_pin_pages(&self) -> bool {
+        true
+    }
+
     /// True when the ring's bytes move between the two ends' cores through their
     /// caches, as the emulated fabric's shared memory does: lines both cores touched
     /// a moment ago move faster, so the sender keeps a ping-pong in short laps

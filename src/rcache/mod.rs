@@ -13,9 +13,14 @@
 //! glibc makes internally unless malloc itself is patched. And the unmapping thread
 //! sleeps until our monitor has read the event. The kernel wakes it at the read, a
 //! moment before the event reaches our log; a handshake with the monitor covers that
-//! moment (see `watch.rs`). So once `munmap` returns, the next acquire sees the change:
-//! there is no window. (Without the handshake, the remap tests below do hit stale
-//! entries.)
+//! moment (see `watch.rs`). So once `munmap` returns, the next acquire sees the change.
+//! (Without the handshake, the remap tests below do hit stale entries.) An unmap in
+//! another thread that has not returned yet is the remaining window: the kernel
+//! removes the pages before it queues the event, so memory mapped at the same address
+//! meanwhile could be acquired before any event shows. Every hit on a cached entry is
+//! therefore confirmed by the kernel first ([`Watcher::check`]: one ioctl, which says
+//! when such a change is under way or the page left the watched mapping); the acquire
+//! waits for the event or drops the entry.
 //!
 //! Without userfaultfd (`ENOSYS`, `EPERM` from seccomp or `vm.unprivileged_userfaultfd`,
 //! kernels before 4.11, `RCH_RCACHE=off`, a forked child) user memory is not cached at
@@ -49,7 +54,7 @@ use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::fabric::{Access, Fabric, MemoryRegion};
-use watch::{Drain, Watcher};
+use watch::{Check, Drain, Watcher};
 
 // Defined with the settings that carry it (config is the bottom layer).
 pub use crate::config::CacheLimits;
@@ -278,6 +283,43 @@ pub struct RegCache<F: Fabric> {
 // lock while unmapping watched memory (a region's drop, or free() trimming the heap
 // under a registration): it waits for the monitor, which never waits for us.
 
+/// How long an acquire waits for a change under way ([`Check::Changing`]) to reach the
+/// log before it registers the memory afresh instead: a moment normally (the monitor
+/// reads events within microseconds), bounded so that a process unmapping watched
+/// memory without pause cannot hold an acquire up.
+struct Patience {
+    tries: u32,
+    since: Option<std::time::Instant>,
+}
+
+impl Patience {
+    const SPINS: u32 = 64;
+    const LIMIT: std::time::Duration = std::time::Duration::from_millis(10);
+
+    fn new() -> Patience {
+        Patience {
+            tries: 0,
+            since: None,
+        }
+    }
+
+    /// Waits a little; false once the limit has passed.
+    fn wait(&mut self) -> bool {
+        self.tries += 1;
+        if self.tries <= Self::SPINS {
+            std::hint::spin_loop();
+            return true;
+        }
+        let since = *self.since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() > Self::LIMIT {
+            return false;
+        }
+        // The monitor needs a CPU (a starved VM may have one for everything).
+        std::thread::sleep(std::time::Duration::from_micros(20));
+        true
+    }
+}
+
 impl<F: Fabric> RegCache<F> {
     /// A cache under `RCH_RCACHE` (`auto`, the default, or `off`). An invalid value
     /// disables caching of user memory and [`watch_mode`](Self::watch_mode) names it;
@@ -347,8 +389,9 @@ impl<F: Fabric> RegCache<F> {
     /// superset of the range and caches it if it can be watched and fits the limits.
     /// Cost: four uncontended atomic loads to learn that no memory changed, a lookup
     /// in O(log n + k), where k counts the entries starting within the longest
-    /// entry's length before `addr`. The registration itself is done with the
-    /// cache lock held.
+    /// entry's length before `addr`, and on a hit of user memory one ioctl that
+    /// confirms the entry's mapping (see the module documentation). The registration
+    /// itself is done with the cache lock held.
     ///
     /// # Safety
     ///
@@ -367,6 +410,24 @@ impl<F: Fabric> RegCache<F> {
         len: usize,
         access: Access,
     ) -> io::Result<RegHandle> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.acquire_with(fabric, addr, len, access, fabric.registrations_pin_pages()) }
+    }
+
+    /// [`acquire`](Self::acquire), with each hit of user memory confirmed with the
+    /// kernel when `confirm` (see the module documentation).
+    ///
+    /// # Safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    unsafe fn acquire_with(
+        &self,
+        fabric: &F,
+        addr: *const u8,
+        len: usize,
+        access: Access,
+        confirm: bool,
+    ) -> io::Result<RegHandle> {
         let a = addr as usize;
         let end = match a.checked_add(len) {
             Some(end) if len > 0 && a != 0 => end,
@@ -380,17 +441,62 @@ impl<F: Fabric> RegCache<F> {
         let mut doomed = Vec::new();
         let result = {
             let mut g = self.lock();
-            self.process_events(&mut g, &mut doomed);
-            match g.lookup(a, end, access) {
-                Some(slot) => Ok(g.take_ref(slot, true)),
-                None => {
+            let mut changing = Patience::new();
+            loop {
+                self.process_events(&mut g, &mut doomed);
+                let Some(slot) = g.lookup(a, end, access) else {
                     // SAFETY: forwarded from this function's contract.
-                    unsafe { self.miss(&mut g, fabric, a, end, access, &mut doomed) }
+                    break unsafe { self.miss(&mut g, fabric, a, end, access, &mut doomed) };
+                };
+                if g.is_owned(slot) || !confirm {
+                    break Ok(g.take_ref(slot, true));
+                }
+                // A cached entry: its mapping may have gone in a change still under
+                // way, which no drain shows yet (Watcher::check). Checked first, then
+                // drained again: unchanged, nothing before the check escaped the log.
+                let check = self.watcher.as_ref().map_or(Check::Unknown, |w| w.check());
+                match check {
+                    Check::Clear => {
+                        let seen = g.last_seq;
+                        self.process_events(&mut g, &mut doomed);
+                        if g.last_seq == seen {
+                            break Ok(g.take_ref(slot, true));
+                        }
+                    }
+                    Check::Changing if changing.wait() => {}
+                    Check::Changing | Check::Unknown => {
+                        // Changes keep coming, or the kernel would not say: register
+                        // afresh, uncached.
+                        // SAFETY: forwarded from this function's contract.
+                        break unsafe { self.register_uncached(&mut g, fabric, a, end, access) };
+                    }
                 }
             }
         };
         self.finish(doomed);
         result
+    }
+
+    /// Registers exactly `[a, end)` for one use, outside the cache's index: dropped
+    /// at its release.
+    ///
+    /// # Safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    unsafe fn register_uncached(
+        &self,
+        g: &mut Inner<F::Region>,
+        fabric: &F,
+        a: usize,
+        end: usize,
+        access: Access,
+    ) -> io::Result<RegHandle> {
+        g.stats.misses += 1;
+        g.stats.uncached += 1;
+        // SAFETY: the caller keeps [a, end) mapped until release.
+        let region = unsafe { fabric.register(a as *mut u8, end - a, access) }?;
+        let slot = g.insert(region, a, end, access, Kind::Retired, false);
+        Ok(g.take_ref(slot, false))
     }
 
     /// Registers `[a, end)` for a miss and enters it.
@@ -785,6 +891,30 @@ impl<R: MemoryRegion> Inner<R> {
         }
     }
 
+    fn is_owned(&self, slot: u32) -> bool {
+        self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|e| e.kind == Kind::Owned)
+    }
+
+    /// Invalidates one cached entry: retired while in use, else removed.
+    fn invalidate_slot(&mut self, slot: u32, doomed: &mut Vec<Doomed<R>>) {
+        self.stats.invalidations += 1;
+        let in_use = self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|x| x.refs > 0);
+        if in_use {
+            let x = self.slots[slot as usize].take().expect("indexed entry");
+            self.unindex(&x);
+            self.slots[slot as usize] = Some(Entry {
+                kind: Kind::Retired,
+                ..x
+            });
+        } else {
+            doomed.extend(self.remove(slot));
+        }
+    }
+
     /// Invalidates cached entries overlapping `[s, e)`.
     fn invalidate_range(&mut self, s: usize, e: usize, doomed: &mut Vec<Doomed<R>>) {
         if s >= e {
@@ -804,20 +934,7 @@ impl<R: MemoryRegion> Inner<R> {
             })
             .collect();
         for slot in hit {
-            self.stats.invalidations += 1;
-            let in_use = self.slots[slot as usize]
-                .as_ref()
-                .is_some_and(|x| x.refs > 0);
-            if in_use {
-                let x = self.slots[slot as usize].take().expect("indexed entry");
-                self.unindex(&x);
-                self.slots[slot as usize] = Some(Entry {
-                    kind: Kind::Retired,
-                    ..x
-                });
-            } else {
-                doomed.extend(self.remove(slot));
-            }
+            self.invalidate_slot(slot, doomed);
         }
     }
 
@@ -871,6 +988,7 @@ impl<F: Fabric> Drop for RegCache<F> {
 mod tests {
     use super::*;
     use crate::fabric::emulated::EmuFabric;
+    use std::sync::atomic::Ordering;
     use std::sync::mpsc;
 
     const PAGE: usize = 4096;
@@ -957,6 +1075,18 @@ mod tests {
     fn acq(c: &RegCache<EmuFabric>, f: &EmuFabric, p: *const u8, len: usize) -> RegHandle {
         // SAFETY: every caller passes memory of a live Area, released before unmapping.
         unsafe { c.acquire(f, p, len, RD) }.unwrap()
+    }
+
+    /// As `acq`, with hits confirmed as on verbs (the emulated fabric's access follows
+    /// the address and needs no confirmation).
+    fn acq_confirmed(
+        c: &RegCache<EmuFabric>,
+        f: &EmuFabric,
+        p: *const u8,
+        len: usize,
+    ) -> RegHandle {
+        // SAFETY: as acq's.
+        unsafe { c.acquire_with(f, p, len, RD, true) }.unwrap()
     }
 
     fn limits(max_entries: usize, max_bytes: usize) -> CacheLimits {
@@ -1199,6 +1329,129 @@ mod tests {
         }
         drop(go);
         remapper.join().unwrap();
+    }
+
+    /// True in a child process that runs only the test `name`, which this call
+    /// starts (and checks) when it is not that child: for tests that need the
+    /// process's memory to themselves.
+    fn in_a_process_of_its_own(name: &str) -> bool {
+        if std::env::var_os("RCH_RCACHE_TEST_CHILD").is_some() {
+            return true;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env("RCH_RCACHE_TEST_CHILD", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "the child failed:\n{text}");
+        assert!(text.contains("1 passed"), "the child ran no test:\n{text}");
+        false
+    }
+
+    /// An unmap in another thread removes the pages at once but waits in the kernel
+    /// until the monitor reads its event; memory mapped at the same address meanwhile
+    /// must not hit the old entry (the verbs warm-up's wrong bytes, issue #34). Run in
+    /// a child process of its own: the monitor is held still meanwhile, and any other
+    /// test's unmap (inside malloc, say, with its lock held) would wait for it too.
+    #[test]
+    fn memory_mapped_while_an_unmap_is_under_way_never_hits_the_old_entry() {
+        if !in_a_process_of_its_own(
+            "rcache::tests::memory_mapped_while_an_unmap_is_under_way_never_hits_the_old_entry",
+        ) {
+            return;
+        }
+        let Some(c) = uffd_cache("unmap_under_way", CacheLimits::default()) else {
+            return;
+        };
+        let f = EmuFabric::new().unwrap();
+        let a = Area::new(16, 2);
+        let base = a.ptr as usize;
+        std::mem::forget(a); // unmapped by the thread below
+        let h = acq(&c, &f, base as *const u8, 2 * PAGE);
+        let old_key = h.rkey();
+        c.release(h);
+        let (go, go_rx) = mpsc::channel::<()>();
+        let unmapper = std::thread::spawn(move || {
+            go_rx.recv().unwrap();
+            // SAFETY: the test's own mapping, which nothing uses any more.
+            unsafe { libc::munmap(base as *mut libc::c_void, 2 * PAGE) }
+        });
+        watch::HOLD_MONITOR.store(true, Ordering::Release);
+        go.send(()).unwrap();
+        // The pages are gone once a new mapping fits at their address.
+        let fresh = loop {
+            // SAFETY: MAP_FIXED_NOREPLACE fails rather than replace a mapping.
+            let p = unsafe {
+                libc::mmap(
+                    base as *mut libc::c_void,
+                    2 * PAGE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            if p as usize == base {
+                break Area {
+                    ptr: p.cast(),
+                    len: 2 * PAGE,
+                };
+            }
+            assert_eq!(p, libc::MAP_FAILED, "mapped elsewhere");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        let before = c.stats();
+        // The unmap's event is still unread: a drain shows nothing.
+        let h = acq_confirmed(&c, &f, fresh.at(0), 2 * PAGE);
+        let after = c.stats();
+        watch::HOLD_MONITOR.store(false, Ordering::Release);
+        assert_eq!(unmapper.join().unwrap(), 0);
+        assert_eq!(
+            after.hits, before.hits,
+            "a stale hit: the old pages' registration"
+        );
+        assert_eq!(after.misses, before.misses + 1);
+        assert_ne!(h.rkey(), old_key);
+        c.release(h);
+        // With the event logged, the same memory is cached again as usual.
+        let h = acq_confirmed(&c, &f, fresh.at(0), 2 * PAGE);
+        c.release(h);
+        let h = acq_confirmed(&c, &f, fresh.at(0), 2 * PAGE);
+        assert_eq!(c.stats().hits, after.hits + 1);
+        c.release(h);
+    }
+
+    /// With no change of watched memory under way the kernel's answer is "clear", so
+    /// confirmed hits stay hits (on verbs every one is confirmed).
+    #[test]
+    fn a_quiet_process_checks_clear_and_confirmed_hits_stay_hits() {
+        // Other tests' unmaps would make the check say "changing" now and then.
+        if !in_a_process_of_its_own(
+            "rcache::tests::a_quiet_process_checks_clear_and_confirmed_hits_stay_hits",
+        ) {
+            return;
+        }
+        let Some(c) = uffd_cache("check_clear", CacheLimits::default()) else {
+            return;
+        };
+        let w = c.watcher.as_ref().expect("uffd_cache has a watcher");
+        assert_eq!(w.check(), Check::Clear);
+        let f = EmuFabric::new().unwrap();
+        let a = Area::new(17, 2);
+        let h = acq(&c, &f, a.at(0), 2 * PAGE);
+        c.release(h);
+        let before = c.stats();
+        for _ in 0..100 {
+            let h = acq_confirmed(&c, &f, a.at(0), 2 * PAGE);
+            c.release(h);
+        }
+        let after = c.stats();
+        assert_eq!(
+            (after.hits, after.misses),
+            (before.hits + 100, before.misses)
+        );
     }
 
     #[test]

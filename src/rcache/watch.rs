@@ -124,6 +124,20 @@ const _: () = assert!(
         && UFFDIO_WRITEPROTECT as u32 == 0xc018_aa06
 );
 
+/// What [`Watcher::check`] learned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// No unmap, remap or discard of watched memory is under way in the process:
+    /// every one that happened before the call is read by the monitor, and so in
+    /// the log for the next [`Watcher::drain`].
+    Clear,
+    /// One is under way (its thread waits for the monitor): drain once the monitor
+    /// has logged it, then check again.
+    Changing,
+    /// The kernel would not say (the watcher stopped, or an unexpected answer).
+    Unknown,
+}
+
 /// Events the log keeps; a cache that falls further behind flushes everything.
 pub(crate) const LOG_LEN: usize = 256;
 
@@ -329,6 +343,10 @@ fn forked_reason() -> String {
     "userfaultfd: this process was forked from the one that opened it".into()
 }
 
+/// While set, the monitor leaves events unread (tests: an unmap still under way).
+#[cfg(test)]
+pub(crate) static HOLD_MONITOR: AtomicBool = AtomicBool::new(false);
+
 /// The monitor thread: waits for events, logs them. Allocates nothing and takes no
 /// lock an unmapping thread could hold (see the module documentation).
 fn monitor(w: &'static Watcher, fd: RawFd) {
@@ -349,6 +367,10 @@ fn monitor(w: &'static Watcher, fd: RawFd) {
                 }
                 e => return w.give_up(e),
             }
+        }
+        #[cfg(test)]
+        while HOLD_MONITOR.load(Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
         // SeqCst store and fence: `busy` must be visible before the kernel can dequeue
         // an event in `read` (and so wake the thread that unmapped), whatever ordering
@@ -490,6 +512,42 @@ impl Watcher {
             );
         }
         Drain::Events
+    }
+
+    /// Whether an unmap, remap or discard of watched memory is under way.
+    ///
+    /// `drain` sees every change whose system call *returned*; it cannot see one
+    /// still under way. The kernel removes the pages (and unlocks the address space)
+    /// before it queues the event, so in that moment another thread can map new memory
+    /// at the same address and acquire it, and the cache would hand out the old pages'
+    /// registration (on verbs a warm-up read zeros so under a starved VM, issue #34).
+    /// The kernel counts each such change, from before it unlocks until the monitor
+    /// has read its event, and `UFFDIO_WRITEPROTECT` checks that count before anything
+    /// else (Linux 5.7 on, which write-protect registration needs anyway): `EAGAIN`
+    /// while it is not zero. Given no range, the ioctl then fails with `EINVAL`, having
+    /// touched nothing: one system call, no lock, no page table. Call it before the
+    /// drain it vouches for.
+    pub(crate) fn check(&self) -> Check {
+        if self.usable().is_err() {
+            return Check::Unknown;
+        }
+        let fd = self.fd.read().unwrap_or_else(|e| e.into_inner());
+        let Some(fd) = fd.as_ref() else {
+            return Check::Unknown;
+        };
+        let mut wp = UffdioWriteprotect {
+            range: UffdioRange { start: 0, len: 0 },
+            mode: 0,
+        };
+        // SAFETY: UFFDIO_WRITEPROTECT reads and writes one uffdio_writeprotect, `wp`.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut wp) } == 0 {
+            return Check::Unknown;
+        }
+        match errno() {
+            libc::EAGAIN => Check::Changing,
+            libc::EINVAL => Check::Clear,
+            _ => Check::Unknown,
+        }
     }
 
     /// Starts watching the page-aligned range `[start, start + len)`.

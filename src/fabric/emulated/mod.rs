@@ -584,6 +584,12 @@ impl Fabric for EmuFabric {
         true
     }
 
+    /// Remote access goes by address (a copy in this process, `process_vm_readv` or
+    /// `process_vm_writev` in another), so it always meets the current mapping.
+    fn registrations_pin_pages(&self) -> bool {
+        false
+    }
+
     fn alloc_region(&self, len: usize, access: Access) -> io::Result<EmuRegion> {
         if len == 0 {
             return Err(io::Error::new(

@@ -2,12 +2,18 @@
 /* rch_poll_ready lists the connections with something to read, and only those.
  * Every rank connects to every other (one message each way), then rank 0 polls
  * rch_poll_ready alone while the others stay silent, long enough for every
- * connection to go quiet; then ranks 1, 2, ... each send one message, 150 ms
- * apart. Rank 0 must see each of them listed (a quiet connection's peer rings
- * rank 0's doorbell after writing; quiet connections are also looked at in turn),
- * in that order, and never a rank that sent nothing; each message is then read
- * with mm_recv, after which the rank must drop off the list; rch_get_watch_stats
- * must count the doorbell's finds. Also checks the argument errors. */
+ * connection to go quiet; then ranks 1, 2, ... each send one message, one at a
+ * time: rank p sends when rank p - 1 passes it a "go", which rank p - 1 sends
+ * once rank 0 has read its message and told it so (rank 1's "go" comes from the
+ * last rank, told by rank 0 when its quiet time is over). So only rank 0's
+ * connections to ranks it has finished with, and to the last rank (well before
+ * its turn), carry anything but those messages, and no timing is assumed (under
+ * TCG a VM's ranks run milliseconds to seconds apart). Rank 0 must see each
+ * sender listed (a quiet connection's peer rings rank 0's doorbell after writing;
+ * quiet connections are also looked at in turn), and never a rank that sent
+ * nothing; each message is then read with mm_recv, after which the rank must drop
+ * off the list; rch_get_watch_stats must count the doorbell's finds. Also checks
+ * the argument errors. */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -84,6 +90,9 @@ int main(void)
             if (n != 0)
                 mm_fatal("rank %d listed before anyone sent", ranks[0]);
         }
+        /* The last rank starts the chain (rank 0 writes to it now, long before
+         * its turn: the polls below leave the connection quiet again by then). */
+        mm_send("start", 6, size - 1, 4);
         for (int p = 1; p < size; p++) {
             long calls;
             int got = wait_listed(p, &calls);
@@ -101,6 +110,18 @@ int main(void)
                     mm_fatal("rank %d still listed after its message was read", ranks[0]);
             }
             printf("rank %d listed after %ld calls\n", p, calls);
+            if (p + 1 == size - 1) {
+                /* The last rank's connection quiet again after "start" before its
+                 * turn comes: 256 calls in a row with nothing. */
+                for (int i = 0; i < 512; i++) {
+                    if (rch_poll_ready(ranks, 64, &n) != RCH_SUCCESS)
+                        mm_fatal("rch_poll_ready failed");
+                    if (n != 0)
+                        mm_fatal("rank %d listed before its turn", ranks[0]);
+                }
+            }
+            /* Rank p may pass the turn on. */
+            mm_send("next", 5, p, 5);
         }
         /* Every rank wrote to a connection that had long gone quiet, and its
          * sender then rang this process's doorbell. The ring follows the data (on
@@ -130,8 +151,18 @@ int main(void)
             mm_send("done", 5, p, 3);
     } else {
         char buf[8];
-        usleep(150000 * me);
+        if (me == size - 1) {
+            /* Rank 0's quiet time is over: rank 1 may begin. */
+            mm_recv(buf, sizeof buf, 0, 4, NULL);
+            mm_send("go", 3, 1, 6);
+        }
+        /* My turn: rank 0 has read the message before mine. */
+        mm_recv(buf, sizeof buf, me == 1 ? size - 1 : me - 1, 6, NULL);
         mm_send("ready", 6, 0, 2);
+        /* Rank 0 read it: the next rank may send. */
+        mm_recv(buf, sizeof buf, 0, 5, NULL);
+        if (me + 1 < size)
+            mm_send("go", 3, me + 1, 6);
         /* Silent until rank 0 is done: the barrier below would write to it. */
         mm_recv(buf, sizeof buf, 0, 3, NULL);
     }

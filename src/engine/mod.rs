@@ -18,7 +18,7 @@
 //! | `PathAdvice` | receiver of our ring | the path it measured cheaper for large buffers that may go either way (`zerocopy/choose.rs`) |
 //! | `BellWanted` | receiver of our ring | number of its last request to ring its process's doorbell after our next write |
 //! | `CreditRequest` | sender into our ring | credit request: the tail it knows + 1, when out of room |
-//! | `EndOfStream` | sender into our ring | end of stream: its final head + 1 |
+//! | `EndOfStream` | sender into our ring | end of stream: its final head + 1 (top bit: it went away with a zero-copy transfer unconfirmed) |
 //! | `LendLanded` | sender into our ring | number of the last lend it pushed in full |
 //! | `RingWanted` | sender into our ring | number of the ring offer it asks for (it found our ring full) |
 //! | `RingDeclined` | sender into our ring | number of the last ring offer it declined |

@@ -765,12 +765,13 @@ impl<F: Fabric> Receiver<F> {
         if let Some(e) = link.error() {
             return Err(e);
         }
-        // The peer posts the landed number before its end of stream, so once that is
-        // visible the number is final.
-        if link.ctrl.end_of_stream() != 0 && link.ctrl.lend_landed() < number {
+        // A sender that went away revoked its transfer, after the landed number of
+        // every lend it pushed, so that number is final. One that only closed still
+        // pushes: wait for it as for an open one.
+        if link.ctrl.zero_copy_aborted() && link.ctrl.lend_landed() < number {
             return Err(link.fail(
                 io::ErrorKind::ConnectionReset,
-                "the peer's sender closed in the middle of a zero-copy transfer".into(),
+                "the peer's sender went away in the middle of a zero-copy transfer".into(),
             ));
         }
         self.lend_polls += 1;

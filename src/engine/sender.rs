@@ -16,7 +16,7 @@ use crate::fabric::{
     DirectTarget, Fabric, GatherList, QueuePair, RemoteRegion, ZeroCopyThresholds,
 };
 use crate::rcache::{CacheStats, RdmaBuf, RegCache, RegHandle};
-use crate::ring::memory::{BellTarget, CtrlWord, StagingBuffer};
+use crate::ring::memory::{BellTarget, CtrlWord, StagingBuffer, EOS_ABORTED};
 use crate::ring::wire::{
     cells_for, fits_short, trailer_word, Header, PacketKind, RndvSeg, ShortHeader, CELL,
     HEADER_LEN, MAX_RNDV_SEGS, ONE_CELL_PAYLOAD, OVERHEAD, SHORT_ACK_SPAN, SHORT_PAYLOAD,
@@ -485,8 +485,12 @@ impl<F: Fabric> Sender<F> {
 
     /// Gives up an unconfirmed transfer after an error: releases and deregisters its
     /// buffers so the peer can no longer read them.
-    pub(crate) fn abort_pending(&mut self) {
-        if let Some(p) = self.pending.take() {
+    /// Returns whether there was one.
+    pub(crate) fn abort_pending(&mut self) -> bool {
+        let Some(p) = self.pending.take() else {
+            return false;
+        };
+        {
             // First, so that no push starts from these buffers once they are revoked.
             Link::set_push_source(&self.link, None);
             for (seg, h) in p.segs.iter().zip(p.handles.iter()).take(p.count) {
@@ -500,6 +504,7 @@ impl<F: Fabric> Sender<F> {
                 }
             }
         }
+        true
     }
 
     /// The zero-copy thresholds of this connection: the configuration's, else the
@@ -1101,6 +1106,12 @@ impl<F: Fabric> Sender<F> {
     ///
     /// A fabric failure while sending the notice.
     pub fn close(&mut self) -> io::Result<()> {
+        self.close_with(0)
+    }
+
+    /// [`close`](Self::close), with `flags` ([`EOS_ABORTED`]) in the end-of-stream
+    /// word.
+    fn close_with(&mut self, flags: u64) -> io::Result<()> {
         if self.closed {
             return Ok(());
         }
@@ -1110,7 +1121,7 @@ impl<F: Fabric> Sender<F> {
             return Ok(());
         }
         self.link
-            .post_ctrl(CtrlWord::EndOfStream, self.head() + 1)?;
+            .post_ctrl(CtrlWord::EndOfStream, (self.head() + 1) | flags)?;
         self.ring_if_asked();
         Ok(())
     }
@@ -1179,8 +1190,10 @@ pub(crate) enum Announce {
 
 impl<F: Fabric> Drop for Sender<F> {
     fn drop(&mut self) {
-        self.abort_pending();
-        let _ = self.close();
+        // A transfer still unconfirmed is revoked: the peer must not wait for a lend
+        // of it to be pushed (a sender that only closed keeps serving them).
+        let flags = if self.abort_pending() { EOS_ABORTED } else { 0 };
+        let _ = self.close_with(flags);
         // The end of stream and the last packets may not have been sent yet: their
         // staging copies go to the link, which frees them after its queue pair (a
         // region freed under a posted request fails the queue pair, and the peer

@@ -308,6 +308,11 @@ impl<R: MemoryRegion> RingMemory<R> {
     }
 }
 
+/// Bit of the `EndOfStream` word set by a sender that went away (dropped) with a
+/// zero-copy transfer unconfirmed: it revoked the transfer's buffers and will not push
+/// a lend of it. Heads stay far below it.
+pub const EOS_ABORTED: u64 = 1 << 63;
+
 /// A word of the control region, each written only by the peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CtrlWord {
@@ -482,7 +487,16 @@ impl<R: MemoryRegion> ControlWords<R> {
     /// its packets.
     #[inline]
     pub fn end_of_stream(&self) -> u64 {
-        self.word(CtrlWord::EndOfStream).load(Ordering::Acquire)
+        self.word(CtrlWord::EndOfStream).load(Ordering::Acquire) & !EOS_ABORTED
+    }
+
+    /// True when the peer's sender ended its stream by going away with a zero-copy
+    /// transfer unconfirmed ([`EOS_ABORTED`]): it revoked the transfer and serves no
+    /// lend of it any more. A sender that merely closed keeps serving until the
+    /// transfer is read. Acquire: as [`end_of_stream`](Self::end_of_stream).
+    #[inline]
+    pub fn zero_copy_aborted(&self) -> bool {
+        self.word(CtrlWord::EndOfStream).load(Ordering::Acquire) & EOS_ABORTED != 0
     }
 
     /// The number of the last lend the peer's sender pushed in full. Acquire: pairs

@@ -105,7 +105,13 @@ impl<F: Fabric> Receiver<F> {
             .min((self.max_reads * READ_PIECE) as u64) as usize;
         let done = z.done;
         let started = self.times_copy(n).then(std::time::Instant::now);
-        let push = push_share(n, link.zc_push);
+        // Once the peer's sender closed, pushing needs its process to call us again
+        // for nothing else: read it all.
+        let push = if link.ctrl.end_of_stream() != 0 {
+            0
+        } else {
+            push_share(n, link.zc_push)
+        };
         // The lend goes out first, so the peer pushes while we read.
         let lent = if push > 0 {
             // SAFETY: dst + (n - push) .. dst + n lies in the caller's buffer, which

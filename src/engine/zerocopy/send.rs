@@ -67,7 +67,7 @@ impl<F: Fabric> Sender<F> {
             // A mismatched retry leaves the transfer in flight (the caller may retry
             // correctly); any other error ends the connection, so revoke the buffers.
             if e.kind() != io::ErrorKind::InvalidInput || self.link.error().is_some() {
-                self.abort_pending();
+                let _ = self.abort_pending();
             }
         }
         r

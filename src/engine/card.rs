@@ -8,7 +8,7 @@
 //! | offset | size | field |
 //! | --- | --- | --- |
 //! | 0 | 4 | magic `RCHC` |
-//! | 4 | 1 | version (5: the wakes flag) |
+//! | 4 | 1 | version (6: a dropped sender's aborted bit in the end of stream) |
 //! | 5 | 1 | bits 0-5: log2 of the ring size (12 ..= 30: 4 KiB ..= 1 GiB); bit 6: 0; bit 7: *wakes*, this end wants every write of the peer's to wake it ([`QueuePair::send_wakes`](crate::fabric::QueuePair::send_wakes)) |
 //! | 6 | 2 | length of the fabric card |
 //! | 8 | 8 | ring address (64-byte aligned) |
@@ -28,12 +28,14 @@ use crate::wire::{card_fields, CardFormat};
 
 pub use crate::ring::memory::CTRL_SIZE;
 
-/// Magic `RCHC`, version 5 (version 4 peers do not know the wakes flag, version 3
-/// ones do not serve lends, version 2 ones do not know wrap packets).
+/// Magic `RCHC`, version 6 (version 5 peers fail a receive on a closed sender's
+/// unlanded lend and do not know the end of stream's aborted bit, version 4 ones do
+/// not know the wakes flag, version 3 ones do not serve lends, version 2 ones do not
+/// know wrap packets).
 pub const FORMAT: CardFormat = CardFormat {
     name: "connection card",
     magic: b"RCHC",
-    version: 5,
+    version: 6,
 };
 /// Byte 5: the ring size's log2 in the low bits, the wakes flag on top.
 const RING_LOG2_MASK: u8 = 0x3f;
@@ -242,6 +244,7 @@ mod tests {
         for (i, v, what) in [
             (0, b'X', "does not start with"),
             (4, 1, "version 1"),
+            (4, 5, "version 5"),
             (5, 11, "ring size"),
             (5, 31, "ring size"),
             (5, 0x80 | 11, "ring size"),

@@ -18,7 +18,7 @@
 //! another thread that has not returned yet is the remaining window: the kernel
 //! removes the pages before it queues the event, so memory mapped at the same address
 //! meanwhile could be acquired before any event shows. Every hit on a cached entry is
-//! therefore confirmed by the kernel first ([`Watcher::check`]: one ioctl, which says
+//! therefore confirmed by the kernel first (`watch.rs`, `Watcher::check`: one ioctl, which says
 //! when such a change is under way or the page left the watched mapping); the acquire
 //! waits for the event or drops the entry.
 //!

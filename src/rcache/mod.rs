@@ -17,10 +17,11 @@
 //! (Without the handshake, the remap tests below do hit stale entries.) An unmap in
 //! another thread that has not returned yet is the remaining window: the kernel
 //! removes the pages before it queues the event, so memory mapped at the same address
-//! meanwhile could be acquired before any event shows. Every hit on a cached entry is
-//! therefore confirmed by the kernel first (`watch.rs`, `Watcher::check`: one ioctl, which says
-//! when such a change is under way or the page left the watched mapping); the acquire
-//! waits for the event or drops the entry.
+//! meanwhile could be acquired before any event shows. So where a stale registration
+//! would move the old pages ([`Fabric::registrations_pin_pages`]: verbs), every hit on
+//! a cached entry is first confirmed with the kernel (`Watcher::check` in `watch.rs`:
+//! one ioctl that fails while such a change awaits the monitor); the acquire then
+//! waits for the event, drains it, and looks again.
 //!
 //! Without userfaultfd (`ENOSYS`, `EPERM` from seccomp or `vm.unprivileged_userfaultfd`,
 //! kernels before 4.11, `RCH_RCACHE=off`, a forked child) user memory is not cached at

@@ -1351,6 +1351,15 @@ mod tests {
         false
     }
 
+    /// `uffd_cache` for the test `name`, run in a process of its own: `None` in the
+    /// test binary's own process, which runs the child and checks it.
+    fn uffd_cache_alone(name: &str) -> Option<RegCache<EmuFabric>> {
+        if !in_a_process_of_its_own(name) {
+            return None;
+        }
+        uffd_cache(name, CacheLimits::default())
+    }
+
     /// An unmap in another thread removes the pages at once but waits in the kernel
     /// until the monitor reads its event; memory mapped at the same address meanwhile
     /// must not hit the old entry (the verbs warm-up's wrong bytes, issue #34). Run in
@@ -1358,12 +1367,9 @@ mod tests {
     /// test's unmap (inside malloc, say, with its lock held) would wait for it too.
     #[test]
     fn memory_mapped_while_an_unmap_is_under_way_never_hits_the_old_entry() {
-        if !in_a_process_of_its_own(
+        let Some(c) = uffd_cache_alone(
             "rcache::tests::memory_mapped_while_an_unmap_is_under_way_never_hits_the_old_entry",
-        ) {
-            return;
-        }
-        let Some(c) = uffd_cache("unmap_under_way", CacheLimits::default()) else {
+        ) else {
             return;
         };
         let f = EmuFabric::new().unwrap();
@@ -1429,12 +1435,9 @@ mod tests {
     #[test]
     fn a_quiet_process_checks_clear_and_confirmed_hits_stay_hits() {
         // Other tests' unmaps would make the check say "changing" now and then.
-        if !in_a_process_of_its_own(
+        let Some(c) = uffd_cache_alone(
             "rcache::tests::a_quiet_process_checks_clear_and_confirmed_hits_stay_hits",
-        ) {
-            return;
-        }
-        let Some(c) = uffd_cache("check_clear", CacheLimits::default()) else {
+        ) else {
             return;
         };
         let w = c.watcher.as_ref().expect("uffd_cache has a watcher");

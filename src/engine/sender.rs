@@ -490,17 +490,15 @@ impl<F: Fabric> Sender<F> {
         let Some(p) = self.pending.take() else {
             return false;
         };
-        {
-            // First, so that no push starts from these buffers once they are revoked.
-            Link::set_push_source(&self.link, None);
-            for (seg, h) in p.segs.iter().zip(p.handles.iter()).take(p.count) {
-                if let Some(h) = h {
-                    self.link.rcache.release(*h);
-                    if !h.is_owned() {
-                        self.link
-                            .rcache
-                            .invalidate(seg.addr as *const u8, seg.len as usize);
-                    }
+        // First, so that no push starts from these buffers once they are revoked.
+        Link::set_push_source(&self.link, None);
+        for (seg, h) in p.segs.iter().zip(p.handles.iter()).take(p.count) {
+            if let Some(h) = h {
+                self.link.rcache.release(*h);
+                if !h.is_owned() {
+                    self.link
+                        .rcache
+                        .invalidate(seg.addr as *const u8, seg.len as usize);
                 }
             }
         }
@@ -1112,7 +1110,9 @@ impl<F: Fabric> Sender<F> {
     /// [`close`](Self::close), with `flags` ([`EOS_ABORTED`]) in the end-of-stream
     /// word.
     fn close_with(&mut self, flags: u64) -> io::Result<()> {
-        if self.closed {
+        // Closed before with a transfer unconfirmed, now revoking it: the end of
+        // stream goes again, with the flag (the same head).
+        if self.closed && flags == 0 {
             return Ok(());
         }
         self.closed = true;

@@ -447,7 +447,7 @@ impl<F: Fabric> RegCache<F> {
                 self.process_events(&mut g, &mut doomed);
                 let Some(slot) = g.lookup(a, end, access) else {
                     // SAFETY: forwarded from this function's contract.
-                    break unsafe { self.miss(&mut g, fabric, a, end, access, &mut doomed) };
+                    break unsafe { self.miss(&mut g, fabric, a, end, access, &mut doomed, true) };
                 };
                 if g.is_owned(slot) || !confirm {
                     break Ok(g.take_ref(slot, true));
@@ -469,7 +469,9 @@ impl<F: Fabric> RegCache<F> {
                         // Changes keep coming, or the kernel would not say: register
                         // afresh, uncached.
                         // SAFETY: forwarded from this function's contract.
-                        break unsafe { self.register_uncached(&mut g, fabric, a, end, access) };
+                        break unsafe {
+                            self.miss(&mut g, fabric, a, end, access, &mut doomed, false)
+                        };
                     }
                 }
             }
@@ -478,33 +480,14 @@ impl<F: Fabric> RegCache<F> {
         result
     }
 
-    /// Registers exactly `[a, end)` for one use, outside the cache's index: dropped
-    /// at its release.
+    /// Registers `[a, end)` for a miss and enters it: cached when `cache` and the
+    /// range can be watched and fits the limits, else for this use only (dropped at
+    /// its release).
     ///
     /// # Safety
     ///
     /// As [`acquire`](Self::acquire).
-    unsafe fn register_uncached(
-        &self,
-        g: &mut Inner<F::Region>,
-        fabric: &F,
-        a: usize,
-        end: usize,
-        access: Access,
-    ) -> io::Result<RegHandle> {
-        g.stats.misses += 1;
-        g.stats.uncached += 1;
-        // SAFETY: the caller keeps [a, end) mapped until release.
-        let region = unsafe { fabric.register(a as *mut u8, end - a, access) }?;
-        let slot = g.insert(region, a, end, access, Kind::Retired, false);
-        Ok(g.take_ref(slot, false))
-    }
-
-    /// Registers `[a, end)` for a miss and enters it.
-    ///
-    /// # Safety
-    ///
-    /// As [`acquire`](Self::acquire).
+    #[allow(clippy::too_many_arguments)]
     unsafe fn miss(
         &self,
         g: &mut Inner<F::Region>,
@@ -513,6 +496,7 @@ impl<F: Fabric> RegCache<F> {
         end: usize,
         access: Access,
         doomed: &mut Vec<Doomed<F::Region>>,
+        cache: bool,
     ) -> io::Result<RegHandle> {
         g.stats.misses += 1;
         let ps = a & !(self.page - 1);
@@ -520,7 +504,7 @@ impl<F: Fabric> RegCache<F> {
         // Watch before registering: any change after the watch is reported, so the
         // registration, made later, cannot silently describe older pages.
         let mut watched = None;
-        if let (Ok(w), Some(pe)) = (self.watcher.as_ref(), pe) {
+        if let (true, Ok(w), Some(pe)) = (cache, self.watcher.as_ref(), pe) {
             let plen = pe - ps;
             if plen <= self.limits.max_bytes
                 && self.limits.max_entries > 0

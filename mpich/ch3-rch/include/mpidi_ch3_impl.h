@@ -83,6 +83,9 @@ _Static_assert(RCH_WIRE_LEN(MPIDI_CH3_Pkt_cancel_send_resp_t) <= sizeof(MPIDI_CH
  * one is completed by a second read. */
 #define RCH_HEADER_GUESS RCH_WIRE_LEN(MPIDI_CH3_Pkt_send_t)
 
+/* Size of a VC's discard buffer (see MPIDI_CH3I_Rch_recv.discard). */
+#define RCH_DISCARD_SIZE (64 * 1024)
+
 /* Receive state of one VC (allocated when the VC is initialised). */
 typedef struct MPIDI_CH3I_Rch_recv {
     /* The header at hand, copied out of the stage (CH3's handlers want it aligned). */
@@ -106,6 +109,11 @@ typedef struct MPIDI_CH3I_Rch_recv {
      * next read call on the connection: every read here other than
      * rch_consume_peek_lane empties it first (MPIDI_CH3I_Rch_unwatch). */
     rch_lane lane;
+    /* Where the payload of a request CH3 drops (dev.drop_data) is read from the
+     * connection and forgotten, allocated on first use; discard_off is where the next
+     * read starts in it (a zero-copy transfer read into it may be counted in parts). */
+    char *discard;
+    size_t discard_off;
 } MPIDI_CH3I_Rch_recv;
 
 /* Forgets a connection's lane, before a read call that may let its words go (and

@@ -212,6 +212,8 @@ int MPIDI_CH3_VC_Init(MPIDI_VC_t * vc)
     /* The stage is allocated on the VC's first read (most VCs of a big job never
      * carry traffic). */
     vcch->recv->stage = NULL;
+    vcch->recv->discard = NULL;
+    vcch->recv->discard_off = 0;
 
     /* VCs of this job's process group are created before MPIDI_CH3_Init (the
      * connection handles are looked up there, in Progress_init); others cannot
@@ -222,8 +224,10 @@ int MPIDI_CH3_VC_Init(MPIDI_VC_t * vc)
 
 int MPIDI_CH3_VC_Destroy(MPIDI_VC_t * vc)
 {
-    if (vc->ch.recv != NULL)
+    if (vc->ch.recv != NULL) {
         MPL_free(vc->ch.recv->stage);
+        MPL_free(vc->ch.recv->discard);
+    }
     MPL_free(vc->ch.recv);
     vc->ch.recv = NULL;
     return MPI_SUCCESS;

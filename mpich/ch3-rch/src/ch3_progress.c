@@ -152,6 +152,70 @@ static RCH_ALWAYS_INLINE int fill_header(MPIDI_CH3I_VC * vcch, size_t *hdr_len,
     return RCH_SUCCESS;
 }
 
+/* Passes the payload of a request whose data CH3 drops: an RMA operation that
+ * arrived with a lock request the target queued without room for its data
+ * (dev.drop_data; the origin sends it again once the lock is granted). Its iov
+ * only counts bytes: the bases are not memory (user_buf is NULL), so nothing is
+ * written there. The bytes come from the stage, then from the connection into the
+ * VC's discard buffer. *full says whether every entry was passed. */
+static RCH_NOINLINE int drop_iov(MPIDI_CH3I_VC * vcch, MPIR_Request * rreq, int *full,
+                                 int *made_progress)
+{
+    MPIDI_CH3I_Rch_recv *rs = vcch->recv;
+    struct iovec *cur = rreq->dev.iov + rreq->dev.iov_offset;
+    int left = rreq->dev.iov_count - (int) rreq->dev.iov_offset;
+    int rc = RCH_SUCCESS;
+
+    while (left > 0) {
+        size_t n;
+        if (cur->iov_len == 0) {
+            cur++;
+            left--;
+            continue;
+        }
+        if (rs->pos < rs->len) {
+            n = MPL_MIN(cur->iov_len, rs->len - rs->pos);
+            rs->pos += n;
+            if (rs->pos == rs->len)
+                rs->pos = rs->len = 0;
+        } else {
+            struct iovec piece;
+            if (rs->discard == NULL) {
+                rs->discard = MPL_malloc(RCH_DISCARD_SIZE, MPL_MEM_BUFFER);
+                if (rs->discard == NULL) {
+                    rc = RCH_ERR_NO_MEMORY;
+                    break;
+                }
+                rs->discard_off = 0;
+            }
+            /* The piece ends at the same place on every call until it is counted
+             * whole (its start advances by what was counted), as the zero-copy
+             * contract asks of a read that left RDMA READs in flight. */
+            piece.iov_base = rs->discard + rs->discard_off;
+            piece.iov_len = MPL_MIN(cur->iov_len, RCH_DISCARD_SIZE - rs->discard_off);
+            MPIDI_CH3I_Rch_unwatch(rs);
+            n = 0;
+            rc = rch_read_datav(vcch->rvc, &piece, 1, &n);
+            if (rc != RCH_SUCCESS || n == 0)
+                break;
+            rs->discard_off += n;
+            if (rs->discard_off == RCH_DISCARD_SIZE)
+                rs->discard_off = 0;
+        }
+        *made_progress = TRUE;
+        rs->last_data += n;
+        /* Only the length counts down: the base is no address. */
+        cur->iov_len -= n;
+        if (cur->iov_len == 0) {
+            cur++;
+            left--;
+        }
+    }
+    rreq->dev.iov_offset = cur - rreq->dev.iov;
+    *full = (left == 0);
+    return rc;
+}
+
 /* Fills a receive request's iov: first from the stage, then straight from the
  * connection (where a zero-copy transfer lands directly in the destination).
  * *full says whether the iov is complete. */
@@ -162,6 +226,9 @@ static int fill_iov(MPIDI_CH3I_VC * vcch, MPIR_Request * rreq, int *full, int *m
     int left = rreq->dev.iov_count - (int) rreq->dev.iov_offset;
     size_t nb = 0;
     int rc = RCH_SUCCESS;
+
+    if (unlikely(rreq->dev.drop_data))
+        return drop_iov(vcch, rreq, full, made_progress);
 
     while (left > 0 && rs->pos < rs->len) {
         size_t n = MPL_MIN(cur->iov_len, rs->len - rs->pos);
@@ -490,10 +557,19 @@ static int progress_once(int *made_progress, int blocking)
     MPIDI_PG_t *pg = MPIDI_Process.my_pg;
     int ready[RCH_READY_BATCH];
     int n = 0, k, rc;
+    int hooks_progressed = FALSE;
     MPIDI_VC_t *staged, **link;
 
-    mpi_errno = MPIR_Progress_hook_exec_all(made_progress);
+    /* A hook that progressed counts as a completion, as in ch3:sock and nemesis:
+     * CH3's RMA issues queued operations from its hook, and one that goes out whole
+     * completes no request, yet a blocking wait (MPI_Win_flush_local's) waits for
+     * just that. */
+    mpi_errno = MPIR_Progress_hook_exec_all(&hooks_progressed);
     MPIR_ERR_CHECK(mpi_errno);
+    if (hooks_progressed) {
+        *made_progress = TRUE;
+        MPIDI_CH3_Progress_signal_completion();
+    }
 
     mpi_errno = send_pass(made_progress);
     MPIR_ERR_CHECK(mpi_errno);

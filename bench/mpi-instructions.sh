@@ -11,23 +11,31 @@
 # Rank 1 runs natively; it answers at once, so rank 0's blocking waits are short and
 # their polls are counted as they happen (a slower peer would add idle passes).
 #
-# usage: bench/mpi-instructions.sh [--size N] [--top K] MPI...
+# With --bandwidth it counts osu_mpi's bandwidth loop instead (a window of 64
+# MPI_Isend, MPI_Waitall, a 4-byte ack back), per message, on the rank --rank names
+# (0 sends, 1 receives).
+#
+# usage: bench/mpi-instructions.sh [--size N] [--top K] [--bandwidth [--rank R]] MPI...
 #   MPI is PREFIX (an MPICH install: PREFIX/bin/mpicc and mpiexec, e.g. one built by
 #   scripts/mpich-rch), or LABEL=PREFIX to name its column, or the words "debian"
 #   (Debian's mpich package) and "openmpi" (Debian's openmpi-bin).
 #   --size N   message size in bytes (default 8)
 #   --top K    how many functions to list per MPI, by their own cost (default 12)
+#   --bandwidth  count the bandwidth loop, per message (default: the ping-pong)
+#   --rank R   the rank counted (default 0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/deps.sh
 need_apt_packages valgrind bc
 
-size=8 top=12
+size=8 top=12 mode=latency counted=0
 mpis=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --size) size=$2; shift 2 ;;
         --top) top=$2; shift 2 ;;
+        --bandwidth) mode=bandwidth; shift ;;
+        --rank) counted=$2; shift 2 ;;
         -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         -*) echo "mpi-instructions: unknown option '$1'" >&2; exit 2 ;;
         *) mpis+=("$1"); shift ;;
@@ -36,10 +44,17 @@ done
 [ ${#mpis[@]} -gt 0 ] || { echo "mpi-instructions: name at least one MPI (see --help)" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-lo=20000 hi=60000
-# osu_mpi's latency loop adds iters/10 + 10 warm-up round trips to the timed ones.
-round_trips() { echo $(($1 + $1 / 10 + 10)); }
-per_rt=$(($(round_trips $hi) - $(round_trips $lo)))
+if [ "$mode" = latency ]; then
+    lo=20000 hi=60000 unit="round trip" flag=--latency
+    # osu_mpi's latency loop adds iters/10 + 10 warm-up round trips to the timed ones.
+    round_trips() { echo $(($1 + $1 / 10 + 10)); }
+    per_rt=$(($(round_trips $hi) - $(round_trips $lo)))
+else
+    lo=500 hi=1500 unit=message flag=--bandwidth
+    # Its bandwidth loop adds iters/10 + 2 warm-up windows of 64 messages.
+    windows() { echo $(($1 + $1 / 10 + 2)); }
+    per_rt=$(((($(windows $hi) - $(windows $lo))) * 64))
+fi
 
 summary=()
 for spec in "${mpis[@]}"; do
@@ -65,22 +80,23 @@ for spec in "${mpis[@]}"; do
         exit 1
     }
     for n in $lo $hi; do
-        # Rank 0 under callgrind (PMI_RANK under Hydra, OMPI_COMM_WORLD_RANK under
-        # Open MPI's launcher), rank 1 as is.
+        # The counted rank under callgrind (PMI_RANK under Hydra,
+        # OMPI_COMM_WORLD_RANK under Open MPI's launcher), the other as is.
         "$run" "${extra[@]}" -n 2 sh -c '
             r=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-}}
-            if [ "$r" = 0 ]; then
-                exec valgrind --tool=callgrind --callgrind-out-file="$0" "$1" --latency --sizes "$2" --iters "$3"
+            if [ "$r" = "$5" ]; then
+                exec valgrind --tool=callgrind --callgrind-out-file="$0" "$1" "$4" --sizes "$2" --iters "$3"
             fi
-            exec "$1" --latency --sizes "$2" --iters "$3"' \
-            "$work/cg.$label.$n" "$bin" "$size" "$n" >"$work/out.$label.$n" 2>"$work/err.$label.$n" || {
-            echo "mpi-instructions: $label failed with $n round trips:" >&2
+            exec "$1" "$4" --sizes "$2" --iters "$3"' \
+            "$work/cg.$label.$n" "$bin" "$size" "$n" "$flag" "$counted" \
+            >"$work/out.$label.$n" 2>"$work/err.$label.$n" || {
+            echo "mpi-instructions: $label failed with $n iterations:" >&2
             tail -20 "$work/err.$label.$n" >&2
             exit 1
         }
         callgrind_annotate --auto=no --threshold=100 "$work/cg.$label.$n" >"$work/ann.$label.$n" 2>/dev/null
     done
-    echo "== $label ($where): instructions per round trip of $size B, rank 0, by own cost"
+    echo "== $label ($where): instructions per $unit of $size B, rank $counted, by own cost"
     python3 - "$work/ann.$label.$lo" "$work/ann.$label.$hi" "$per_rt" "$top" "$label" \
         "$work/totals" <<'EOF'
 import re, sys
@@ -110,7 +126,7 @@ def waits(path):
             if m:
                 return int(m.group(1).replace(',', ''))
     return 0
-print(f"{(t_hi - t_lo) / per_rt:10.0f}  all ({(waits(hi_path) - waits(lo_path)) / per_rt:.3f} rch_wait calls a round trip: more than ~0.01 means rank 0 waited for a descheduled peer)")
+print(f"{(t_hi - t_lo) / per_rt:10.0f}  all ({(waits(hi_path) - waits(lo_path)) / per_rt:.3f} rch_wait calls per unit: more than ~0.01 means the counted rank waited for a descheduled peer)")
 for cost, name in rows[:top]:
     if cost < 1:
         break
@@ -119,5 +135,5 @@ with open(totals, "a") as f:
     print(f"{label} {(t_hi - t_lo) / per_rt:.0f}", file=f)
 EOF
 done
-echo "== instructions per round trip (rank 0, $size B; callgrind, $lo and $hi round trips)"
+echo "== instructions per $unit (rank $counted, $size B; callgrind, $lo and $hi ${unit}s or windows)"
 awk '{printf "%10s  %s\n", $2, $1}' "$work/totals"

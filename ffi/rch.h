@@ -123,7 +123,16 @@ extern "C" {
 
 /* Version of this interface. */
 #define RCH_VERSION_MAJOR 1
-#define RCH_VERSION_MINOR 7
+#define RCH_VERSION_MINOR 8
+
+/* The header's inline helpers (the lanes): inlined into the caller's loop even where
+ * the compiler judges that loop too large (a call costs such a helper a third of its
+ * instructions). */
+#if defined(__GNUC__)
+#define RCH_INLINE static inline __attribute__((always_inline))
+#else
+#define RCH_INLINE static inline
+#endif
 
 /* Most iovec entries one rch_put_datav / rch_read_datav accepts (IOV_MAX on Linux). */
 #define RCH_IOV_MAX 1024
@@ -391,18 +400,24 @@ typedef struct rch_lane {
     const volatile uint64_t *cell; /* the cell where the next packet starts; NULL: none */
     uint64_t pos;                  /* its position in the connection's stream of cells */
     uint64_t room;                 /* bytes from it to the end of the ring */
-    int lent;                      /* 1 once rch_lane_packet lent a packet */
-    int reserved;
+    int lent;                      /* the cells of the packet rch_lane_packet lent; 0: none */
+    int passed;                    /* packets rch_lane_next passed since the lane was filled */
 } rch_lane;
 
-/* rch_consume_peek_watch with a lane: `n` counts from the packet rch_lane_packet lent
- * last (lane->lent), if it did, else from the bytes the previous call lent. Before
- * anything else the call empties *lane (if not NULL); when it lends nothing and the
- * connection is quiet it fills it again: lane->watch as rch_consume_peek_watch fills
- * its watch, and the cell the next packet will start in. The lane's words stay
- * readable as long as the watch's. Since interface 1.6.
+/* rch_consume_peek_watch with a lane: first the packets rch_lane_next passed
+ * (lane->passed, whole), then `n` counts from the packet lent last (lane->lent), if
+ * one was, else from the bytes the previous call lent (none when packets were
+ * passed: `n` is 0 then). Before anything else the call empties *lane (if not NULL);
+ * when it lends nothing and the connection is quiet it fills it again: lane->watch
+ * as rch_consume_peek_watch fills its watch, and the cell the next packet will start
+ * in. When it lends a whole packet of plain data it fills the lane too, with that
+ * packet as lent (lane->lent; its tests spent), so that rch_lane_next can go on past
+ * it. The lane's words stay readable as long as the watch's. Since interface 1.6;
+ * passed packets, and the lane after a whole packet, since 1.8.
  * Errors: as rch_consume_peek_watch; RCH_ERR_INVALID, with nothing consumed, when
- * `n` is more than the packet the lane lent. The lane is empty after an error. */
+ * `n` is more than the packet the lane lent (with the passed packets consumed), or
+ * when fewer plain data packets than lane->passed are at the read position. The lane
+ * is empty after an error. */
 int rch_consume_peek_lane(rch_vc *vc, size_t n, const void **bytes, size_t *len,
                           size_t *zero_copy_left, rch_lane *lane);
 
@@ -422,13 +437,14 @@ int rch_consume_peek_lane(rch_vc *vc, size_t n, const void **bytes, size_t *len,
 /* 1 when a packet of plain data has landed whole in lane's cell: *bytes and *len are
  * its payload, where it landed (valid as rch_peek's bytes, until the next read call
  * on the connection), and lane->lent is set: pass how much of it was read as `n` to
- * the next rch_consume_peek_lane. The lane is then spent (the next test says -1).
+ * the next rch_consume_peek_lane, or move on with rch_lane_next when all was read.
+ * The lane is then spent (the next test says -1) until rch_lane_next moves it on.
  * 0 while the connection is quiet, as rch_watch_quiet's 1 (each 0 uses a test).
  * -1 when the library must be called (rch_consume_peek_lane): the lane is empty or
  * spent, its tests ran out, a watched word other than the cell's changed, or what
  * landed is not plain data (the library reads it). A handful of loads, no call.
  * Since interface 1.6. */
-static inline int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *len)
+RCH_INLINE int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *len)
 {
 #if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     rch_watch *w = &lane->watch;
@@ -463,6 +479,7 @@ static inline int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *le
             return -1;
         }
         *bytes = (const void *) lane->cell;
+        cells = 1;
     } else {
         /* A full header counts once its acknowledgement word is there (above). */
         if ((first & (0xfull << 60 | RCH_LANE_STAMP_MASK)) != (RCH_LANE_FULL_TAG << 60 | stamp))
@@ -486,7 +503,7 @@ static inline int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *le
         *bytes = (const void *) (lane->cell + 2);
     }
     *len = (size_t) n;
-    lane->lent = 1;
+    lane->lent = (int) cells;
     w->tests_left = 0;
     return 1;
 #else
@@ -495,6 +512,41 @@ static inline int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *le
     (void) len;
     return -1;
 #endif
+}
+
+/* Most packets rch_lane_next passes before the library must be called: it gives
+ * their ring space back to the sender, so a burst does not hold the ring long. */
+#define RCH_LANE_PASS_MAX 64
+
+/* After rch_lane_packet lent a packet of `len` bytes and the caller read `n` of them:
+ * when that is all of it, moves the lane on to the cell after the packet, so that
+ * rch_lane_packet can lend the next packet of a burst without a call too; the next
+ * rch_consume_peek_lane consumes every packet passed so, in one call (with `n` 0, or
+ * the bytes read of a packet lent after them). Returns 1 when the lane moved on (the
+ * packet now counts in lane->passed); 0 when it did not: `n` is not all of the
+ * packet, the ring's end comes next, RCH_LANE_PASS_MAX packets were passed, or no
+ * packet is lent. Then pass `n` to rch_consume_peek_lane as before. The lane keeps
+ * only a few tests, so a connection that goes quiet after a burst calls the library
+ * soon. No call. Since interface 1.8. */
+RCH_INLINE int rch_lane_next(rch_lane *lane, size_t n, size_t len)
+{
+    uint64_t step;
+
+    if (lane->lent <= 0 || n != len || lane->passed >= RCH_LANE_PASS_MAX ||
+        lane->watch.count < 2)
+        return 0;
+    step = (uint64_t) lane->lent * RCH_LANE_CELL;
+    if (step >= lane->room)
+        return 0;
+    lane->cell += step / sizeof(uint64_t);
+    lane->pos += step;
+    lane->room -= step;
+    lane->watch.word[0] = lane->cell;
+    lane->watch.word[1] = lane->cell + 1;
+    lane->lent = 0;
+    lane->passed++;
+    lane->watch.tests_left = 2;
+    return 1;
 }
 
 /* A connection's send lane: where the caller writes a small message into the peer's

@@ -33,9 +33,11 @@ struct osu_args {
     int nsizes;
     long fixed_iters;  /* --iters N, 0: per size */
     int latency_only;  /* --latency */
+    int bandwidth_only; /* --bandwidth */
 };
 
-/* --sizes a,b,c (default 1 B .. 4 MiB in powers of 2), --iters N, --latency. */
+/* --sizes a,b,c (default 1 B .. 4 MiB in powers of 2), --iters N, --latency (only
+ * latency), --bandwidth (only bandwidth). */
 static inline void osu_parse(int argc, char **argv, struct osu_args *a)
 {
     memset(a, 0, sizeof *a);
@@ -49,6 +51,8 @@ static inline void osu_parse(int argc, char **argv, struct osu_args *a)
             }
         } else if (strcmp(argv[i], "--latency") == 0) {
             a->latency_only = 1;
+        } else if (strcmp(argv[i], "--bandwidth") == 0) {
+            a->bandwidth_only = 1;
         } else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
             a->fixed_iters = atol(argv[++i]);
         }

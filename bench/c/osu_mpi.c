@@ -7,7 +7,7 @@
  *   latency:   ping-pong between ranks 0 and 1, one-way = half the mean round trip
  *   bandwidth: 64 messages in flight (MPI_Isend / MPI_Irecv), then a 4-byte ack
  *
- *   mpiexec -n 2 ./osu_mpi [--sizes 8,65536] [--iters N] [--latency]
+ *   mpiexec -n 2 ./osu_mpi [--sizes 8,65536] [--iters N] [--latency | --bandwidth]
  *
  * Rank r is pinned to CPU r unless OSU_NO_PIN is set. Heap buffers (malloc), as an
  * MPI application's are; separate send and receive buffers.
@@ -105,7 +105,8 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < a.nsizes; i++) {
         size_t s = a.sizes[i];
-        double lat = latency(rank, sbuf, lbuf, s, a.fixed_iters ? (size_t)a.fixed_iters : lat_iters(s));
+        double lat = a.bandwidth_only ? 0
+                                      : latency(rank, sbuf, lbuf, s, a.fixed_iters ? (size_t)a.fixed_iters : lat_iters(s));
         double bw = a.latency_only ? 0
                                    : bandwidth(rank, sbuf, rbuf, s, a.fixed_iters ? (size_t)a.fixed_iters : bw_iters(s));
         if (rank == 0) {

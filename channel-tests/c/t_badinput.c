@@ -424,6 +424,51 @@ int main(void)
             failures++;
         }
         EXPECT(rch_consume_peek_lane(vc, 3, &lent, &len, NULL, NULL), RCH_SUCCESS);
+
+        /* rch_lane_next: two whole packets passed without a call, then consumed
+         * together; a lane that claims more packets than landed is refused */
+        struct iovec two[2] = {{data, 7}, {data + 7, 3}};
+        memset(&lane, 0, sizeof lane);
+        for (int i = 0; i < 100 && lane.cell == NULL; i++)
+            EXPECT(rch_consume_peek_lane(vc, 0, &lent, &len, NULL, &lane), RCH_SUCCESS);
+        EXPECT(rch_put_datav(vc, &two[0], 1, &put), RCH_SUCCESS);
+        EXPECT(rch_put_datav(vc, &two[1], 1, &put), RCH_SUCCESS);
+        int moved = 0;
+        for (int k = 0; k < 2; k++) {
+            int r = 0;
+            for (int i = 0; i < 5000 && (r = rch_lane_packet(&lane, &lent, &len)) == 0; i++) {
+                lane.watch.tests_left = 1;
+                usleep(1000);
+            }
+            if (r != 1 || len != two[k].iov_len || memcmp(lent, two[k].iov_base, len) != 0) {
+                fprintf(stderr, "FAIL: lane packet %d: %d, %zu bytes\n", k, r, len);
+                failures++;
+                break;
+            }
+            if (rch_lane_next(&lane, len - 1, len) != 0) {
+                fprintf(stderr, "FAIL: rch_lane_next moved past a packet read in part\n");
+                failures++;
+            }
+            moved += rch_lane_next(&lane, len, len);
+        }
+        if (moved != 2 || lane.passed != 2 || rch_lane_next(&lane, 0, 0) != 0) {
+            fprintf(stderr, "FAIL: rch_lane_next passed %d packets (lane says %d)\n", moved, lane.passed);
+            failures++;
+        }
+        EXPECT(rch_consume_peek_lane(vc, 0, &lent, &len, NULL, &lane), RCH_SUCCESS);
+        if (len != 0 || lane.passed != 0) {
+            fprintf(stderr, "FAIL: %zu bytes lent after the passed packets\n", len);
+            failures++;
+        }
+        lane.passed = 3;
+        EXPECT(rch_consume_peek_lane(vc, 0, &lent, &len, NULL, &lane), RCH_ERR_INVALID);
+        lane.passed = -1;
+        EXPECT(rch_consume_peek_lane(vc, 0, &lent, &len, NULL, &lane), RCH_ERR_INVALID);
+        /* n beyond the passed packets with nothing lent after them */
+        EXPECT(rch_put_datav(vc, &two[1], 1, &put), RCH_SUCCESS);
+        memset(&lane, 0, sizeof lane);
+        lane.passed = 1;
+        EXPECT(rch_consume_peek_lane(vc, 2, &lent, &len, NULL, &lane), RCH_ERR_INVALID);
     }
     size_t extra = 0;
     EXPECT(rch_read_datav(vc, &iov, 1, &extra), RCH_SUCCESS);

@@ -51,6 +51,9 @@ pub(crate) struct QuietWatch<'a> {
     /// (`rch_lane_packet`), then [`Receiver::consume_landed`].
     pub(crate) pos: u64,
     pub(crate) room: u64,
+    /// Cells of the packet at `pos` that a peek lent whole ([`Receiver::lane_after_lend`]);
+    /// 0 for a quiet watch.
+    pub(crate) lent_cells: usize,
 }
 
 /// A packet that landed whole at the read position.
@@ -88,6 +91,8 @@ pub struct Receiver<F: Fabric> {
     cur_off: usize,
     /// Unread payload bytes of the current packet.
     cur_left: usize,
+    /// Payload bytes of the current packet (a data packet's length).
+    cur_len: usize,
     cur_cells: usize,
     in_packet: bool,
     empty_polls: u32,
@@ -231,6 +236,7 @@ impl<F: Fabric> Receiver<F> {
             released_pos: 0,
             cur_off: 0,
             cur_left: 0,
+            cur_len: 0,
             cur_cells: 0,
             in_packet: false,
             empty_polls: 0,
@@ -374,6 +380,7 @@ impl<F: Fabric> Receiver<F> {
                     self.cur_off =
                         (self.read_pos & (self.ring_size - 1)) as usize + landed.payload_at;
                     self.cur_left = len;
+                    self.cur_len = len;
                     self.in_packet = true;
                     if len == 0 {
                         self.finish_packet();
@@ -1138,6 +1145,67 @@ impl<F: Fabric> Receiver<F> {
         self.consume(n)
     }
 
+    /// Consumes `packets` whole data packets from the read position on, which a
+    /// caller read where [`quiet_watch`](Self::quiet_watch) pointed and then cell by
+    /// cell past each (the C interface's `rch_lane_next`), without a call: each is
+    /// looked up as [`consume_landed`](Self::consume_landed) does (taking its
+    /// acknowledgement) and consumed whole.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` when fewer plain data packets are there (those before are
+    /// consumed); otherwise as [`get`](Self::get).
+    pub(crate) fn consume_passed(&mut self, packets: usize) -> io::Result<()> {
+        if packets == 0 {
+            return Ok(());
+        }
+        let refuse = |what: String| Err(io::Error::new(io::ErrorKind::InvalidInput, what));
+        if self.zc.is_some() || self.reads.is_some() {
+            return refuse(format!(
+                "{packets} packets passed while a zero-copy transfer is being read"
+            ));
+        }
+        self.let_retired_go();
+        if let Some(e) = self.read_failure() {
+            return Err(e);
+        }
+        let mut done = 0;
+        if self.in_packet {
+            // The lane went on from a packet a peek lent (`lane_after_lend`).
+            self.consume(self.cur_left)?;
+            done = 1;
+        }
+        // The rest one after another, as next_packet and consume would take them,
+        // but with the per-call upkeep (tail update, credit, stream backoff) once at
+        // the end: a burst's packets cost a few loads and stores each.
+        while done < packets {
+            self.release_read();
+            let Some(landed) = self.landed_packet()? else {
+                return refuse(format!(
+                    "packet {done} of {packets} passed has not landed at the read position"
+                ));
+            };
+            let header = Header::new_unchecked(&landed.header[..]);
+            if !matches!(header.kind(), Ok(PacketKind::Data)) || header.len() == 0 {
+                return refuse(format!(
+                    "packet {done} of {packets} passed is not plain data"
+                ));
+            }
+            self.take_ack(header.ack())?;
+            self.cur_cells = landed.cells;
+            // As finish_packet: the cells go back at the next release_read.
+            self.read_pos += (landed.cells * CELL) as u64;
+            done += 1;
+        }
+        self.in_packet = false;
+        self.arm_stream_backoff();
+        if self.upkeep_due() {
+            return self.maintain();
+        }
+        self.upkeep_owed = true;
+        Ok(())
+    }
+
     /// As [`get_nowait`](Self::get_nowait), but copies only bytes that are in the
     /// ring: it stops before a zero-copy transfer instead of starting its RDMA READs,
     /// so it never leaves reads in flight and `iov` may be any scratch buffer. For a
@@ -1503,6 +1571,55 @@ impl<F: Fabric> Receiver<F> {
             tests: QUIET_POLLS - 1,
             pos: self.read_pos,
             room: self.ring_size - (self.read_pos & (self.ring_size - 1)),
+            lent_cells: 0,
+        })
+    }
+
+    /// After a [`peek`](Self::peek) that lent a whole data packet from the ring: the
+    /// words a caller watches to go on past it without a call (the C interface's
+    /// `rch_lane_next`, in a burst of packets that each find the next already
+    /// there), with the lent packet at `pos`; `None` when the lend is of part of a
+    /// packet or of a zero-copy transfer, or the connection has a request of the
+    /// peer unanswered. The cell words are the lent packet's own, expected empty as a
+    /// quiet watch's: the caller moves them on to the next cell. Their lifetime is a
+    /// quiet watch's.
+    pub(crate) fn lane_after_lend(&self) -> Option<QuietWatch<'_>> {
+        if !self.in_packet
+            || self.zc.is_some()
+            || self.reads.is_some()
+            || self.cur_left != self.cur_len
+            || self.cur_left == 0
+        {
+            return None;
+        }
+        let link = &*self.link;
+        // Acquire, as in Link::error.
+        if link.is_broken.load(Ordering::Acquire) {
+            return None;
+        }
+        let [first, second] = self.ring.head_word_refs(self.read_pos);
+        let [credit, end, lend] = link.ctrl.quiet_words();
+        // As quiet_watch's values; the cell's are checked by the caller's own reads.
+        let words = [
+            (first, 0),
+            (second, 0),
+            (credit, link.credit_served.load(Ordering::Relaxed)),
+            (end, 0),
+            (lend, link.lends_served.load(Ordering::Relaxed)),
+        ];
+        // Relaxed: a word that differs makes the caller call at once.
+        if words[2..]
+            .iter()
+            .any(|(w, v)| w.load(Ordering::Relaxed) != *v)
+        {
+            return None;
+        }
+        Some(QuietWatch {
+            words,
+            tests: 0,
+            pos: self.read_pos,
+            room: self.ring_size - (self.read_pos & (self.ring_size - 1)),
+            lent_cells: self.cur_cells,
         })
     }
 
@@ -1809,5 +1926,48 @@ mod tests {
         let mut sink = [0u8; 8];
         let rx = b.channel().receiver();
         assert_eq!(rx.get(&mut [IoSliceMut::new(&mut sink)]).unwrap(), 0);
+    }
+
+    /// Packets a caller passed whole, without a call, are consumed together by
+    /// `consume_passed`, the first one also when a peek had lent it (the lane after
+    /// a lend); what comes after them is read next; more packets than landed is
+    /// refused, with those before consumed; a lend of part of a packet gives no lane.
+    #[test]
+    fn consume_passed_takes_whole_packets_from_the_read_position() {
+        let (mut a, mut b) = RdmaStream::pair_with(Config::default()).unwrap();
+        let msgs: [&[u8]; 4] = [b"one", &[2u8; 70], b"three", &[4u8; 200]];
+        for m in msgs {
+            assert_eq!(a.put(&[IoSlice::new(m)]).unwrap(), m.len());
+        }
+        let rx = b.channel().receiver();
+        // A lend of the whole first packet: the lane may go on from it.
+        match rx.peek().unwrap() {
+            crate::engine::Peeked::Bytes(first) => assert_eq!(first, msgs[0]),
+            other => panic!("the first packet: {other:?}"),
+        }
+        let lane = rx.lane_after_lend().expect("a whole packet lent");
+        assert_eq!(lane.pos, 0);
+        assert_eq!(lane.lent_cells, 1);
+        // Passed: the lent one and the next; the third is read normally.
+        rx.consume_passed(2).unwrap();
+        match rx.peek().unwrap() {
+            crate::engine::Peeked::Bytes(third) => assert_eq!(third, msgs[2]),
+            other => panic!("after two passed: {other:?}"),
+        }
+        rx.consume(2).unwrap();
+        assert!(
+            rx.lane_after_lend().is_none(),
+            "a part of a packet was read"
+        );
+        rx.consume(msgs[2].len() - 2).unwrap();
+        // One packet is left: passing two consumes it, then refuses.
+        let err = rx.consume_passed(2).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(matches!(rx.peek().unwrap(), crate::engine::Peeked::Nothing));
+        assert_eq!(a.put(&[IoSlice::new(b"after")]).unwrap(), 5);
+        let mut got = [0u8; 8];
+        let rx = b.channel().receiver();
+        assert_eq!(rx.get(&mut [IoSliceMut::new(&mut got)]).unwrap(), 5);
+        assert_eq!(&got[..5], b"after");
     }
 }

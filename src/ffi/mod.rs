@@ -641,7 +641,7 @@ pub unsafe extern "C" fn rch_consume_peek_watch(
         consume_peek_watching(
             vc,
             n,
-            false,
+            Landed::default(),
             bytes,
             len,
             zero_copy_left,
@@ -665,14 +665,18 @@ pub unsafe extern "C" fn rch_consume_peek_lane(
     zero_copy_left: *mut size_t,
     lane: *mut rch_lane,
 ) -> c_int {
-    let mut landed = false;
+    let mut landed = Landed::default();
     let mut watch = std::ptr::null_mut();
     if !lane.is_null() {
         // SAFETY: non-NULL, so readable and writable by the caller's promise. Empty
         // until the call below finds the connection quiet.
         let l = unsafe { &mut *lane };
-        landed = l.lent != 0;
+        landed = Landed {
+            lent: l.lent != 0,
+            passed: l.passed,
+        };
         l.lent = 0;
+        l.passed = 0;
         l.cell = std::ptr::null();
         l.pos = 0;
         l.room = 0;
@@ -682,8 +686,18 @@ pub unsafe extern "C" fn rch_consume_peek_lane(
     unsafe { consume_peek_watching(vc, n, landed, bytes, len, zero_copy_left, watch, lane) }
 }
 
+/// What a caller read through its lane without a call, for `rch_consume_peek_lane`.
+#[derive(Clone, Copy, Default)]
+struct Landed {
+    /// `n` counts bytes of the packet `rch_lane_packet` lent.
+    lent: bool,
+    /// Whole packets `rch_lane_next` passed before it (a C int: negative is bad input).
+    passed: c_int,
+}
+
 /// The body of `rch_consume_peek_watch` and `rch_consume_peek_lane`: `landed` says
-/// `n` counts bytes of the packet the lane lent.
+/// what the caller read through the lane (the packets it passed, and whether `n`
+/// counts bytes of the packet the lane lent).
 ///
 /// # Safety
 ///
@@ -694,7 +708,7 @@ pub unsafe extern "C" fn rch_consume_peek_lane(
 unsafe fn consume_peek_watching(
     vc: *mut rch_vc,
     n: size_t,
-    landed: bool,
+    landed: Landed,
     bytes: *mut *const c_void,
     len: *mut size_t,
     zero_copy_left: *mut size_t,
@@ -725,11 +739,17 @@ unsafe fn consume_peek_watching(
             // SAFETY: non-NULL, so writable by the caller's promise.
             unsafe { out(zero_copy_left, 0) };
         }
+        let passed = usize::try_from(landed.passed).map_err(|_| {
+            invalid(format!(
+                "the lane says it passed {} packets: it was not filled by this library",
+                landed.passed
+            ))
+        })?;
         let mut lib = lock()?;
         let g = lib.ready()?;
         let r = data_vc(g, vc)?;
         // A size_t is a usize on every target Rust supports for this library.
-        let lent = g.consume_landed_peek(r, n as usize, landed)?;
+        let lent = g.consume_landed_peek(r, passed, n as usize, landed.lent)?;
         // SAFETY: checked non-NULL above.
         unsafe {
             out(bytes, lent.bytes.cast::<c_void>());
@@ -740,8 +760,16 @@ unsafe fn consume_peek_watching(
             // buffer), so it fits a size_t.
             unsafe { out(zero_copy_left, lent.zero_copy_left as size_t) };
         }
-        if lent.len == 0 && lent.zero_copy_left == 0 && !watch.is_null() {
-            if let Some(w) = g.quiet_watch(r) {
+        // A whole packet lent: a lane may go on past it (rch_lane_next) without a
+        // call. Nothing lent on a quiet connection: the watch, and the lane's cell.
+        let lend_lane = lent.len != 0 && !lane.is_null();
+        if (lend_lane || (lent.len == 0 && lent.zero_copy_left == 0)) && !watch.is_null() {
+            let w = if lend_lane {
+                g.lane_after_lend(r)
+            } else {
+                g.quiet_watch(r)
+            };
+            if let Some(w) = w {
                 // SAFETY: non-NULL, so writable by the caller's promise.
                 let watch = unsafe { &mut *watch };
                 for (i, (word, value)) in w.words.iter().enumerate() {
@@ -761,6 +789,8 @@ unsafe fn consume_peek_watching(
                         (*lane).cell = w.words[0].0.as_ptr().cast_const();
                         (*lane).pos = w.pos;
                         (*lane).room = w.room;
+                        // At most one packet's cells, which fit a ring.
+                        (*lane).lent = c_int::try_from(w.lent_cells).unwrap_or(0);
                     }
                 }
             }

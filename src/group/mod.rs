@@ -701,8 +701,10 @@ impl Group {
 
     /// rch_consume_peek: [`consume`](Self::consume) then [`peek`](Self::peek), in one
     /// call of the C interface (a packet handled in place costs one entry, not two).
-    /// With `landed` the `n` bytes are of the packet the caller found at the read
-    /// position itself (rch_lane_packet): see `Receiver::consume_landed`.
+    /// First the `passed` whole packets the caller read where its lane led it
+    /// (rch_lane_next: see `Receiver::consume_passed`); with `landed` the `n` bytes
+    /// are of the packet it found after them itself (rch_lane_packet): see
+    /// `Receiver::consume_landed`.
     ///
     /// # Errors
     ///
@@ -711,9 +713,22 @@ impl Group {
     pub(crate) fn consume_landed_peek(
         &mut self,
         rank: usize,
+        passed: usize,
         n: usize,
         landed: bool,
     ) -> Result<Lent, Error> {
+        if passed != 0 {
+            self.consume_with(rank, passed, |rx, k| rx.consume_passed(k))?;
+            if !landed && n != 0 {
+                return Err(Error::new(
+                    ErrorKind::Invalid,
+                    format!(
+                        "rch_consume({n}) after {passed} packets passed through the lane: \
+                         nothing else was lent on the connection to rank {rank}"
+                    ),
+                ));
+            }
+        }
         if landed && n != 0 {
             self.consume_with(rank, n, |rx, n| rx.consume_landed(n))?;
         } else if n != 0 {
@@ -788,6 +803,15 @@ impl Group {
     pub(crate) fn quiet_watch(&self, rank: usize) -> Option<QuietWatch<'_>> {
         match &self.vcs.get(rank)?.conn {
             Conn::Up(up) => up.rx.quiet_watch(),
+            _ => None,
+        }
+    }
+
+    /// `Receiver::lane_after_lend` of `rank`'s connection (rch_consume_peek_lane,
+    /// when it lent a whole packet).
+    pub(crate) fn lane_after_lend(&self, rank: usize) -> Option<QuietWatch<'_>> {
+        match &self.vcs.get(rank)?.conn {
+            Conn::Up(up) => up.rx.lane_after_lend(),
             _ => None,
         }
     }

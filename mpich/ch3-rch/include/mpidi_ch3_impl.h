@@ -120,6 +120,8 @@ typedef struct MPIDI_CH3I_Rch_recv {
  * that reads a packet the lane lent, if any, as the library's next bytes). */
 static inline void MPIDI_CH3I_Rch_unwatch(MPIDI_CH3I_Rch_recv * rs)
 {
+    /* Packets the lane passed are the library's to consume first (settle_lane). */
+    MPIR_Assert(rs->lane.passed == 0);
     rs->lane.watch.count = 0;
     rs->lane.watch.tests_left = 0;
     rs->lane.lent = 0;

@@ -267,6 +267,19 @@ static int fill_iov(MPIDI_CH3I_VC * vcch, MPIR_Request * rreq, int *full, int *m
     return rc;
 }
 
+/* Before the stage path reads a packet the lane lent: the packets the lane passed
+ * before it go back to the library first, which lends that packet again (a read call
+ * reads from the library's position, before the passed packets). */
+static RCH_NOINLINE int settle_lane(MPIDI_CH3I_VC * vcch)
+{
+    MPIDI_CH3I_Rch_recv *rs = vcch->recv;
+    const void *bytes;
+    size_t len;
+    if (rs->lane.passed == 0)
+        return RCH_SUCCESS;
+    return rch_consume_peek_lane(vcch->rvc, 0, &bytes, &len, NULL, &rs->lane);
+}
+
 /* The packet at the front of the connection, handed to its CH3 handler where it
  * landed in rdma-channel's ring: no copy into the stage, and at most one library
  * call a packet (rch_consume_peek_lane gives back what the packet before took, then
@@ -286,6 +299,7 @@ static RCH_ALWAYS_INLINE int handle_in_place(MPIDI_VC_t * vc, int *handled, int 
     size_t avail, hdr_len;
     intptr_t buflen;
     int rc;
+    int from_lane = 0;
 
     *handled = 0;
     /* A quiet connection: while its words have not changed, nothing to read, without
@@ -300,8 +314,10 @@ static RCH_ALWAYS_INLINE int handle_in_place(MPIDI_VC_t * vc, int *handled, int 
             *handled = -1;
             return RCH_SUCCESS;
         }
-        if (r > 0)
+        if (r > 0) {
+            from_lane = 1;
             goto landed;
+        }
     }
     /* What the last packet handled here took goes back in the same call. */
     rc = rch_consume_peek_lane(vcch->rvc, rs->lent_pending, &lent, &avail, NULL, &rs->lane);
@@ -312,13 +328,15 @@ static RCH_ALWAYS_INLINE int handle_in_place(MPIDI_VC_t * vc, int *handled, int 
         *handled = -1;
         return RCH_SUCCESS;
     }
+    /* A whole packet lent by the library: the lane can go on past it as well. */
+    from_lane = rs->lane.lent != 0;
   landed:
     if (avail < sizeof(type))
-        return RCH_SUCCESS;
+        return settle_lane(vcch);
     memcpy(&type, lent, sizeof(type));
     hdr_len = MPIDI_CH3I_Pkt_wire_len(type);
     if (avail < hdr_len || (((uintptr_t) lent + hdr_len) & 7) != 0)
-        return RCH_SUCCESS;
+        return settle_lane(vcch);
     *made_progress = TRUE;
     if (vc->state == MPIDI_VC_STATE_INACTIVE)
         MPIDI_CHANGE_VC_STATE(vc, ACTIVE);
@@ -348,8 +366,13 @@ static RCH_ALWAYS_INLINE int handle_in_place(MPIDI_VC_t * vc, int *handled, int 
         return RCH_SUCCESS;
     if (rreq == NULL) {
         /* Consumed by the next look at this connection (this loop's, or the next
-         * pass's: a VC with lent bytes is on the busy list, read every pass). */
+         * pass's: a VC with lent bytes is on the busy list, read every pass). A
+         * packet of a burst that the lane lent and the handler took whole is passed
+         * instead, and the lane goes on to the next one: the library consumes them
+         * together later (an 8-byte message's library call is ~470 instructions). */
         rs->lent_pending = hdr_len + (size_t) buflen;
+        if (from_lane && rch_lane_next(&rs->lane, rs->lent_pending, avail))
+            rs->lent_pending = 0;
         return RCH_SUCCESS;
     }
     /* The rest of the data is read into the request's iov: give these bytes back

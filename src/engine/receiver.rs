@@ -1171,9 +1171,15 @@ impl<F: Fabric> Receiver<F> {
         }
         let mut done = 0;
         if self.in_packet {
-            // The lane went on from a packet a peek lent (`lane_after_lend`).
+            // The lane went on from a packet a peek lent (`lane_after_lend`): its
+            // consume does that packet's upkeep (and counts it for the stream
+            // backoff, once: a second count would arm the backoff's pause in a
+            // ping-pong, which passes one packet a call).
             self.consume(self.cur_left)?;
             done = 1;
+            if done == packets {
+                return Ok(());
+            }
         }
         // The rest one after another, as next_packet and consume would take them,
         // but with the per-call upkeep (tail update, credit, stream backoff) once at

@@ -1976,4 +1976,22 @@ mod tests {
         assert_eq!(rx.get(&mut [IoSliceMut::new(&mut got)]).unwrap(), 5);
         assert_eq!(&got[..5], b"after");
     }
+
+    /// One packet a peek lent, passed: counted once for the stream backoff, as a
+    /// consume of it would be. Counted twice it armed the backoff's pause in every
+    /// ping-pong (the first packet of a stream must not arm it).
+    #[test]
+    fn passing_the_lent_packet_counts_it_once() {
+        let (mut a, mut b) = RdmaStream::pair_with(Config::default()).unwrap();
+        assert_eq!(a.put(&[IoSlice::new(b"ping")]).unwrap(), 4);
+        let rx = b.channel().receiver();
+        assert!(matches!(
+            rx.peek().unwrap(),
+            crate::engine::Peeked::Bytes(_)
+        ));
+        assert!(rx.lane_after_lend().is_some());
+        rx.consume_passed(1).unwrap();
+        assert_eq!(rx.backoff_streak, 1);
+        assert!(!rx.backoff_armed, "one packet armed the stream backoff");
+    }
 }

@@ -1539,6 +1539,37 @@ impl<F: Fabric> Receiver<F> {
             && !self.backoff_armed
     }
 
+    /// The words a watch holds, with the values a quiet connection has (not the ones
+    /// loaded now: a word that changed since the poll that found nothing fails the
+    /// watch's first test): the ring's two head words at the read position, then
+    /// the control words, which must hold their values now (`None` otherwise, or
+    /// when the connection is broken).
+    fn watch_words(&self) -> Option<[(&AtomicU64, u64); QUIET_WATCH_WORDS]> {
+        let link = &*self.link;
+        // Acquire, as in Link::error.
+        if link.is_broken.load(Ordering::Acquire) {
+            return None;
+        }
+        let [first, second] = self.ring.head_word_refs(self.read_pos);
+        let [credit, end, lend] = link.ctrl.quiet_words();
+        // Relaxed: as credit_wanted and serve_lend's own looks.
+        let words = [
+            (first, 0),
+            (second, 0),
+            (credit, link.credit_served.load(Ordering::Relaxed)),
+            (end, 0),
+            (lend, link.lends_served.load(Ordering::Relaxed)),
+        ];
+        // Relaxed: a word that differs makes the caller call at once.
+        if words[2..]
+            .iter()
+            .any(|(w, v)| w.load(Ordering::Relaxed) != *v)
+        {
+            return None;
+        }
+        Some(words)
+    }
+
     /// The words to watch in place of the next polls, when this end is quiet as
     /// [`quiet_poll`](Self::quiet_poll) means it (nothing half read, owed or in
     /// flight, the connection open, no request of the peer unanswered) and the
@@ -1551,25 +1582,12 @@ impl<F: Fabric> Receiver<F> {
         if self.in_packet || self.zc.is_some() || self.reads.is_some() || !self.nothing_owed() {
             return None;
         }
-        let link = &*self.link;
-        // Acquire, as in Link::error.
-        if link.is_broken.load(Ordering::Acquire) {
-            return None;
-        }
-        let [first, second] = self.ring.head_word_refs(self.read_pos);
-        let [credit, end, lend] = link.ctrl.quiet_words();
-        // The values a quiet connection has, not the ones loaded now: a word that
-        // changed since the poll that found nothing fails the watch's first test.
-        // Relaxed: as credit_wanted and serve_lend's own looks.
-        let words = [
-            (first, 0),
-            (second, 0),
-            (credit, link.credit_served.load(Ordering::Relaxed)),
-            (end, 0),
-            (lend, link.lends_served.load(Ordering::Relaxed)),
-        ];
+        let words = self.watch_words()?;
         // Relaxed: a word that differs makes the caller call at once.
-        if words.iter().any(|(w, v)| w.load(Ordering::Relaxed) != *v) {
+        if words[..2]
+            .iter()
+            .any(|(w, v)| w.load(Ordering::Relaxed) != *v)
+        {
             return None;
         }
         Some(QuietWatch {
@@ -1598,28 +1616,8 @@ impl<F: Fabric> Receiver<F> {
         {
             return None;
         }
-        let link = &*self.link;
-        // Acquire, as in Link::error.
-        if link.is_broken.load(Ordering::Acquire) {
-            return None;
-        }
-        let [first, second] = self.ring.head_word_refs(self.read_pos);
-        let [credit, end, lend] = link.ctrl.quiet_words();
-        // As quiet_watch's values; the cell's are checked by the caller's own reads.
-        let words = [
-            (first, 0),
-            (second, 0),
-            (credit, link.credit_served.load(Ordering::Relaxed)),
-            (end, 0),
-            (lend, link.lends_served.load(Ordering::Relaxed)),
-        ];
-        // Relaxed: a word that differs makes the caller call at once.
-        if words[2..]
-            .iter()
-            .any(|(w, v)| w.load(Ordering::Relaxed) != *v)
-        {
-            return None;
-        }
+        // The cell's words are checked by the caller's own reads.
+        let words = self.watch_words()?;
         Some(QuietWatch {
             words,
             tests: 0,

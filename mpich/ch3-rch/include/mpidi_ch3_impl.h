@@ -147,6 +147,9 @@ static inline void MPIDI_CH3I_SendQ_dequeue(MPIDI_CH3I_VC * vcch)
     vcch->sendq_head = req->next;
     if (vcch->sendq_head == NULL)
         vcch->sendq_tail = NULL;
+    /* Its iov has gone (or failed): nothing points into the copy of its rest now. */
+    MPL_free(req->ch.rest_copy);
+    req->ch.rest_copy = NULL;
     MPIR_Request_free(req);
 }
 

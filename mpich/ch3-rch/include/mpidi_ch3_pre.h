@@ -56,6 +56,15 @@ typedef struct MPIDI_CH3I_VC {
 
 #define MPIDI_CH3_VC_DECL struct MPIDI_CH3I_VC ch;
 
+/* Channel fields of a request: the buffer holding a copy of a queued send's small
+ * rest (ch3_send.c, copy_rest), freed when the send leaves the VC's queue. */
+typedef struct MPIDI_CH3I_Request {
+    void *rest_copy;
+} MPIDI_CH3I_Request;
+
+#define MPIDI_CH3_REQUEST_DECL MPIDI_CH3I_Request ch;
+#define MPIDI_CH3_REQUEST_INIT(req_) ((req_)->ch.rest_copy = NULL)
+
 /* Progress state between MPID_Progress_start / wait / end. */
 typedef struct MPIDI_CH3I_Progress_state {
     int completion_count;

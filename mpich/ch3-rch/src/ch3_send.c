@@ -68,6 +68,24 @@ static RCH_SEND_INLINE int lane_put(MPIDI_CH3I_VC * vcch, const struct iovec *io
                          iov[1].iov_len);
 }
 
+/* Moves an iov past `nb` bytes that went; a partly sent entry keeps its rest. */
+static void advance_iov(struct iovec **iovp, int *np, size_t nb)
+{
+    struct iovec *iov = *iovp;
+    int n = *np;
+    while (n > 0 && nb >= iov->iov_len) {
+        nb -= iov->iov_len;
+        iov++;
+        n--;
+    }
+    if (n > 0) {
+        iov->iov_base = (char *) iov->iov_base + nb;
+        iov->iov_len -= nb;
+    }
+    *iovp = iov;
+    *np = n;
+}
+
 int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iovp, int *np, int *done)
 {
     struct rch_vc *rvc;
@@ -94,16 +112,7 @@ int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iovp, int *np, int *done)
         find_send_lane(&vc->ch);
     /* A peer we write to answers: read it on every pass for a while. */
     MPIDI_CH3I_VC_make_busy(vc);
-    /* Advance past the bytes counted; a partly sent entry keeps its rest. */
-    while (n > 0 && nb >= iov->iov_len) {
-        nb -= iov->iov_len;
-        iov++;
-        n--;
-    }
-    if (n > 0) {
-        iov->iov_base = (char *) iov->iov_base + nb;
-        iov->iov_len -= nb;
-    }
+    advance_iov(&iov, &n, nb);
     *iovp = iov;
     *np = n;
     *done = (n == 0);
@@ -130,6 +139,76 @@ static void save_rest(MPIR_Request * sreq, const struct iovec *iov, int n, int h
         sreq->dev.iov[first + i] = iov[i];
     sreq->dev.iov_count = first + n;
     sreq->dev.iov_offset = 0;
+}
+
+/* The most data bytes of a send that the channel copies when the connection did not
+ * take the send whole (a full ring, a connection being set up, sends queued before
+ * it). MPI lets a program reuse an RMA operation's origin buffer only after a flush or
+ * the epoch's end, yet programs reuse it at once, as a socket's or an eager buffer's
+ * copy lets them elsewhere: MPICH's own rma/atomic_get tests refill theirs for the
+ * next MPI_Accumulate, and when the ring was full for a moment half an element went
+ * with one operation's value and the rest, 128 operations later, with another's.
+ * Larger data stays where it is: copying it would cost bandwidth, and programs that
+ * send it wait for completion. */
+#define RCH_REST_COPY_MAX 4096
+
+/* Copies a queued send's data entries (those after `first`: the header, when it is
+ * still to go, is in the request already) into one buffer the request owns, when they
+ * total at most RCH_REST_COPY_MAX bytes, and points the iov at it. `offered`: the
+ * connection saw these buffers, so it may have announced one for zero-copy, which
+ * must then go from its own memory; offering the copy at once tells (the library
+ * refuses other buffers first with RCH_ERR_IN_FLIGHT, and the iov is put back).
+ * Without memory for the copy the iov stays as it was. */
+static int copy_rest(MPIDI_VC_t * vc, MPIR_Request * sreq, int first, int offered)
+{
+    struct iovec saved[MPL_IOV_LIMIT];
+    struct iovec *iov = sreq->dev.iov;
+    struct iovec *cur;
+    int n = sreq->dev.iov_count;
+    int left;
+    size_t bytes = 0;
+    size_t nb = 0;
+    char *copy;
+    int i, rc;
+
+    for (i = first; i < n; i++)
+        bytes += iov[i].iov_len;
+    if (bytes == 0 || bytes > RCH_REST_COPY_MAX)
+        return MPI_SUCCESS;
+    copy = MPL_malloc(bytes, MPL_MEM_BUFFER);
+    if (copy == NULL)
+        return MPI_SUCCESS;
+    memcpy(saved, iov, n * sizeof(*iov));
+    for (i = first, bytes = 0; i < n; i++) {
+        memcpy(copy + bytes, iov[i].iov_base, iov[i].iov_len);
+        bytes += iov[i].iov_len;
+    }
+    iov[first].iov_base = copy;
+    iov[first].iov_len = bytes;
+    sreq->dev.iov_count = first + 1;
+    MPL_free(sreq->ch.rest_copy);
+    sreq->ch.rest_copy = copy;
+    if (!offered)
+        return MPI_SUCCESS;
+
+    rc = rch_put_datav(vc->ch.rvc, iov, first + 1, &nb);
+    if (rc == RCH_ERR_IN_FLIGHT) {
+        /* A zero-copy transfer of the rest: it goes from the caller's memory. */
+        memcpy(iov, saved, n * sizeof(*iov));
+        sreq->dev.iov_count = n;
+        MPL_free(copy);
+        sreq->ch.rest_copy = NULL;
+        return MPI_SUCCESS;
+    }
+    if (rc != RCH_SUCCESS)
+        return MPIDI_CH3I_Rch_error(rc, "put", vc->pg_rank);
+    /* What went now is behind the iov offset; all of it, and the progress engine
+     * completes the request on its next pass. */
+    cur = iov;
+    left = first + 1;
+    advance_iov(&cur, &left, nb);
+    sreq->dev.iov_offset = cur - iov;
+    return MPI_SUCCESS;
 }
 
 /* A request of CH3's "start" calls: two references (the caller's and the one
@@ -228,6 +307,13 @@ static int send_common(MPIDI_VC_t * vc, MPIR_Request * sreq, struct iovec *iov, 
         }
         save_rest(sreq, cur, left, hdr_left, hdr, hdr_len, sent_hdr);
         enqueue(vc, sreq);
+        /* At the head of the queue the connection was offered its buffers. */
+        mpi_errno = copy_rest(vc, sreq, hdr_left, MPIDI_CH3I_SendQ_head(vcch) == sreq);
+        if (mpi_errno != MPI_SUCCESS) {
+            /* The request is queued: failing the connection completes it with this
+             * error, which the caller also sees returned. */
+            MPIDI_CH3I_VC_fail(vc, mpi_errno);
+        }
     }
 
   fn_exit:

@@ -15,18 +15,27 @@
 #include <unistd.h>
 
 #define OPS 2000
-#define ELEMS 10
+/* Longs per operation; an argument sets it (at most MAX_ELEMS). */
+#define ELEMS_DEFAULT 10
+#define MAX_ELEMS 256
 
 int main(int argc, char **argv)
 {
     int rank, nproc, i, k, errs = 0;
     long *win_buf;
-    long origin[2 * ELEMS];
+    long origin[2 * MAX_ELEMS];
     long expect = 0;
+    int ELEMS = ELEMS_DEFAULT;
     MPI_Datatype gappy;
     MPI_Win win;
 
     MPI_Init(&argc, &argv);
+    if (argc > 1)
+        ELEMS = atoi(argv[1]);
+    if (ELEMS < 1 || ELEMS > MAX_ELEMS) {
+        fprintf(stderr, "rma_reuse_origin: 1 to %d longs per operation\n", MAX_ELEMS);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nproc);
     if (nproc < 2) {

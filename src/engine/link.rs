@@ -189,6 +189,20 @@ impl SendQueue {
         self.posted.load(Ordering::Acquire) - self.retired.load(Ordering::Acquire) >= self.depth
     }
 
+    /// Counts a completion of request `wr_id` as [`complete`](Self::complete), a
+    /// failed one after `record_failure` has run: a thread waiting for the request
+    /// looks for the connection's error only once it sees the count
+    /// ([`Link::wait_completed`]), so the failure must be there first, or the waiter
+    /// takes a failed READ's untouched buffer for data (peer_death's zero-copy stage
+    /// did, on a busy host: the other half drained the completion meanwhile).
+    #[inline]
+    pub(crate) fn complete_with(&self, wr_id: u64, success: bool, record_failure: impl FnOnce()) {
+        if !success {
+            record_failure();
+        }
+        self.complete(wr_id, success);
+    }
+
     /// Counts a completion of request `wr_id`, successful or not.
     #[inline]
     pub(crate) fn complete(&self, wr_id: u64, success: bool) {
@@ -287,9 +301,8 @@ impl<F: Fabric> Link<F> {
         loop {
             let n = self.qp.poll(&mut wcs);
             for wc in &wcs[..n] {
-                self.sq
-                    .complete(wc.wr_id, wc.status == CompletionStatus::Success);
-                if wc.status != CompletionStatus::Success {
+                let success = wc.status == CompletionStatus::Success;
+                self.sq.complete_with(wc.wr_id, success, || {
                     // The peer's memory refusing us (RemoteAccessError) is what a
                     // peer that exited or died looks like from here: its regions
                     // are gone with it. Local errors are ours.
@@ -302,10 +315,9 @@ impl<F: Fabric> Link<F> {
                         ),
                         _ => (io::ErrorKind::Other, "local RDMA error"),
                     };
-                    if failure.is_none() {
-                        failure = Some(self.fail(kind, format!("{what} ({:?})", wc.status)));
-                    }
-                }
+                    let e = self.fail(kind, format!("{what} ({:?})", wc.status));
+                    failure.get_or_insert(e);
+                });
             }
             if n < wcs.len() {
                 return failure.map_or(Ok(()), Err);

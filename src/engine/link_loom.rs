@@ -21,7 +21,7 @@
 
 use std::collections::VecDeque;
 
-use loom::sync::atomic::Ordering;
+use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::{Arc, Mutex};
 
 use super::SendQueue;
@@ -185,4 +185,51 @@ fn loom_send_queue_stays_within_depth_in_posting_order() {
 #[should_panic(expected = "send queue")]
 fn loom_lock_free_send_queue_reservation_is_caught() {
     run(Variant::LockFree);
+}
+
+/// A failed READ whose completion the other half drains: the reader waiting for it
+/// (`Link::wait_completed`) looks for the connection's error once it sees the count,
+/// so the failure must be recorded first (`SendQueue::complete_with`, as
+/// `Link::drain_completions` counts); `record_first: false` is the order before, which
+/// let peer_death's survivor return a READ's untouched buffer as data.
+fn failed_read(record_first: bool) {
+    loom::model(move || {
+        let sq = Arc::new(SendQueue::new(DEPTH, INTERVAL));
+        // Link::is_broken, as Link::fail stores it and Link::error loads it.
+        let broken = Arc::new(AtomicBool::new(false));
+        let read = sq
+            .post_numbered(true, || Ok::<(), ()>(()), |_, _| Ok(()))
+            .unwrap();
+        let drainer = {
+            let (sq, broken) = (sq.clone(), broken.clone());
+            loom::thread::spawn(move || {
+                let record = || broken.store(true, Ordering::Release);
+                if record_first {
+                    sq.complete_with(read, false, record);
+                } else {
+                    sq.complete(read, false);
+                    record();
+                }
+            })
+        };
+        while !sq.is_completed(read) {
+            loom::thread::yield_now();
+        }
+        assert!(
+            broken.load(Ordering::Acquire),
+            "failed read: counted as completed before its failure was recorded"
+        );
+        drainer.join().unwrap();
+    });
+}
+
+#[test]
+fn loom_a_failed_read_is_seen_failed_by_its_waiter() {
+    failed_read(true);
+}
+
+#[test]
+#[should_panic(expected = "failed read")]
+fn loom_counting_a_failed_read_before_its_failure_is_caught() {
+    failed_read(false);
 }

@@ -1,12 +1,14 @@
 /*
  * stream.h - what the stream tests (t_lane, t_send_lane) share: the known byte at
  * each position of the stream, a small deterministic generator that both ranks run
- * alike, and a check that makes a failed rch_* call fatal with the library's message.
+ * alike, the pieces' count scaled as the Rust tests' cases are, and a check that makes
+ * a failed rch_* call fatal with the library's message.
  */
 #ifndef STREAM_H
 #define STREAM_H
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/uio.h>
 
 #include "mm.h"
@@ -25,6 +27,18 @@ static inline uint64_t stream_rng(uint64_t *state)
     *state ^= *state >> 7;
     *state ^= *state << 17;
     return *state;
+}
+
+/* `n` scaled by RCH_TEST_CASE_SCALE, as the Rust tests scale their case counts (CI
+ * runs the verbs suites at 0.1: rxe under TCG is slow), and at least `min`. */
+static inline int stream_scaled(int n, int min)
+{
+    const char *v = getenv("RCH_TEST_CASE_SCALE");
+    double scale = v != NULL && *v != '\0' ? strtod(v, NULL) : 1.0;
+    double k = scale > 0 ? n * scale : n;
+    if (k > n * 100.0)
+        k = n * 100.0;
+    return k < min ? min : (int)k;
 }
 
 static inline void stream_check(int rc, const char *what)

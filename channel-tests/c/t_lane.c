@@ -43,7 +43,9 @@ static size_t piece_len(void)
     }
 }
 
+/* Pieces at RCH_TEST_CASE_SCALE 1 (stream_scaled), and at least: */
 #define PIECES 20000
+#define MIN_PIECES 1000
 #define ANSWER_EVERY 3
 
 static void put_all(rch_vc *vc, const unsigned char *buf, size_t len)
@@ -88,9 +90,12 @@ int main(void)
     int rank = mm_rank(), size = mm_size();
     if (size < 2)
         mm_fatal("needs 2 ranks");
-    size_t lens[PIECES];
+    int pieces = stream_scaled(PIECES, MIN_PIECES);
+    size_t *lens = malloc(pieces * sizeof *lens);
+    if (!lens)
+        mm_fatal("oom");
     uint64_t total = 0;
-    for (int k = 0; k < PIECES; k++) {
+    for (int k = 0; k < pieces; k++) {
         lens[k] = piece_len();
         total += lens[k];
     }
@@ -104,7 +109,7 @@ int main(void)
         if (!buf)
             mm_fatal("oom");
         uint64_t at = 0;
-        for (int k = 0; k < PIECES; k++) {
+        for (int k = 0; k < pieces; k++) {
             for (size_t i = 0; i < lens[k]; i++)
                 buf[i] = stream_byte(at + i);
             /* One to three buffers, split where the generator says. */
@@ -121,7 +126,7 @@ int main(void)
                 done += nb;
             }
             at += lens[k];
-            if (k % ANSWER_EVERY == ANSWER_EVERY - 1 && k < PIECES - 1) {
+            if (k % ANSWER_EVERY == ANSWER_EVERY - 1 && k < pieces - 1) {
                 read_all(vc, answer, sizeof answer);
                 uint64_t seen;
                 memcpy(&seen, answer, 8);
@@ -149,7 +154,7 @@ int main(void)
         uint64_t next_answer_at = 0; /* the stream's length after the next answered piece */
         int k = 0;
         size_t pending = 0; /* bytes of the last lent packet read, to consume */
-        for (int j = 0; j < ANSWER_EVERY && k < PIECES; j++)
+        for (int j = 0; j < ANSWER_EVERY && k < pieces; j++)
             next_answer_at += lens[k++];
         while (got < total) {
             const void *bytes;
@@ -199,7 +204,7 @@ int main(void)
                 unsigned char answer[8];
                 memcpy(answer, &got, 8);
                 put_all(vc, answer, 8);
-                for (int j = 0; j < ANSWER_EVERY && k < PIECES; j++)
+                for (int j = 0; j < ANSWER_EVERY && k < pieces; j++)
                     next_answer_at += lens[k++];
             }
         }
@@ -214,10 +219,10 @@ int main(void)
         memcpy(answer, &got, 8);
         put_all(vc, answer, 8);
         if (lane_packets == 0)
-            mm_fatal("the lane lent no packet in %d pieces (%llu library calls)", PIECES,
+            mm_fatal("the lane lent no packet in %d pieces (%llu library calls)", pieces,
                      (unsigned long long)calls);
         if (passed == 0)
-            mm_fatal("the lane passed no packet in %d pieces (%llu library calls)", PIECES,
+            mm_fatal("the lane passed no packet in %d pieces (%llu library calls)", pieces,
                      (unsigned long long)calls);
         printf("lane: %llu bytes, %llu packets lent by the lane (%llu read in parts), %llu passed, "
                "%llu library calls\n",
@@ -225,6 +230,7 @@ int main(void)
                (unsigned long long)passed, (unsigned long long)calls);
         free(scratch);
     }
+    free(lens);
     mm_barrier();
     if (rank == 0)
         printf("lane ok: %d ranks, %s mode\n", size, mm_mode());

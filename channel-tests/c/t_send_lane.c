@@ -45,7 +45,9 @@ static size_t piece_len(void)
     }
 }
 
+/* Pieces at RCH_TEST_CASE_SCALE 1 (stream_scaled), and at least: */
 #define PIECES 30000
+#define MIN_PIECES 1000
 #define ANSWER_EVERY 4
 /* Every this many answers, the sender of the next piece pauses first. */
 #define PAUSE_EVERY 500
@@ -119,11 +121,12 @@ int main(void)
     int rank = mm_rank(), size = mm_size();
     if (size < 2)
         mm_fatal("needs 2 ranks");
-    size_t *lens = malloc(PIECES * sizeof *lens);
+    int pieces = stream_scaled(PIECES, MIN_PIECES);
+    size_t *lens = malloc(pieces * sizeof *lens);
     if (!lens)
         mm_fatal("oom");
     uint64_t total = 0;
-    for (int k = 0; k < PIECES; k++) {
+    for (int k = 0; k < pieces; k++) {
         lens[k] = piece_len();
         total += lens[k];
     }
@@ -139,7 +142,7 @@ int main(void)
         if (!buf)
             mm_fatal("oom");
         uint64_t at = 0, answers = 0;
-        for (int k = 0; k < PIECES; k++) {
+        for (int k = 0; k < pieces; k++) {
             size_t len = lens[k];
             if (rank == 0) {
                 for (size_t i = 0; i < len; i++)
@@ -155,7 +158,7 @@ int main(void)
                                  buf[i], stream_byte(at + i));
             }
             at += len;
-            if (k % ANSWER_EVERY == ANSWER_EVERY - 1 || k == PIECES - 1) {
+            if (k % ANSWER_EVERY == ANSWER_EVERY - 1 || k == pieces - 1) {
                 answers++;
                 if (rank == 1) {
                     if (answers % PAUSE_EVERY == 0)

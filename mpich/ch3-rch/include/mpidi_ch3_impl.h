@@ -153,6 +153,25 @@ static inline void MPIDI_CH3I_SendQ_dequeue(MPIDI_CH3I_VC * vcch)
     MPIR_Request_free(req);
 }
 
+/* Moves an iov past `nb` bytes that a put or read counted; a partly done entry keeps
+ * its rest. */
+static inline void MPIDI_CH3I_Advance_iov(struct iovec **iovp, int *np, size_t nb)
+{
+    struct iovec *iov = *iovp;
+    int n = *np;
+    while (n > 0 && nb >= iov->iov_len) {
+        nb -= iov->iov_len;
+        iov++;
+        n--;
+    }
+    if (n > 0) {
+        iov->iov_base = (char *) iov->iov_base + nb;
+        iov->iov_len -= nb;
+    }
+    *iovp = iov;
+    *np = n;
+}
+
 #define MPIDI_CH3I_SendQ_head(vcch) ((vcch)->sendq_head)
 #define MPIDI_CH3I_SendQ_empty(vcch) ((vcch)->sendq_head == NULL)
 

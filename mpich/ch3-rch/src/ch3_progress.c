@@ -251,15 +251,7 @@ static int fill_iov(MPIDI_CH3I_VC * vcch, MPIR_Request * rreq, int *full, int *m
         if (rc == RCH_SUCCESS && nb > 0) {
             *made_progress = TRUE;
             rs->last_data += nb;
-            while (left > 0 && nb >= cur->iov_len) {
-                nb -= cur->iov_len;
-                cur++;
-                left--;
-            }
-            if (left > 0) {
-                cur->iov_base = (char *) cur->iov_base + nb;
-                cur->iov_len -= nb;
-            }
+            MPIDI_CH3I_Advance_iov(&cur, &left, nb);
         }
     }
     rreq->dev.iov_offset = cur - rreq->dev.iov;

@@ -68,24 +68,6 @@ static RCH_SEND_INLINE int lane_put(MPIDI_CH3I_VC * vcch, const struct iovec *io
                          iov[1].iov_len);
 }
 
-/* Moves an iov past `nb` bytes that went; a partly sent entry keeps its rest. */
-static void advance_iov(struct iovec **iovp, int *np, size_t nb)
-{
-    struct iovec *iov = *iovp;
-    int n = *np;
-    while (n > 0 && nb >= iov->iov_len) {
-        nb -= iov->iov_len;
-        iov++;
-        n--;
-    }
-    if (n > 0) {
-        iov->iov_base = (char *) iov->iov_base + nb;
-        iov->iov_len -= nb;
-    }
-    *iovp = iov;
-    *np = n;
-}
-
 int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iovp, int *np, int *done)
 {
     struct rch_vc *rvc;
@@ -112,7 +94,7 @@ int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iovp, int *np, int *done)
         find_send_lane(&vc->ch);
     /* A peer we write to answers: read it on every pass for a while. */
     MPIDI_CH3I_VC_make_busy(vc);
-    advance_iov(&iov, &n, nb);
+    MPIDI_CH3I_Advance_iov(&iov, &n, nb);
     *iovp = iov;
     *np = n;
     *done = (n == 0);
@@ -206,7 +188,7 @@ static int copy_rest(MPIDI_VC_t * vc, MPIR_Request * sreq, int first, int offere
      * completes the request on its next pass. */
     cur = iov;
     left = first + 1;
-    advance_iov(&cur, &left, nb);
+    MPIDI_CH3I_Advance_iov(&cur, &left, nb);
     sreq->dev.iov_offset = cur - iov;
     return MPI_SUCCESS;
 }

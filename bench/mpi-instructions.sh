@@ -13,15 +13,17 @@
 #
 # With --bandwidth it counts osu_mpi's bandwidth loop instead (a window of 64
 # MPI_Isend, MPI_Waitall, a 4-byte ack back), per message, on the rank --rank names
-# (0 sends, 1 receives).
+# (0 sends, 1 receives). With --pingping it counts IMB's PingPing (both ranks
+# MPI_Isend, MPI_Recv, MPI_Wait), per exchange.
 #
-# usage: bench/mpi-instructions.sh [--size N] [--top K] [--bandwidth [--rank R]] MPI...
+# usage: bench/mpi-instructions.sh [--size N] [--top K] [--bandwidth [--rank R] | --pingping] MPI...
 #   MPI is PREFIX (an MPICH install: PREFIX/bin/mpicc and mpiexec, e.g. one built by
 #   scripts/mpich-rch), or LABEL=PREFIX to name its column, or the words "debian"
 #   (Debian's mpich package) and "openmpi" (Debian's openmpi-bin).
 #   --size N   message size in bytes (default 8)
 #   --top K    how many functions to list per MPI, by their own cost (default 12)
 #   --bandwidth  count the bandwidth loop, per message (default: the ping-pong)
+#   --pingping   count the PingPing loop, per exchange
 #   --rank R   the rank counted (default 0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,8 +37,9 @@ while [ $# -gt 0 ]; do
         --size) size=$2; shift 2 ;;
         --top) top=$2; shift 2 ;;
         --bandwidth) mode=bandwidth; shift ;;
+        --pingping) mode=pingping; shift ;;
         --rank) counted=$2; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         -*) echo "mpi-instructions: unknown option '$1'" >&2; exit 2 ;;
         *) mpis+=("$1"); shift ;;
     esac
@@ -44,9 +47,10 @@ done
 [ ${#mpis[@]} -gt 0 ] || { echo "mpi-instructions: name at least one MPI (see --help)" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-if [ "$mode" = latency ]; then
+if [ "$mode" = latency ] || [ "$mode" = pingping ]; then
     lo=20000 hi=60000 unit="round trip" flag=--latency
-    # osu_mpi's latency loop adds iters/10 + 10 warm-up round trips to the timed ones.
+    [ "$mode" = latency ] || unit=exchange flag=--pingping
+    # osu_mpi's latency and PingPing loops add iters/10 + 10 warm-up rounds to the timed ones.
     round_trips() { echo $(($1 + $1 / 10 + 10)); }
     per_rt=$(($(round_trips $hi) - $(round_trips $lo)))
 else

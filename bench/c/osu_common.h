@@ -34,10 +34,12 @@ struct osu_args {
     long fixed_iters;  /* --iters N, 0: per size */
     int latency_only;  /* --latency */
     int bandwidth_only; /* --bandwidth */
+    int pingping_only;  /* --pingping */
 };
 
 /* --sizes a,b,c (default 1 B .. 4 MiB in powers of 2), --iters N, --latency (only
- * latency), --bandwidth (only bandwidth). */
+ * latency), --bandwidth (only bandwidth), --pingping (only IMB's PingPing, where a
+ * program reads it). */
 static inline void osu_parse(int argc, char **argv, struct osu_args *a)
 {
     memset(a, 0, sizeof *a);
@@ -53,6 +55,8 @@ static inline void osu_parse(int argc, char **argv, struct osu_args *a)
             a->latency_only = 1;
         } else if (strcmp(argv[i], "--bandwidth") == 0) {
             a->bandwidth_only = 1;
+        } else if (strcmp(argv[i], "--pingping") == 0) {
+            a->pingping_only = 1;
         } else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
             a->fixed_iters = atol(argv[++i]);
         }

@@ -6,8 +6,10 @@
  *
  *   latency:   ping-pong between ranks 0 and 1, one-way = half the mean round trip
  *   bandwidth: 64 messages in flight (MPI_Isend / MPI_Irecv), then a 4-byte ack
+ *   pingping:  both ranks MPI_Isend, MPI_Recv, MPI_Wait at once (IMB's PingPing);
+ *              the time of one exchange (run only with --pingping)
  *
- *   mpiexec -n 2 ./osu_mpi [--sizes 8,65536] [--iters N] [--latency | --bandwidth]
+ *   mpiexec -n 2 ./osu_mpi [--sizes 8,65536] [--iters N] [--latency | --bandwidth | --pingping]
  *
  * Rank r is pinned to CPU r unless OSU_NO_PIN is set. Heap buffers (malloc), as an
  * MPI application's are; separate send and receive buffers.
@@ -70,6 +72,24 @@ static double bandwidth(int rank, char *sbuf, char *rbuf, size_t s, size_t iters
     return (double)s * WINDOW * (double)iters / t / 1e9;
 }
 
+static double pingping(int rank, char *sbuf, char *rbuf, size_t s, size_t iters)
+{
+    int peer = 1 - rank;
+    size_t warm = iters / 10 + 10;
+    double t0 = 0;
+    for (size_t i = 0; i < iters + warm; i++) {
+        MPI_Request req;
+        if (i == warm) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = MPI_Wtime();
+        }
+        MPI_Isend(sbuf, (int)s, MPI_CHAR, peer, 4, MPI_COMM_WORLD, &req);
+        MPI_Recv(rbuf, (int)s, MPI_CHAR, peer, 4, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Wait(&req, MPI_STATUS_IGNORE);
+    }
+    return (MPI_Wtime() - t0) / (double)iters * 1e6;
+}
+
 int main(int argc, char **argv)
 {
     struct osu_args a;
@@ -101,10 +121,21 @@ int main(int argc, char **argv)
             *nl = '\0';
         printf("# %s\n", lib);
         printf("# latency: one-way = half the mean round trip; bandwidth: %d messages in flight\n", WINDOW);
-        printf("%10s %12s %12s\n", "size", "latency_us", "bw_GB/s");
+        if (a.pingping_only)
+            printf("%10s %12s\n", "size", "pingping_us");
+        else
+            printf("%10s %12s %12s\n", "size", "latency_us", "bw_GB/s");
     }
     for (int i = 0; i < a.nsizes; i++) {
         size_t s = a.sizes[i];
+        if (a.pingping_only) {
+            double t = pingping(rank, sbuf, lbuf, s, a.fixed_iters ? (size_t)a.fixed_iters : lat_iters(s));
+            if (rank == 0) {
+                printf("%10zu %12.3f\n", s, t);
+                fflush(stdout);
+            }
+            continue;
+        }
         double lat = a.bandwidth_only ? 0
                                       : latency(rank, sbuf, lbuf, s, a.fixed_iters ? (size_t)a.fixed_iters : lat_iters(s));
         double bw = a.latency_only ? 0

@@ -109,6 +109,10 @@ typedef struct MPIDI_CH3I_Rch_recv {
      * next read call on the connection: every read here other than
      * rch_consume_peek_lane empties it first (MPIDI_CH3I_Rch_unwatch). */
     rch_lane lane;
+    /* Looks for a burst after a completion (recv_progress) that found nothing, in a
+     * row, up to RCH_BURST_MISSES; past that, completions that skipped the look. */
+    unsigned int burst_misses;
+    unsigned int burst_skips;
     /* Where the payload of a request CH3 drops (dev.drop_data) is read from the
      * connection and forgotten, allocated on first use; discard_off is where the next
      * read starts in it (a zero-copy transfer read into it may be counted in parts). */

@@ -10,6 +10,11 @@
  * outside the job's PMI key space; rdma-channel connects the ranks of one job. */
 #define MPIDI_CH3_HAS_NO_DYNAMIC_PROCESS
 
+/* MPID_Isend sends a contiguous eager message without a request of its own when the
+ * channel takes it whole at once (mpich/patches/ch3-isend-eager-without-request.patch:
+ * the request's life cost an 8 B MPI_Isend more than its put). */
+#define MPIDI_CH3_ISEND_EAGER_WITHOUT_REQUEST
+
 #undef MPID_USE_SEQUENCE_NUMBERS
 
 typedef struct {

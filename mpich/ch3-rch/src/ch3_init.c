@@ -209,6 +209,8 @@ int MPIDI_CH3_VC_Init(MPIDI_VC_t * vc)
     vcch->recv->last_data = 0;
     vcch->recv->lent_pending = 0;
     memset(&vcch->recv->lane, 0, sizeof(vcch->recv->lane));
+    vcch->recv->burst_misses = 0;
+    vcch->recv->burst_skips = 0;
     /* The stage is allocated on the VC's first read (most VCs of a big job never
      * carry traffic). */
     vcch->recv->stage = NULL;

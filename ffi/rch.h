@@ -123,7 +123,7 @@ extern "C" {
 
 /* Version of this interface. */
 #define RCH_VERSION_MAJOR 1
-#define RCH_VERSION_MINOR 8
+#define RCH_VERSION_MINOR 9
 
 /* The header's inline helpers (the lanes): inlined into the caller's loop even where
  * the compiler judges that loop too large (a call costs such a helper a third of its
@@ -441,7 +441,8 @@ int rch_consume_peek_lane(rch_vc *vc, size_t n, const void **bytes, size_t *len,
  * The lane is then spent (the next test says -1) until rch_lane_next moves it on.
  * 0 while the connection is quiet, as rch_watch_quiet's 1 (each 0 uses a test).
  * -1 when the library must be called (rch_consume_peek_lane): the lane is empty or
- * spent, its tests ran out, a watched word other than the cell's changed, or what
+ * spent, its tests ran out, a watched word other than the cell's changed while
+ * nothing landed in the cell (since 1.9; before, also when a packet had), or what
  * landed is not plain data (the library reads it). A handful of loads, no call.
  * Since interface 1.6. */
 RCH_INLINE int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *len)
@@ -453,20 +454,26 @@ RCH_INLINE int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *len)
 
     if (w->tests_left <= 0 || w->count < 2 || lane->cell == NULL || lane->lent)
         return -1;
-    for (i = 2; i < w->count; i++) {
-        /* Relaxed: a hint, as in rch_watch_quiet. */
-        if (__atomic_load_n(w->word[i], __ATOMIC_RELAXED) != w->value[i]) {
-            w->tests_left = 0;
-            return -1;
-        }
-    }
     w->tests_left--;
     /* Acquire on the second word: a short header is the last word of its write, so
      * once it is seen so is the payload word before it. */
     second = __atomic_load_n(&lane->cell[1], __ATOMIC_ACQUIRE);
     first = __atomic_load_n(&lane->cell[0], __ATOMIC_RELAXED);
-    if ((first | second) == 0)
+    if ((first | second) == 0) {
+        /* Nothing landed: then a watched word that changed is news only the
+         * library reads (a credit or lend request, the end). Looked at only here:
+         * a packet that landed comes first, and the library is called at the latest
+         * after RCH_LANE_PASS_MAX packets of a burst, whose cells only it gives back
+         * (so a credit request could not be served earlier anyway). */
+        for (i = 2; i < w->count; i++) {
+            /* Relaxed: a hint, as in rch_watch_quiet. */
+            if (__atomic_load_n(w->word[i], __ATOMIC_RELAXED) != w->value[i]) {
+                w->tests_left = 0;
+                return -1;
+            }
+        }
         return 0;
+    }
     stamp = (lane->pos / RCH_LANE_CELL) & RCH_LANE_STAMP_MASK;
     if ((second & 1) == 0 || (second >> 60) != 0) {
         /* Not an acknowledgement: a short header, or nothing yet (a short packet's

@@ -858,6 +858,28 @@ impl<F: Fabric> Receiver<F> {
         self.link.rx_tail.store(self.read_pos, Ordering::Release);
     }
 
+    /// Gives back every cell read since the last release, as
+    /// [`release_read`](Self::release_read) does for one packet, for the several
+    /// that a caller passed ([`consume_passed`](Self::consume_passed)), `big` of which
+    /// alone reached the tail update threshold: their boundary words are zeroed in
+    /// at most two runs (the range may wrap at the ring's end, where packets are cut),
+    /// and the tail is stored once.
+    fn release_passed(&mut self, big: usize) {
+        while self.released_pos < self.read_pos {
+            let start = (self.released_pos & (self.ring_size - 1)) as usize;
+            let to_end = (self.ring_size as usize - start) / CELL;
+            let cells = (((self.read_pos - self.released_pos) / CELL as u64) as usize).min(to_end);
+            // As in release_read: the tail's Release store below orders these.
+            self.ring.clear_boundaries(start, cells);
+            self.released_pos += (cells * CELL) as u64;
+        }
+        for _ in 0..big {
+            self.count_big_packet();
+        }
+        // Release: as in release_read.
+        self.link.rx_tail.store(self.read_pos, Ordering::Release);
+    }
+
     /// Frees the rings left at switches since the last read call: a read call ends
     /// every [`QuietWatch`] handed out before it. Called by the read calls (`get`,
     /// `peek`, `consume`) past their cut-short empty poll.
@@ -1182,28 +1204,49 @@ impl<F: Fabric> Receiver<F> {
             }
         }
         // The rest one after another, as next_packet and consume would take them,
-        // but with the per-call upkeep (tail update, credit, stream backoff) once at
-        // the end: a burst's packets cost a few loads and stores each.
+        // but with the per-call upkeep (tail update, credit, stream backoff) and the
+        // cells' release once at the end: a burst's packets cost a few loads and
+        // stores each.
+        self.release_read();
+        let mut big = 0;
+        let mut stopped = Ok(());
         while done < packets {
-            self.release_read();
-            let Some(landed) = self.landed_packet()? else {
-                return refuse(format!(
-                    "packet {done} of {packets} passed has not landed at the read position"
-                ));
+            let landed = match self.landed_packet() {
+                Ok(Some(landed)) => landed,
+                Ok(None) => {
+                    stopped = refuse(format!(
+                        "packet {done} of {packets} passed has not landed at the read position"
+                    ));
+                    break;
+                }
+                Err(e) => {
+                    stopped = Err(e);
+                    break;
+                }
             };
             let header = Header::new_unchecked(&landed.header[..]);
             if !matches!(header.kind(), Ok(PacketKind::Data)) || header.len() == 0 {
-                return refuse(format!(
+                stopped = refuse(format!(
                     "packet {done} of {packets} passed is not plain data"
                 ));
+                break;
             }
-            self.take_ack(header.ack())?;
+            if let Err(e) = self.take_ack(header.ack()) {
+                stopped = Err(e);
+                break;
+            }
             self.cur_cells = landed.cells;
-            // As finish_packet: the cells go back at the next release_read.
+            if (landed.cells * CELL) as u64 >= self.threshold {
+                big += 1;
+            }
+            // As finish_packet: the cells go back below, with the others'.
             self.read_pos += (landed.cells * CELL) as u64;
             done += 1;
         }
         self.in_packet = false;
+        // The packets taken so far are consumed, even when one after them was refused.
+        self.release_passed(big);
+        stopped?;
         self.arm_stream_backoff();
         if self.upkeep_due() {
             return self.maintain();

@@ -297,16 +297,22 @@ fn soak(n: usize) {
             .collect::<Vec<_>>()
             .join("\n")
     };
+    // A rank that failed is the news; the ranks still running then were stopped
+    // (status None), not hung: only with no failure is a None the watchdog's.
     for (r, (st, _, _)) in ended.iter().enumerate() {
-        match st {
-            Some(s) if s.success() => {}
-            Some(s) => panic!("rank {r} failed: {s}\n{}", dump()),
-            None => panic!(
-                "watchdog: rank {r} did not finish within {:?} (hang?)\n{}",
-                deadline - start,
+        if let Some(s) = st.as_ref().filter(|s| !s.success()) {
+            panic!(
+                "rank {r} failed: {s} (ranks shown None were stopped then)\n{}",
                 dump()
-            ),
+            );
         }
+    }
+    if let Some(r) = ended.iter().position(|(st, _, _)| st.is_none()) {
+        panic!(
+            "watchdog: rank {r} did not finish within {:?} (hang?)\n{}",
+            deadline - start,
+            dump()
+        );
     }
     let reports = parse_report(&all_out);
     assert_eq!(
@@ -842,6 +848,13 @@ fn random_config(rng: &mut Rng) -> Config {
     let mut cfg = Config::default()
         .with_ring_size(ring)
         .with_chunk_size(chunk);
+    if lands_later() {
+        // Eight ranks of rxe in one TCG VM on a busy host: a listener's answer took
+        // past the default 10 s connect timeout (2026-12-02 and -03, with the MPICH
+        // build or three busy loops beside the VM). The default's own tests are
+        // elsewhere; here a slow handshake is not the news.
+        cfg = cfg.with_connect_timeout(Duration::from_secs(60));
+    }
     if rng.chance(1, 3) {
         cfg = cfg.with_tail_threshold(rng.range(1, ring - 64));
     }

@@ -479,6 +479,8 @@ fn alltoall_8_ranks_oversubscribed_pmi() {
 fn poll_ready_lists_the_connections_with_something_to_read_and_only_those() {
     external("t_ready", 5, &[], &[], "ready ok");
     pmi("t_ready", 5, &[], &[], "ready ok");
+    // rch_wait_spins reports a spin count that was set.
+    pmi("t_ready", 3, &[], &[("RCH_SPIN", "123")], "ready ok");
 }
 
 #[test]

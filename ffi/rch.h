@@ -123,7 +123,7 @@ extern "C" {
 
 /* Version of this interface. */
 #define RCH_VERSION_MAJOR 1
-#define RCH_VERSION_MINOR 9
+#define RCH_VERSION_MINOR 10
 
 /* The header's inline helpers (the lanes): inlined into the caller's loop even where
  * the compiler judges that loop too large (a call costs such a helper a third of its
@@ -751,6 +751,14 @@ typedef struct rch_watch_stats {
 
 /* Fills *stats. Errors: RCH_ERR_NULL, RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
 int rch_get_watch_stats(rch_watch_stats *stats);
+
+/* The busy polls rch_wait makes in this process before it yields or sleeps (its
+ * wait policy: RCH_SPIN, lowered to 0 when the group's ranks on this host outnumber
+ * the CPUs they may run on, unless RCH_SPIN or RCH_YIELD was set), in *spins: how
+ * long a caller polling a connection of its own before it waits may spin without
+ * taking the CPU a peer needs. Since interface 1.10.
+ * Errors: RCH_ERR_NULL, RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
+int rch_wait_spins(int *spins);
 
 /* A static, constant description of a status code ("unknown status code" for others). */
 const char *rch_strerror(int code);

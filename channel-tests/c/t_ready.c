@@ -13,8 +13,10 @@
  * quiet connections are also looked at in turn), and never a rank that sent
  * nothing; each message is then read with mm_recv, after which the rank must drop
  * off the list; rch_get_watch_stats must count the doorbell's finds. Also checks
- * the argument errors. */
+ * the argument errors, and rch_wait_spins against RCH_SPIN and the CPUs. */
+#include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -65,6 +67,26 @@ int main(void)
         mm_fatal("ranks NULL with max > 0 must be RCH_ERR_NULL");
     if (rch_poll_ready(NULL, 0, &n) != RCH_SUCCESS || n != 0)
         mm_fatal("max 0 lists nothing");
+
+    /* The wait's busy polls: RCH_SPIN's when set (the test runs once with it); else
+     * with more ranks here than CPUs at most the contended count (none on shared
+     * memory, 100 where a software RDMA device needs a CPU too). */
+    int spins = -1;
+    if (rch_wait_spins(NULL) != RCH_ERR_NULL)
+        mm_fatal("rch_wait_spins(NULL) must be RCH_ERR_NULL");
+    if (rch_wait_spins(&spins) != RCH_SUCCESS)
+        mm_fatal("rch_wait_spins: %s", rch_last_error());
+    const char *spin_set = getenv("RCH_SPIN");
+    cpu_set_t cpus;
+    if (sched_getaffinity(0, sizeof cpus, &cpus) != 0)
+        mm_fatal("sched_getaffinity failed");
+    if (spin_set != NULL && spins != atoi(spin_set))
+        mm_fatal("rch_wait_spins says %d with RCH_SPIN=%s", spins, spin_set);
+    if (spin_set == NULL && getenv("RCH_YIELD") == NULL && size > CPU_COUNT(&cpus) && spins > 100)
+        mm_fatal("rch_wait_spins says %d with %d ranks on %d CPUs", spins, size,
+                 CPU_COUNT(&cpus));
+    if (spins < 0)
+        mm_fatal("rch_wait_spins says %d", spins);
 
     /* Every pair connected. */
     char out[64][8], in[64][8];

@@ -228,6 +228,11 @@ impl Backoff {
         self.step > self.spins.saturating_add(self.yields)
     }
 
+    /// How many busy polls the backoff makes before it yields or sleeps.
+    pub fn spins(&self) -> u32 {
+        self.spins
+    }
+
     /// True once the backoff has stopped busy polling (it yields or sleeps).
     pub fn is_past_spinning(&self) -> bool {
         self.step >= self.spins

@@ -965,6 +965,21 @@ pub unsafe extern "C" fn rch_get_stats(stats: *mut rch_stats) -> c_int {
     }
 }
 
+/// See `rch_wait_spins` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `spins` is NULL or valid for writing an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn rch_wait_spins(spins: *mut c_int) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        write_stats(spins, |g| {
+            c_int::try_from(g.wait_policy().spins()).unwrap_or(c_int::MAX)
+        })
+    }
+}
+
 /// See `rch_get_watch_stats` in `ffi/rch.h`.
 ///
 /// # Safety
@@ -1050,6 +1065,7 @@ same_signature!(
     rch_vc_close,
     rch_get_stats,
     rch_get_watch_stats,
+    rch_wait_spins,
     rch_strerror,
     rch_last_error,
 );

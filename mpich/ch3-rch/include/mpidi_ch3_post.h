@@ -25,4 +25,8 @@ int MPIDI_CH3I_Progress(int blocking, MPID_Progress_state * state);
 #define MPIDI_CH3_Progress_test() MPIDI_CH3I_Progress(FALSE, NULL)
 #define MPIDI_CH3_Progress_wait(state) MPIDI_CH3I_Progress(TRUE, state)
 
+/* A blocking receive the channel may complete without a request (MPIDI_CH3_RECV_FAST). */
+int MPIDI_CH3_Recv_fast(void *buf, MPI_Aint count, MPI_Datatype datatype, int rank, int tag,
+                        MPIR_Comm * comm, int context_offset, MPI_Status * status);
+
 #endif /* MPIDI_CH3_POST_H_INCLUDED */

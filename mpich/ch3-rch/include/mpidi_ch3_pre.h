@@ -15,6 +15,10 @@
  * the request's life cost an 8 B MPI_Isend more than its put). */
 #define MPIDI_CH3_ISEND_EAGER_WITHOUT_REQUEST
 
+/* MPID_Recv first offers the receive to the channel (MPIDI_CH3_Recv_fast, with the
+ * patch mpich/patches/ch3-recv-fast.patch), which may complete it without a request. */
+#define MPIDI_CH3_RECV_FAST
+
 #undef MPID_USE_SEQUENCE_NUMBERS
 
 typedef struct {

@@ -282,6 +282,84 @@ static RCH_NOINLINE int settle_lane(MPIDI_CH3I_VC * vcch)
     return rch_consume_peek_lane(vcch->rvc, 0, &bytes, &len, NULL, &rs->lane);
 }
 
+/* A blocking receive that the channel completes from the connection itself, without
+ * a request (MPIDI_CH3_Recv_fast): where its data goes and what it matches. */
+typedef struct rch_fast_recv {
+    void *buf;
+    intptr_t room;
+    int rank;
+    int tag;
+    int context_id;
+    MPI_Status *status;
+} rch_fast_recv;
+
+/* Takes the packet at `lent` (hdr_len header bytes of `avail`) for the fast receive
+ * `f` when it is an eager message to it, all of whose data is in the packet and fits
+ * the buffer: copies the data, fills the status as CH3 does for a message found on
+ * arrival, and gives the packet back as a handler that took it whole would (*handled
+ * 1). Anything else is left where it is for CH3's handler, on the usual path
+ * (*handled -2): other packet types, a tag with CH3's error bits, a truncation (whose
+ * error the usual path reports). */
+static RCH_ALWAYS_INLINE void fast_take(MPIDI_VC_t * vc, const rch_fast_recv * f,
+                                        MPIDI_CH3_Pkt_type_t type, const char *lent,
+                                        size_t hdr_len, size_t avail, int from_lane,
+                                        int *handled)
+{
+    MPIDI_CH3I_Rch_recv *rs = vc->ch.recv;
+    const MPIDI_Message_match *m;
+    const void *data;
+    intptr_t data_sz, took;
+
+    *handled = -2;
+    if (type != MPIDI_CH3_PKT_EAGER_SEND
+#ifdef USE_EAGER_SHORT
+        && type != MPIDI_CH3_PKT_EAGERSHORT_SEND
+#endif
+)
+        return;
+    /* The ring's bytes are the peer's to write: decide on a copy of the header. */
+    memcpy(&rs->pkt, lent, hdr_len);
+#ifdef USE_EAGER_SHORT
+    if (type == MPIDI_CH3_PKT_EAGERSHORT_SEND) {
+        m = &rs->pkt.eagershort_send.match;
+        data_sz = rs->pkt.eagershort_send.data_sz;
+        data = rs->pkt.eagershort_send.data;
+        took = 0;
+        if (data_sz < 0 || data_sz > MPIDI_EAGER_SHORT_SIZE)
+            return;
+    } else
+#endif
+    {
+        m = &rs->pkt.eager_send.match;
+        data_sz = rs->pkt.eager_send.data_sz;
+        data = lent + hdr_len;
+        took = data_sz;
+        if (data_sz < 0 || (size_t) data_sz > avail - hdr_len)
+            return;
+    }
+    if (m->parts.context_id != f->context_id || m->parts.rank != f->rank ||
+        MPIR_TAG_CHECK_ERROR_BIT(m->parts.tag) || (f->tag != MPI_ANY_TAG && m->parts.tag != f->tag)
+        || data_sz > f->room)
+        return;
+    if (data_sz > 0)
+        memcpy(f->buf, data, data_sz);
+    if (f->status != MPI_STATUS_IGNORE) {
+        f->status->MPI_SOURCE = m->parts.rank;
+        f->status->MPI_TAG = m->parts.tag;
+        f->status->MPI_ERROR = MPI_SUCCESS;
+        MPIR_STATUS_SET_COUNT(*f->status, data_sz);
+        MPIR_STATUS_SET_CANCEL_BIT(*f->status, FALSE);
+    }
+    if (vc->state == MPIDI_VC_STATE_INACTIVE)
+        MPIDI_CHANGE_VC_STATE(vc, ACTIVE);
+    *handled = 1;
+    rs->last_data = took;
+    /* As for a handler's packet taken whole (handle_in_place). */
+    rs->lent_pending = hdr_len + (size_t) took;
+    if (from_lane && rch_lane_next(&rs->lane, rs->lent_pending, avail))
+        rs->lent_pending = 0;
+}
+
 /* The packet at the front of the connection, handed to its CH3 handler where it
  * landed in rdma-channel's ring: no copy into the stage, and at most one library
  * call a packet (rch_consume_peek_lane gives back what the packet before took, then
@@ -291,10 +369,12 @@ static RCH_NOINLINE int settle_lane(MPIDI_CH3I_VC * vcch)
  * payload not 8-byte aligned, which CH3's handlers may read in place). With
  * `lane_only`, only a packet of at most RCH_BURST_PACKET_MAX bytes that the lane
  * finds without a call is handled; else *handled is -1 (a larger packet the lane lent
- * is lent again by the next look, which passes 0 for it). Returns an rch status;
- * *mpi_errno is the handler's. */
+ * is lent again by the next look, which passes 0 for it). With `fast`, the packet
+ * goes to fast_take instead of a handler (*handled -2 when it is not the receive's).
+ * Returns an rch status; *mpi_errno is the handler's. */
 static RCH_ALWAYS_INLINE int handle_in_place(MPIDI_VC_t * vc, int *handled, int *made_progress,
-                                             int *mpi_errno, int lane_only)
+                                             int *mpi_errno, int lane_only,
+                                             const rch_fast_recv * fast)
 {
     MPIDI_CH3I_VC *vcch = &vc->ch;
     MPIDI_CH3I_Rch_recv *rs = vcch->recv;
@@ -346,6 +426,10 @@ static RCH_ALWAYS_INLINE int handle_in_place(MPIDI_VC_t * vc, int *handled, int 
     hdr_len = MPIDI_CH3I_Pkt_wire_len(type);
     if (avail < hdr_len || (((uintptr_t) lent + hdr_len) & 7) != 0)
         return settle_lane(vcch);
+    if (fast != NULL) {
+        fast_take(vc, fast, type, lent, hdr_len, avail, from_lane, handled);
+        return RCH_SUCCESS;
+    }
     *made_progress = TRUE;
     if (vc->state == MPIDI_VC_STATE_INACTIVE)
         MPIDI_CHANGE_VC_STATE(vc, ACTIVE);
@@ -433,7 +517,7 @@ static RCH_ALWAYS_INLINE int recv_progress(MPIDI_VC_t * vc, int *made_progress,
             if (rs->pos == rs->len) {
                 /* Nothing staged: the next packet where it landed in the ring. */
                 int handled = 0;
-                rc = handle_in_place(vc, &handled, made_progress, &mpi_errno, lane_only);
+                rc = handle_in_place(vc, &handled, made_progress, &mpi_errno, lane_only, NULL);
                 if (rc != RCH_SUCCESS)
                     goto read_error;
                 MPIR_ERR_CHECK(mpi_errno);
@@ -517,6 +601,71 @@ static RCH_ALWAYS_INLINE int recv_progress(MPIDI_VC_t * vc, int *made_progress,
     mpi_errno = MPIDI_CH3I_Rch_error(rc, "read", vc->pg_rank);
     MPIDI_CH3I_VC_fail(vc, mpi_errno);
     return mpi_errno;
+}
+
+/* Busy looks at the source's connection a fast receive makes, at most, before it
+ * leaves the receive to the usual path (which then polls and sleeps as it does): a
+ * reply that comes within microseconds, as in a ping-pong, is taken here. No more
+ * than rch_wait's own busy polls: with more ranks than CPUs, one look. */
+#define RCH_FAST_LOOKS 1024
+
+static int fast_looks = -1;
+
+/* MPID_Recv's first try (mpich/patches/ch3-recv-fast.patch), called when no receive
+ * is posted and no message is unexpected: then the next message from `rank` that
+ * fits is this receive's. It is taken from the connection into the buffer, with no
+ * request, when it is a contiguous eager message already whole at the front of the
+ * connection, or is within the looks; 1 then, with *status filled. 0 leaves the
+ * receive to the usual path, which finds whatever came as it would have: a packet
+ * this does not take stays at the front. Only where the send lanes are allowed (one
+ * thread in MPI), on a connection with nothing staged or half read. */
+int MPIDI_CH3_Recv_fast(void *buf, MPI_Aint count, MPI_Datatype datatype, int rank, int tag,
+                        MPIR_Comm * comm, int context_offset, MPI_Status * status)
+{
+    MPIDI_VC_t *vc;
+    MPIDI_CH3I_Rch_recv *rs;
+    MPIR_Datatype *dt_ptr ATTRIBUTE((unused));
+    MPI_Aint dt_true_lb;
+    intptr_t room;
+    int dt_contig, looks;
+    rch_fast_recv f;
+
+#ifdef MPICH_IS_THREADED
+    if (MPIR_IS_THREADED)
+        return 0;
+#endif
+    /* Queued sends wait for passes (a peer may need them before it answers). */
+    if (rank < 0 || MPIDI_CH3I_active_head != NULL)
+        return 0;
+    MPIDI_Comm_get_vc(comm, rank, &vc);
+    rs = vc->ch.recv;
+    if (vc->ch.state != MPIDI_CH3I_VC_STATE_CONNECTED || vc->ch.rvc == NULL || rs == NULL ||
+        rs->active != NULL || rs->pos != rs->len)
+        return 0;
+    MPIDI_Datatype_get_info(count, datatype, dt_contig, room, dt_ptr, dt_true_lb);
+    if (!dt_contig)
+        return 0;
+    if (fast_looks < 0) {
+        int spins = 0;
+        if (rch_wait_spins(&spins) != RCH_SUCCESS)
+            spins = 0;
+        fast_looks = MPL_MIN(spins, RCH_FAST_LOOKS);
+    }
+    f.buf = MPIR_get_contig_ptr(buf, dt_true_lb);
+    f.room = room;
+    f.rank = rank;
+    f.tag = tag;
+    f.context_id = comm->recvcontext_id + context_offset;
+    f.status = status;
+    for (looks = 0;; looks++) {
+        int handled = 0, made_progress = FALSE, mpi_errno = MPI_SUCCESS;
+        int rc = handle_in_place(vc, &handled, &made_progress, &mpi_errno, 0, &f);
+        if (handled == 1)
+            return 1;
+        /* A failure is the usual path's to report (it meets it again). */
+        if (rc != RCH_SUCCESS || handled != -1 || looks >= fast_looks)
+            return 0;
+    }
 }
 
 /* CH3 finished its close protocol on this VC: once the queued packets (the last

@@ -9,7 +9,12 @@
 # Rank 0 runs twice, with LO and HI round trips; the difference divided by the
 # difference in round trips cancels start-up, the first waits and MPI_Finalize.
 # Rank 1 runs natively; it answers at once, so rank 0's blocking waits are short and
-# their polls are counted as they happen (a slower peer would add idle passes).
+# their polls are counted as they happen (a slower peer would add idle passes). The
+# native rank runs with RCH_SPIN=100000000 (unless RCH_SPIN is set): idle while the
+# counted rank crawls under callgrind, it would otherwise go to sleep in rch_wait,
+# and the counted rank's waits for it to wake would be counted (417 of 1,983
+# instructions a message of a bandwidth run's receiver, 2026-12-03). The first line
+# says how many instructions a unit were spent in rch_wait's backoff anyway.
 #
 # With --bandwidth it counts osu_mpi's bandwidth loop instead (a window of 64
 # MPI_Isend, MPI_Waitall, a 4-byte ack back), per message, on the rank --rank names
@@ -91,7 +96,7 @@ for spec in "${mpis[@]}"; do
             if [ "$r" = "$5" ]; then
                 exec valgrind --tool=callgrind --callgrind-out-file="$0" "$1" "$4" --sizes "$2" --iters "$3"
             fi
-            exec "$1" "$4" --sizes "$2" --iters "$3"' \
+            exec env RCH_SPIN="${RCH_SPIN:-100000000}" "$1" "$4" --sizes "$2" --iters "$3"' \
             "$work/cg.$label.$n" "$bin" "$size" "$n" "$flag" "$counted" \
             >"$work/out.$label.$n" 2>"$work/err.$label.$n" || {
             echo "mpi-instructions: $label failed with $n iterations:" >&2
@@ -130,7 +135,8 @@ def waits(path):
             if m:
                 return int(m.group(1).replace(',', ''))
     return 0
-print(f"{(t_hi - t_lo) / per_rt:10.0f}  all ({(waits(hi_path) - waits(lo_path)) / per_rt:.3f} rch_wait calls per unit: more than ~0.01 means the counted rank waited for a descheduled peer)")
+waited = sum(cost for cost, name in rows if re.search(r'ffi::state::wait|engine::wait::Backoff|poll_readable|up_ready', name))
+print(f"{(t_hi - t_lo) / per_rt:10.0f}  all ({(waits(hi_path) - waits(lo_path)) / per_rt:.3f} rch_wait calls and {waited:.0f} instructions in its waits per unit: more than a few means the counted rank waited for a descheduled peer)")
 for cost, name in rows[:top]:
     if cost < 1:
         break

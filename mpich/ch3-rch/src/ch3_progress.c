@@ -609,6 +609,8 @@ static RCH_ALWAYS_INLINE int recv_progress(MPIDI_VC_t * vc, int *made_progress,
  * than rch_wait's own busy polls: with more ranks than CPUs, one look. */
 #define RCH_FAST_LOOKS 1024
 
+/* fast_looks: -1 until the first fast receive asks; RCH_FAST_OFF when turned off. */
+#define RCH_FAST_OFF (-2)
 static int fast_looks = -1;
 
 /* MPID_Recv's first try (mpich/patches/ch3-recv-fast.patch), called when no receive
@@ -646,11 +648,16 @@ int MPIDI_CH3_Recv_fast(void *buf, MPI_Aint count, MPI_Datatype datatype, int ra
     if (!dt_contig)
         return 0;
     if (fast_looks < 0) {
+        /* RCH_CH3_RECV_FAST=0 turns it off (a comparison, or a suspected fault). */
+        const char *on = getenv("RCH_CH3_RECV_FAST");
         int spins = 0;
         if (rch_wait_spins(&spins) != RCH_SUCCESS)
             spins = 0;
-        fast_looks = MPL_MIN(spins, RCH_FAST_LOOKS);
+        fast_looks = on != NULL && strcmp(on, "0") == 0 ? RCH_FAST_OFF
+            : MPL_MIN(spins, RCH_FAST_LOOKS);
     }
+    if (fast_looks == RCH_FAST_OFF)
+        return 0;
     f.buf = MPIR_get_contig_ptr(buf, dt_true_lb);
     f.room = room;
     f.rank = rank;

@@ -282,6 +282,20 @@ static RCH_NOINLINE int settle_lane(MPIDI_CH3I_VC * vcch)
     return rch_consume_peek_lane(vcch->rvc, 0, &bytes, &len, NULL, &rs->lane);
 }
 
+/* A packet handled where it landed, of which `took` bytes of `avail` were read after
+ * its header: consumed by the next look at this connection (the next loop's, or the
+ * next pass's: a VC with lent bytes is on the busy list, read every pass). A packet
+ * of a burst that the lane lent and that was read whole is passed instead, and the
+ * lane goes on to the next one: the library consumes them together later (an 8-byte
+ * message's library call is ~470 instructions). */
+static RCH_ALWAYS_INLINE void give_back_later(MPIDI_CH3I_Rch_recv * rs, size_t hdr_len,
+                                              size_t took, size_t avail, int from_lane)
+{
+    rs->lent_pending = hdr_len + took;
+    if (from_lane && rch_lane_next(&rs->lane, rs->lent_pending, avail))
+        rs->lent_pending = 0;
+}
+
 /* A blocking receive that the channel completes from the connection itself, without
  * a request (MPIDI_CH3_Recv_fast): where its data goes and what it matches. */
 typedef struct rch_fast_recv {
@@ -354,10 +368,7 @@ static RCH_ALWAYS_INLINE void fast_take(MPIDI_VC_t * vc, const rch_fast_recv * f
         MPIDI_CHANGE_VC_STATE(vc, ACTIVE);
     *handled = 1;
     rs->last_data = took;
-    /* As for a handler's packet taken whole (handle_in_place). */
-    rs->lent_pending = hdr_len + (size_t) took;
-    if (from_lane && rch_lane_next(&rs->lane, rs->lent_pending, avail))
-        rs->lent_pending = 0;
+    give_back_later(rs, hdr_len, (size_t) took, avail, from_lane);
 }
 
 /* The packet at the front of the connection, handed to its CH3 handler where it
@@ -458,14 +469,7 @@ static RCH_ALWAYS_INLINE int handle_in_place(MPIDI_VC_t * vc, int *handled, int 
     if (vcch->state != MPIDI_CH3I_VC_STATE_CONNECTED)
         return RCH_SUCCESS;
     if (rreq == NULL) {
-        /* Consumed by the next look at this connection (this loop's, or the next
-         * pass's: a VC with lent bytes is on the busy list, read every pass). A
-         * packet of a burst that the lane lent and the handler took whole is passed
-         * instead, and the lane goes on to the next one: the library consumes them
-         * together later (an 8-byte message's library call is ~470 instructions). */
-        rs->lent_pending = hdr_len + (size_t) buflen;
-        if (from_lane && rch_lane_next(&rs->lane, rs->lent_pending, avail))
-            rs->lent_pending = 0;
+        give_back_later(rs, hdr_len, (size_t) buflen, avail, from_lane);
         return RCH_SUCCESS;
     }
     /* The rest of the data is read into the request's iov: give these bytes back

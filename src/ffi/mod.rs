@@ -954,7 +954,7 @@ pub extern "C" fn rch_vc_close(vc: *mut rch_vc) -> c_int {
 pub unsafe extern "C" fn rch_get_stats(stats: *mut rch_stats) -> c_int {
     // SAFETY: forwarded from this function's contract.
     unsafe {
-        write_stats(stats, |g| {
+        write_stats(stats, "stats", |g| {
             let s = g.stats();
             rch_stats {
                 connections: s.connections as c_int,
@@ -974,7 +974,7 @@ pub unsafe extern "C" fn rch_get_stats(stats: *mut rch_stats) -> c_int {
 pub unsafe extern "C" fn rch_wait_spins(spins: *mut c_int) -> c_int {
     // SAFETY: forwarded from this function's contract.
     unsafe {
-        write_stats(spins, |g| {
+        write_stats(spins, "spins", |g| {
             c_int::try_from(g.wait_policy().spins()).unwrap_or(c_int::MAX)
         })
     }
@@ -989,7 +989,7 @@ pub unsafe extern "C" fn rch_wait_spins(spins: *mut c_int) -> c_int {
 pub unsafe extern "C" fn rch_get_watch_stats(stats: *mut rch_watch_stats) -> c_int {
     // SAFETY: forwarded from this function's contract.
     unsafe {
-        write_stats(stats, |g| {
+        write_stats(stats, "stats", |g| {
             let w = g.watch_stats();
             rch_watch_stats {
                 busy: w.busy as c_int,
@@ -1003,16 +1003,17 @@ pub unsafe extern "C" fn rch_get_watch_stats(stats: *mut rch_watch_stats) -> c_i
     }
 }
 
-/// The rch_get_*stats calls: `RCH_ERR_NULL` for a NULL `dst`, else writes what
-/// `read` makes of the group into it.
+/// The calls that read a figure of the group (rch_get_*stats, rch_wait_spins):
+/// `RCH_ERR_NULL` naming `what` for a NULL `dst`, else writes what `read` makes of
+/// the group into it.
 ///
 /// # Safety
 ///
 /// `dst` is NULL or valid for writing a `T`.
-unsafe fn write_stats<T>(dst: *mut T, read: impl FnOnce(&Group) -> T) -> c_int {
+unsafe fn write_stats<T>(dst: *mut T, what: &str, read: impl FnOnce(&Group) -> T) -> c_int {
     guard(|| {
         if dst.is_null() {
-            return Err(null("stats"));
+            return Err(null(what));
         }
         let v = read(lock()?.group()?);
         // SAFETY: checked non-NULL; the caller promised a writable `T`.

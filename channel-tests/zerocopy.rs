@@ -475,47 +475,69 @@ fn zero_copy_endings() {
 /// Heap buffers from the adaptive minimum up go by the path the receiver measures
 /// cheaper: with the private threshold off, the receiver still asks for a zero-copy
 /// sample (it never measured that path), so some transfers go zero-copy and the
-/// sender's registration cache is used; the bytes arrive intact either way. With the
-/// choice off (the default for a stream), no heap buffer is registered.
+/// sender's registration cache is used; the bytes arrive intact either way, at
+/// sizes across the meter's size classes and read in pieces of any length. A
+/// transfer sent on the advice is split with the sender on the emulated fabric (its
+/// default push share for them), unless a push share is set. With the choice off
+/// (the default for a stream), no heap buffer is registered.
 #[test]
 fn adaptive_choice_measures_both_paths_and_loses_nothing() {
-    for adaptive in [Some(1 << 20), None] {
+    let emulated = common::fabric_kind() == rdma_channel::fabric::FabricKind::Emulated;
+    for (adaptive, push) in [
+        (Some(64 << 10), None),
+        (Some(1 << 20), Some(0)),
+        (None, None),
+    ] {
         let cfg = Config::default()
             .with_zero_copy_private_threshold(Some(usize::MAX))
-            .with_zero_copy_adaptive(adaptive);
+            .with_zero_copy_adaptive(adaptive)
+            .with_zero_copy_push(push);
         let (a, mut b) = RdmaStream::pair_with(cfg).unwrap();
-        const MSG: usize = 2 << 20;
-        const COUNT: u64 = 32;
+        const BYTES: u64 = 96 << 20;
+        const MAX: usize = 5 << 20;
         const SEED: u64 = 91;
         let writer = std::thread::spawn(move || -> Result<RdmaStream, String> {
             let mut a = a;
-            let mut private = vec![0u8; MSG];
-            for i in 0..COUNT {
-                stream_fill(SEED, i * MSG as u64, &mut private);
-                a.write_all(&private)
-                    .map_err(|e| format!("message {i}: {}", ioe(&e)))?;
+            let mut rng = Rng::new(17);
+            let mut private = vec![0u8; MAX];
+            let mut off = 0u64;
+            while off < BYTES {
+                let n = (rng.log_uniform(32 << 10, MAX) as u64).min(BYTES - off) as usize;
+                stream_fill(SEED, off, &mut private[..n]);
+                a.write_all(&private[..n])
+                    .map_err(|e| format!("write at {off}: {}", ioe(&e)))?;
+                off += n as u64;
             }
             a.shutdown_write().map_err(|e| ioe(&e))?;
             Ok(a)
         });
-        let mut buf = vec![0u8; MSG];
+        let mut rng = Rng::new(18);
+        let mut buf = vec![0u8; MAX];
         let mut scratch = Vec::new();
         let mut got = 0u64;
         loop {
-            let n = b.read(&mut buf).expect("read");
+            let cap = rng.log_uniform(1, buf.len());
+            let n = b.read(&mut buf[..cap]).expect("read");
             if n == 0 {
                 break;
             }
             stream_check(SEED, got, &buf[..n], &mut scratch).expect("bytes");
             got += n as u64;
         }
-        assert_eq!(got, COUNT * MSG as u64);
+        assert_eq!(got, BYTES);
+        let lends = b.channel().receiver().lends();
         let a = join(writer, "writer").expect("writer");
         let stats = a.cache_stats();
         let acquires = stats.hits + stats.misses;
+        let case = format!("adaptive {adaptive:?}, push {push:?}: {stats:?}, {lends} lends");
         match adaptive {
-            Some(_) => assert!(acquires > 0, "no transfer went zero-copy: {stats:?}"),
-            None => assert_eq!(acquires, 0, "the choice is off: {stats:?}"),
+            Some(_) => assert!(acquires > 0, "no transfer went zero-copy: {case}"),
+            None => assert_eq!(acquires, 0, "the choice is off: {case}"),
+        }
+        if push == Some(0) {
+            assert_eq!(lends, 0, "a push share of 0 lends nothing: {case}");
+        } else if adaptive.is_some() && emulated {
+            assert!(lends > 0, "a transfer on the advice was not split: {case}");
         }
     }
 }

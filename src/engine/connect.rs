@@ -167,6 +167,12 @@ impl<F: Fabric> Prepared<F> {
                 .zero_copy_push()
                 .unwrap_or_else(|| self.fabric.zero_copy_push_default(loopback))
                 .min(100),
+            // A push share the user set applies to every zero-copy transfer.
+            zc_adaptive_push: self
+                .cfg
+                .zero_copy_push()
+                .unwrap_or_else(|| self.fabric.zero_copy_adaptive_push_default(loopback))
+                .min(100),
             push: Mutex::new(PushState::default()),
             lends_served: AtomicU64::new(0),
             rcache: registration_cache(&self.fabric, &self.cfg),

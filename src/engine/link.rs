@@ -5,7 +5,6 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use super::wait::Backoff;
 use super::zerocopy::{process_nanos, PushState};
@@ -65,6 +64,9 @@ pub(crate) struct Link<F: Fabric> {
     /// Percent of each zero-copy transfer this end, as receiver, lends to the peer to
     /// push instead of reading it.
     pub(crate) zc_push: u8,
+    /// As `zc_push`, for a transfer the peer sent zero-copy only because this end's
+    /// path advice asked for it ([`RNDV_BY_ADVICE`](crate::ring::wire::RNDV_BY_ADVICE)).
+    pub(crate) zc_adaptive_push: u8,
     /// The announced transfer lends are served from, and the last lend served.
     pub(crate) push: Mutex<PushState>,
     /// Copy of the last lend served, read without the lock to see there is no news.
@@ -470,10 +472,10 @@ impl<F: Fabric> Link<F> {
             .store(process_nanos().max(1), Ordering::Relaxed);
     }
 
-    /// True when this end's sender put a large buffer within `window`.
-    pub(crate) fn sent_large_within(&self, window: Duration) -> bool {
-        let at = self.large_put_at.load(Ordering::Relaxed);
-        at != 0 && process_nanos().saturating_sub(at) <= window.as_nanos() as u64
+    /// When this end's sender last put a large buffer ([`process_nanos`]; 0: never).
+    pub(crate) fn large_put_at(&self) -> u64 {
+        // Relaxed: see note_large_put.
+        self.large_put_at.load(Ordering::Relaxed)
     }
 
     /// Sends the incoming ring's tail explicitly if it moved since the last explicit

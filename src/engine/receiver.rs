@@ -10,13 +10,13 @@ use std::time::Instant;
 use super::link::{lock_incoming, Link, HEALTH_EVERY};
 use super::sender::copy_short;
 use super::wait::{past, Backoff};
-use super::zerocopy::{serve_all_lends, Lent, PathMeter, BOTH_WAYS_WITHIN, MEASURE_MIN};
+use super::zerocopy::{serve_all_lends, Lent, PathMeter, MEASURE_MIN};
 use crate::fabric::{Access, Fabric, GatherList, MemoryRegion};
 use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory, RingOffer, CTRL_SIZE, RING_OFFER_SLOT};
 use crate::ring::wire::{
     fits_short, is_ack_word, trailer_offset, trailer_word, Header, PacketKind, Rendezvous, RndvSeg,
-    ShortHeader, CELL, HEADER_LEN, MAX_RNDV_SEGS,
+    ShortHeader, CELL, HEADER_LEN, MAX_RNDV_SEGS, RNDV_BY_ADVICE,
 };
 use crate::ring::{packet_cells, PAYLOAD_OFFSET};
 
@@ -206,6 +206,8 @@ pub(crate) struct ZcRecv {
     /// Segment and offset in it of the next byte to read.
     pub(crate) seg: usize,
     pub(crate) seg_off: u64,
+    /// The sender chose zero-copy on this end's advice ([`RNDV_BY_ADVICE`]).
+    pub(crate) by_advice: bool,
 }
 
 impl<F: Fabric> Receiver<F> {
@@ -666,6 +668,7 @@ impl<F: Fabric> Receiver<F> {
             segs: [RndvSeg::default(); MAX_RNDV_SEGS],
             seg: 0,
             seg_off: 0,
+            by_advice: r.flags() & RNDV_BY_ADVICE != 0,
         };
         for i in 0..z.count {
             z.segs[i] = r.seg(i);
@@ -701,7 +704,9 @@ impl<F: Fabric> Receiver<F> {
         drop(r.lent);
         result?;
         if let Some(t0) = r.started {
-            self.advise_path(|m| m.zero_copy_read(r.len, t0))?;
+            let put_at = link.large_put_at();
+            let transfer = self.zc.as_ref().map_or(r.len, |z| z.total as usize);
+            self.advise_path(|m| m.zero_copy_read(r.len, transfer, t0, put_at))?;
         }
         let z = self.zc.as_mut().expect("reads belong to a transfer");
         z.done += r.len as u64;
@@ -1377,9 +1382,8 @@ impl<F: Fabric> Receiver<F> {
                 self.ring
                     .copy_out(self.cur_off as u64, &mut buf[at..at + n]);
                 if let Some(t0) = timed {
-                    let took = t0.elapsed();
-                    let both_ways = self.link.sent_large_within(BOTH_WAYS_WITHIN);
-                    self.advise_path(|m| m.ring_copied(n, took, both_ways))?;
+                    let put_at = self.link.large_put_at();
+                    self.advise_path(|m| m.ring_copied(n, t0, put_at))?;
                 }
                 at += n;
                 self.cur_off += n;

@@ -11,7 +11,7 @@ use super::connect::staging_for;
 use super::lane::LaneCell;
 use super::link::{Link, HEALTH_EVERY};
 use super::wait::{past, Backoff};
-use super::zerocopy::{Lent, ADVICE_ZERO_COPY, MEASURE_MIN};
+use super::zerocopy::{advice_bit, Lent, MEASURE_MIN};
 use crate::fabric::{
     DirectTarget, Fabric, GatherList, QueuePair, RemoteRegion, ZeroCopyThresholds,
 };
@@ -538,11 +538,20 @@ impl<F: Fabric> Sender<F> {
     /// True when `buf` should go zero-copy: at or above a threshold, or, from the
     /// adaptive minimum up, while the peer receiver advises it (`zerocopy/choose.rs`).
     pub(crate) fn zc_eligible(&self, buf: &[u8]) -> bool {
+        self.zc_by_threshold(buf) || self.zc_by_advice(buf)
+    }
+
+    /// True when `buf` goes zero-copy by a fixed threshold.
+    pub(crate) fn zc_by_threshold(&self, buf: &[u8]) -> bool {
         let t = self.link.zc_thresholds;
         buf.len() >= t.other
             || (buf.len() >= t.alloc_mem && self.link.rcache.is_owned(buf.as_ptr(), buf.len()))
-            || (buf.len() >= self.link.zc_adaptive_min
-                && self.link.ctrl.path_advice() & ADVICE_ZERO_COPY != 0)
+    }
+
+    /// True when `buf` may go zero-copy by the peer receiver's advice.
+    pub(crate) fn zc_by_advice(&self, buf: &[u8]) -> bool {
+        buf.len() >= self.link.zc_adaptive_min
+            && self.link.ctrl.path_advice() & advice_bit(buf.len()) != 0
     }
 
     /// The put loop. With `lent` (from `put_nocopy`), eligible buffers are announced

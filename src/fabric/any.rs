@@ -421,6 +421,10 @@ impl Fabric for AnyFabric {
     fn zero_copy_push_default(&self, loopback: bool) -> u8 {
         forward!(self, AnyFabric, f => f.zero_copy_push_default(loopback))
     }
+
+    fn zero_copy_adaptive_push_default(&self, loopback: bool) -> u8 {
+        forward!(self, AnyFabric, f => f.zero_copy_adaptive_push_default(loopback))
+    }
 }
 
 /// Registered memory of an [`AnyFabric`].

@@ -697,7 +697,7 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     ///
     /// ```
     /// use rdma_channel::fabric::{emulated::EmuFabric, Fabric};
-    /// assert_eq!(EmuFabric::new()?.zero_copy_adaptive_default(), Some(1 << 20));
+    /// assert_eq!(EmuFabric::new()?.zero_copy_adaptive_default(), Some(64 << 10));
     /// # Ok::<(), std::io::Error>(())
     /// ```
     fn zero_copy_adaptive_default(&self) -> Option<usize> {
@@ -744,5 +744,15 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     fn zero_copy_push_default(&self, loopback: bool) -> u8 {
         let _ = loopback;
         0
+    }
+
+    /// Default share, in percent, that the sender pushes of a transfer that goes
+    /// zero-copy only because the receiver measured zero-copy cheaper (the adaptive
+    /// choice, [`zero_copy_adaptive_default`](Self::zero_copy_adaptive_default)); the
+    /// receiver's measurements then time that split. The same as
+    /// [`zero_copy_push_default`](Self::zero_copy_push_default) unless the fabric
+    /// measured otherwise.
+    fn zero_copy_adaptive_push_default(&self, loopback: bool) -> u8 {
+        self.zero_copy_push_default(loopback)
     }
 }

@@ -303,6 +303,13 @@ impl std::error::Error for WireError {}
 pub const MAX_RNDV_SEGS: usize = 16;
 /// Bytes of a [`Rendezvous`] before its segment list.
 pub const RNDV_FIXED: usize = 24;
+
+/// [`Rendezvous`] flag: the first buffer goes zero-copy only because the receiver's
+/// path advice asked for it (it is below the sender's fixed thresholds), so the
+/// receiver splits it with the sender as it does for such transfers
+/// ([`Fabric::zero_copy_adaptive_push_default`](crate::fabric::Fabric::zero_copy_adaptive_push_default)).
+pub const RNDV_BY_ADVICE: u32 = 1;
+
 /// Bytes of one segment entry of a [`Rendezvous`].
 pub const RNDV_SEG: usize = 24;
 
@@ -345,11 +352,13 @@ impl std::error::Error for RndvError {}
 /// [`PacketKind::Rendezvous`] packet):
 ///
 /// ```text
-/// | id u64 | total u64 | count u32 | 0 u32 | count x (addr u64, len u64, rkey u32, 0 u32) |
+/// | id u64 | total u64 | count u32 | flags u32 | count x (addr u64, len u64, rkey u32, 0 u32) |
 /// ```
 ///
 /// `id` numbers the sender's announcements from 1; the receiver reports `id` back in
-/// its control word when it has read them all.
+/// its control word when it has read them all. `flags` says why the buffers go
+/// zero-copy ([`RNDV_BY_ADVICE`]); a receiver ignores bits it does not know, and a
+/// sender from before flags sends 0.
 ///
 /// ```
 /// use rdma_channel::ring::wire::{Rendezvous, RndvSeg};
@@ -415,6 +424,11 @@ impl<T: AsRef<[u8]>> Rendezvous<T> {
         u32::from_le_bytes(self.buffer.as_ref()[16..20].try_into().unwrap()) as usize
     }
 
+    /// The announcement's flags ([`RNDV_BY_ADVICE`]; other bits are reserved).
+    pub fn flags(&self) -> u32 {
+        u32::from_le_bytes(self.buffer.as_ref()[20..24].try_into().unwrap())
+    }
+
     /// Segment `i` (panics if `i >= count()`).
     pub fn seg(&self, i: usize) -> RndvSeg {
         let b = &self.buffer.as_ref()[RNDV_FIXED + i * RNDV_SEG..][..RNDV_SEG];
@@ -440,6 +454,19 @@ impl Rendezvous<&[u8]> {
     /// shorter than [`encoded_len`](Self::encoded_len) or `segs` is empty or longer
     /// than [`MAX_RNDV_SEGS`] (the sender's own invariants).
     pub fn encode(out: &mut [u8], id: u64, segs: &[RndvSeg]) -> usize {
+        Self::encode_with_flags(out, id, segs, 0)
+    }
+
+    /// As [`encode`](Self::encode), with `flags` ([`RNDV_BY_ADVICE`]).
+    ///
+    /// ```
+    /// use rdma_channel::ring::wire::{Rendezvous, RndvSeg, RNDV_BY_ADVICE};
+    /// let segs = [RndvSeg { addr: 0x1000, len: 300, rkey: 9 }];
+    /// let mut buf = [0u8; 48];
+    /// let n = Rendezvous::encode_with_flags(&mut buf, 1, &segs, RNDV_BY_ADVICE);
+    /// assert_eq!(Rendezvous::new_checked(&buf[..n]).unwrap().flags(), RNDV_BY_ADVICE);
+    /// ```
+    pub fn encode_with_flags(out: &mut [u8], id: u64, segs: &[RndvSeg], flags: u32) -> usize {
         assert!(!segs.is_empty() && segs.len() <= MAX_RNDV_SEGS);
         let n = Self::encoded_len(segs.len());
         let out = &mut out[..n];
@@ -447,7 +474,7 @@ impl Rendezvous<&[u8]> {
         out[0..8].copy_from_slice(&id.to_le_bytes());
         out[8..16].copy_from_slice(&total.to_le_bytes());
         out[16..20].copy_from_slice(&(segs.len() as u32).to_le_bytes());
-        out[20..24].fill(0);
+        out[20..24].copy_from_slice(&flags.to_le_bytes());
         for (i, s) in segs.iter().enumerate() {
             let b = &mut out[RNDV_FIXED + i * RNDV_SEG..][..RNDV_SEG];
             b[0..8].copy_from_slice(&s.addr.to_le_bytes());

@@ -1,27 +1,29 @@
 //! Choosing between the ring and zero-copy for large buffers in memory the fabric
-//! reaches only at a cost (on the emulated fabric, heap memory read with
-//! `process_vm_readv`), by measurement.
+//! reaches only at a cost (on the emulated fabric, heap memory reached with
+//! `process_vm_readv`/`process_vm_writev`), by measurement.
 //!
 //! Neither path wins on every host or in every phase of one: the ring's two copies
 //! move each line between the cores twice and run at twice the kernel's single
 //! copy when a cross-core hand-off is cheap, at half to two thirds of it when it is
 //! dear, and when both ends send at once each core makes two copies per byte
 //! instead of one (bench/notebook/2026-11.md, "the heap path's two regimes"). The
-//! receiver makes the copies of both paths, so it measures them: each large copy
-//! out of the ring, and each zero-copy read step, per byte. A zero-copy byte costs
-//! its read. A ring byte costs our copy out and the sender's copy in, taken as dear
-//! as ours (the same lines between the same cores): while only the peer sends, the
-//! two copies run at once on two cores and the byte costs one copy's time; while
-//! this end sends large data on the connection too, its core makes both kinds of
-//! copy and the byte costs up to two ([`BOTH_WAYS_PCT`]). The receiver tells the
-//! sender which path costs less in a control word ([`CtrlWord::PathAdvice`]), and the sender, which chooses
-//! the path of each buffer, follows it for buffers from `Link::zc_adaptive_min` up.
+//! receiver sees both paths' bytes arrive, so it measures them: each large copy out
+//! of the ring, and each zero-copy step (its reads and the part the sender pushed,
+//! [`RNDV_BY_ADVICE`]), per byte, as delivered: in a stream the wait between two
+//! pieces on one path counts ([`PathMeter::span`]). While this end sends large data
+//! between its copies out, its core makes both kinds of copy and a ring byte costs
+//! more ([`BOTH_WAYS_PCT`]). Zero-copy's cost falls with the transfer's size (a round
+//! trip each), so it has a figure per size class ([`CLASSES`]). The receiver tells
+//! the sender which path costs less for each class in a control word
+//! ([`CtrlWord::PathAdvice`]), and the sender, which chooses the path of each
+//! buffer, follows it for buffers from `Link::zc_adaptive_min` up.
 //!
 //! A path not taken is not measured, so the meter asks for it now and then: when
 //! the other path's figure is missing or older than [`PROBE_AFTER`], the advice
 //! names it until [`PROBE_BYTES`] went that way, the second half of them measured.
 //!
 //! [`CtrlWord::PathAdvice`]: crate::ring::memory::CtrlWord::PathAdvice
+//! [`RNDV_BY_ADVICE`]: crate::ring::wire::RNDV_BY_ADVICE
 
 use std::time::{Duration, Instant};
 
@@ -39,10 +41,12 @@ const PROBE_BYTES: u64 = 8 << 20;
 
 /// This end counts as sending large data on the connection when its last large
 /// put is at most this old.
-pub(crate) const BOTH_WAYS_WITHIN: Duration = Duration::from_millis(1);
+const BOTH_WAYS_WITHIN: Duration = Duration::from_millis(1);
 
-/// Bytes a path's figure covers before older samples weigh half.
-const WINDOW_BYTES: u64 = 16 << 20;
+/// Samples a path's figure is the median of: one copy stalled by a preemption, a
+/// page fault or a late push does not swing the choice (a mean over 16 MiB went
+/// from 58 to 263 ps a byte on one such 1 MiB step in the slow hand-off phase).
+const SAMPLES: usize = 9;
 
 /// Nanoseconds since this process first asked, for timestamps kept in atomics.
 pub(crate) fn process_nanos() -> u64 {
@@ -51,8 +55,8 @@ pub(crate) fn process_nanos() -> u64 {
     epoch.elapsed().as_nanos().min(u64::MAX as u128) as u64
 }
 
-/// Zero-copy steps at most this far apart count as one stream: the time between
-/// them is the path's (see [`PathMeter::zero_copy_read`]).
+/// Samples on one path at most this far apart count as one stream: the time
+/// between them is the path's (see [`PathMeter::span`]).
 const BACK_TO_BACK: Duration = Duration::from_millis(1);
 
 /// A ring byte's cost while this end sends large data too, in percent of our copy
@@ -62,20 +66,42 @@ const BACK_TO_BACK: Duration = Duration::from_millis(1);
 /// where the ring was 1.2x faster; 150 is the middle (bench/notebook/2026-11.md).
 const BOTH_WAYS_PCT: u32 = 150;
 
-/// The advice word's bit that asks for zero-copy; the bits above count the advice
-/// changes, so that every change is a new value.
-pub(crate) const ADVICE_ZERO_COPY: u64 = 1;
+/// Size classes of large buffers, each with its own zero-copy figure and advice
+/// bit: a zero-copy transfer pays a round trip and two system calls whatever its
+/// size, so its cost a byte falls with the size, where a ring byte's does not
+/// (a 64 KiB stream read at 144 ps a byte, a 1 MiB one at 64, the ring at 110-125
+/// for both; bench/notebook/2026-12.md, "split by advice"). Classes: below 256 KiB,
+/// below 1 MiB, below 4 MiB, and from 4 MiB.
+pub(crate) const CLASSES: usize = 4;
+
+/// Bits of the advice word that name a path per size class; the bits above count
+/// the advice changes, so that every change is a new value.
+const CLASS_BITS: u32 = 8;
+
+/// The size class of a buffer or transfer of `len` bytes.
+fn class_of(len: usize) -> usize {
+    let log2 = (usize::BITS - 1).saturating_sub(len.max(1).leading_zeros()) as usize;
+    (log2.saturating_sub(16) / 2).min(CLASSES - 1)
+}
+
+/// The advice word's bit that asks for zero-copy for buffers of `len` bytes.
+pub(crate) fn advice_bit(len: usize) -> u64 {
+    1 << class_of(len)
+}
 
 /// A switch must save at least this share of the time (percent), so noise around
 /// equal rates does not flip the advice back and forth.
 const HYSTERESIS_PCT: u64 = 10;
 
-/// One path's recent delivery: nanoseconds over bytes, the older half of them
-/// halved whenever the bytes pass [`WINDOW_BYTES`].
+/// One path's recent delivery: the cost a byte of its last [`SAMPLES`] samples.
 #[derive(Clone, Copy, Debug, Default)]
 struct Cost {
-    nanos: u64,
-    bytes: u64,
+    /// Picoseconds a byte, oldest overwritten first.
+    recent: [u32; SAMPLES],
+    /// Samples held (at most [`SAMPLES`]).
+    held: usize,
+    /// Where the next sample goes.
+    next: usize,
     at: Option<Instant>,
     /// Bytes seen by the probe under way on this path, if one is.
     probe: Option<u64>,
@@ -99,20 +125,22 @@ impl Cost {
     }
 
     fn add(&mut self, bytes: usize, took: Duration, now: Instant) {
-        if self.bytes >= WINDOW_BYTES {
-            self.nanos /= 2;
-            self.bytes /= 2;
-        }
-        self.nanos = self
-            .nanos
-            .saturating_add(took.as_nanos().min(u64::MAX as u128) as u64);
-        self.bytes = self.bytes.saturating_add(bytes as u64);
+        let ps = took.as_nanos().saturating_mul(1000) / bytes.max(1) as u128;
+        self.recent[self.next] = ps.min(u32::MAX as u128) as u32;
+        self.next = (self.next + 1) % SAMPLES;
+        self.held = (self.held + 1).min(SAMPLES);
         self.at = Some(now);
     }
 
-    /// Picoseconds per byte, once measured.
+    /// Picoseconds per byte (the median of the samples held), once measured.
     fn ps_per_byte(&self) -> Option<u64> {
-        (self.bytes > 0).then(|| self.nanos.saturating_mul(1000) / self.bytes)
+        if self.held == 0 {
+            return None;
+        }
+        let mut sorted = self.recent;
+        let held = &mut sorted[..self.held];
+        held.sort_unstable();
+        Some(u64::from(held[self.held / 2]))
     }
 
     fn stale(&self, now: Instant) -> bool {
@@ -121,30 +149,44 @@ impl Cost {
     }
 }
 
+/// The two paths a large buffer may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Ring,
+    ZeroCopy,
+}
+
 /// The receiver's measurements and the advice it last gave.
 #[derive(Debug, Default)]
 pub(crate) struct PathMeter {
     ring: Cost,
-    zero_copy: Cost,
-    /// When the last zero-copy step ended.
-    zero_copy_end: Option<Instant>,
-    /// Zero-copy delivered faster, by the figures so far (ring until measured so).
-    zero_copy_faster: bool,
+    /// Zero-copy's figure per size class.
+    zero_copy: [Cost; CLASSES],
+    /// When the last sample ended, and on which path.
+    last_end: Option<(Instant, Path)>,
+    /// Per size class: zero-copy delivered faster, by the figures so far (ring until
+    /// measured so).
+    zero_copy_faster: [bool; CLASSES],
+    /// When the last sample ended ([`process_nanos`]): a large put of this end's after
+    /// it ran between two samples.
+    last_sample_at: u64,
     /// The advice word last posted (0: none yet, which the sender reads as "ring").
     posted: u64,
 }
 
 impl PathMeter {
-    /// A copy of `bytes` out of the ring took `took`; `both_ways` says this end
-    /// sent large data on the connection meanwhile. Returns the advice word to post,
-    /// if it changed.
-    pub(crate) fn ring_copied(
-        &mut self,
-        bytes: usize,
-        took: Duration,
-        both_ways: bool,
-    ) -> Option<u64> {
-        let now = Instant::now();
+    /// A copy of `bytes` out of the ring ran from `start` to now; `put_at` is when
+    /// this end last put a large buffer on the connection ([`process_nanos`], 0:
+    /// never). Returns the advice word to post, if it changed.
+    ///
+    /// The byte costs both copies ([`BOTH_WAYS_PCT`]) only when this end's large
+    /// puts run between the copies out, as when both ends send at once; a put before
+    /// a reply's first copy (a ping-pong) shares no time with the copies.
+    pub(crate) fn ring_copied(&mut self, bytes: usize, start: Instant, put_at: u64) -> Option<u64> {
+        let (now, from, put_between) = self.span(Path::Ring, start, put_at);
+        let both_ways = put_between
+            && process_nanos().saturating_sub(put_at) <= BOTH_WAYS_WITHIN.as_nanos() as u64;
+        let took = now.saturating_duration_since(from);
         let cost = if both_ways {
             took.saturating_mul(BOTH_WAYS_PCT) / 100
         } else {
@@ -154,64 +196,106 @@ impl PathMeter {
         self.advise(now)
     }
 
-    /// A zero-copy read step of `bytes` ran from `start` (its reads posted) to now
-    /// (seen complete). Returns the advice word to post, if it changed.
-    pub(crate) fn zero_copy_read(&mut self, bytes: usize, start: Instant) -> Option<u64> {
-        let now = Instant::now();
-        // Back to back, a transfer waits for the one before it to be confirmed and
-        // the next announced (the ring pipelines instead): that wait is the path's.
-        let from = match self.zero_copy_end {
-            Some(end) if end <= start && start.duration_since(end) <= BACK_TO_BACK => end,
-            _ => start,
-        };
-        self.zero_copy_end = Some(now);
-        self.zero_copy
-            .offer(bytes, now.saturating_duration_since(from), now);
+    /// A zero-copy read step of `bytes` of a `transfer`-byte transfer ran from
+    /// `start` (its reads posted) to now (seen complete); `put_at` as for
+    /// [`ring_copied`](Self::ring_copied). Returns the advice word to post, if it
+    /// changed.
+    pub(crate) fn zero_copy_read(
+        &mut self,
+        bytes: usize,
+        transfer: usize,
+        start: Instant,
+        put_at: u64,
+    ) -> Option<u64> {
+        let (now, from, _) = self.span(Path::ZeroCopy, start, put_at);
+        self.zero_copy[class_of(transfer)].offer(bytes, now.saturating_duration_since(from), now);
         self.advise(now)
     }
 
+    /// The time a sample on `path` that ran from `start` to now counts from, and
+    /// whether this end put large data since the last sample.
+    ///
+    /// A sample right after one on the same path (within [`BACK_TO_BACK`]) counts
+    /// from that one's end: in a stream the wait between two pieces is the path's
+    /// (the ring's sender copying in, zero-copy's confirmation and next
+    /// announcement), so each figure is what the path delivers. Not when this end
+    /// put large data in between (a ping-pong's reply: the gap is a round trip, no
+    /// cost of the path) or the last sample was on the other path.
+    fn span(&mut self, path: Path, start: Instant, put_at: u64) -> (Instant, Instant, bool) {
+        let now = Instant::now();
+        let put_between = put_at != 0 && put_at >= self.last_sample_at;
+        let from = match self.last_end {
+            Some((end, last))
+                if last == path
+                    && !put_between
+                    && end <= start
+                    && start.duration_since(end) <= BACK_TO_BACK =>
+            {
+                end
+            }
+            _ => start,
+        };
+        self.last_end = Some((now, path));
+        self.last_sample_at = process_nanos();
+        (now, from, put_between)
+    }
+
     fn advise(&mut self, now: Instant) -> Option<u64> {
-        if let (Some(ring), Some(zc)) = (self.ring.ps_per_byte(), self.zero_copy.ps_per_byte()) {
-            let keep = 100 - HYSTERESIS_PCT;
-            if self.zero_copy_faster && ring.saturating_mul(100) < zc.saturating_mul(keep) {
-                self.zero_copy_faster = false;
-            } else if !self.zero_copy_faster && zc.saturating_mul(100) < ring.saturating_mul(keep) {
-                self.zero_copy_faster = true;
+        let keep = 100 - HYSTERESIS_PCT;
+        let ring = self.ring.ps_per_byte();
+        for (faster, zc) in self.zero_copy_faster.iter_mut().zip(&self.zero_copy) {
+            if let (Some(ring), Some(zc)) = (ring, zc.ps_per_byte()) {
+                if *faster && ring.saturating_mul(100) < zc.saturating_mul(keep) {
+                    *faster = false;
+                } else if !*faster && zc.saturating_mul(100) < ring.saturating_mul(keep) {
+                    *faster = true;
+                }
             }
         }
-        // The path to take next: the one under probe, else the faster one, unless
-        // the other is due a probe.
-        let zero_copy = if self.zero_copy.probe.is_some() {
-            true
-        } else if self.ring.probe.is_some() {
-            false
+        // The path each class takes next: the one under probe, else the faster one,
+        // unless the other is due a probe. A ring probe (its figure serves every
+        // class) sends every class by the ring, pausing any zero-copy probe of a
+        // class that may see no traffic for long.
+        let wants = if self.ring.probe.is_some() {
+            0
         } else {
-            let other = if self.zero_copy_faster {
-                &mut self.ring
+            let ring_stale = self.ring.stale(now);
+            let mut bits = 0;
+            let mut ring_due = false;
+            for (k, zc) in self.zero_copy.iter_mut().enumerate() {
+                let zero_copy = if zc.probe.is_some() {
+                    true
+                } else if self.zero_copy_faster[k] {
+                    ring_due |= ring_stale;
+                    true
+                } else if zc.stale(now) {
+                    zc.probe = Some(0);
+                    true
+                } else {
+                    false
+                };
+                bits |= u64::from(zero_copy) << k;
+            }
+            if ring_due {
+                self.ring.probe = Some(0);
+                0
             } else {
-                &mut self.zero_copy
-            };
-            if other.stale(now) {
-                other.probe = Some(0);
-                !self.zero_copy_faster
-            } else {
-                self.zero_copy_faster
+                bits
             }
         };
-        let posted_zero_copy = self.posted & ADVICE_ZERO_COPY != 0;
         // Nothing new to say (the sender reads 0, no advice yet, as "ring").
-        if posted_zero_copy == zero_copy {
+        if self.posted & ((1 << CLASS_BITS) - 1) == wants {
             return None;
         }
-        let changes = (self.posted >> 1) + 1;
-        self.posted = (changes << 1) | u64::from(zero_copy);
+        let changes = (self.posted >> CLASS_BITS) + 1;
+        self.posted = (changes << CLASS_BITS) | wants;
         Some(self.posted)
     }
 
-    /// The advice last posted asks for zero-copy.
+    /// The advice last posted asks for zero-copy for a MiB.
     #[cfg(test)]
     fn advises_zero_copy(&self) -> bool {
-        self.posted & ADVICE_ZERO_COPY != 0
+        self.posted & advice_bit(1 << 20) != 0
     }
 
     /// Feeds a sample as if it had taken `took` with no idle gap before it.
@@ -219,7 +303,7 @@ impl PathMeter {
     fn sample(&mut self, zero_copy: bool, bytes: usize, took: Duration) -> Option<u64> {
         let now = Instant::now();
         let cost = if zero_copy {
-            &mut self.zero_copy
+            &mut self.zero_copy[class_of(bytes)]
         } else {
             &mut self.ring
         };
@@ -258,7 +342,7 @@ mod tests {
     fn the_first_ring_figure_asks_for_a_zero_copy_probe() {
         let mut m = PathMeter::default();
         let w = m.feed(false, 30, 1).expect("zero-copy was never measured");
-        assert_eq!(w & ADVICE_ZERO_COPY, ADVICE_ZERO_COPY);
+        assert_eq!(w & advice_bit(MIB), advice_bit(MIB));
         // Further ring figures do not repeat the request.
         assert_eq!(m.feed(false, 30, 4), None);
     }
@@ -274,7 +358,7 @@ mod tests {
         // The warm half is faster than the ring: zero-copy stays.
         assert_eq!(m.feed(true, 20, PROBE / 2), None);
         assert!(m.advises_zero_copy());
-        assert!(m.zero_copy.probe.is_none());
+        assert!(m.zero_copy[class_of(MIB)].probe.is_none());
     }
 
     #[test]
@@ -284,7 +368,7 @@ mod tests {
         let mut m = PathMeter::default();
         m.feed(false, 15, 1);
         let w = m.feed(true, 8, PROBE).expect("back to the ring");
-        assert_eq!(w & ADVICE_ZERO_COPY, 0);
+        assert_eq!(w & advice_bit(MIB), 0);
         assert_eq!(m.feed(false, 15, 20), None);
     }
 
@@ -299,9 +383,9 @@ mod tests {
         // and the ring, still slow, hands back to zero-copy when it is done.
         m.ring.at = Some(Instant::now() - PROBE_AFTER);
         let w = m.feed(true, 12, 1).expect("a ring probe is due");
-        assert_eq!(w & ADVICE_ZERO_COPY, 0);
+        assert_eq!(w & advice_bit(MIB), 0);
         let w = m.feed(false, 6, PROBE).expect("zero-copy again");
-        assert_eq!(w & ADVICE_ZERO_COPY, ADVICE_ZERO_COPY);
+        assert_eq!(w & advice_bit(MIB), advice_bit(MIB));
     }
 
     #[test]
@@ -310,10 +394,107 @@ mod tests {
         // wins, both ways (1.5 copies' time per byte) zero-copy does.
         for (both_ways, zero_copy) in [(false, false), (true, true)] {
             let mut m = PathMeter::default();
-            m.ring_copied(MIB, at(10, MIB), both_ways);
+            for _ in 0..4 {
+                // Both ways: this end puts between every two copies out.
+                let put_at = if both_ways { process_nanos().max(1) } else { 0 };
+                m.ring_copied(MIB, Instant::now() - at(10, MIB), put_at);
+            }
             m.feed(true, 8, PROBE);
             assert_eq!(m.advises_zero_copy(), zero_copy, "both ways: {both_ways}");
         }
+    }
+
+    #[test]
+    fn a_put_before_a_reply_weighs_only_its_first_copy() {
+        // A ping-pong: this end put its message, then copies out the reply in
+        // pieces; the put shares no time with the copies after the first.
+        let mut m = PathMeter::default();
+        let put_at = process_nanos().max(1);
+        for _ in 0..4 {
+            m.ring_copied(MIB, Instant::now() - at(10, MIB), put_at);
+        }
+        // The first copy at BOTH_WAYS_PCT, the three after it at their own time.
+        let one_way = at(10, MIB).as_nanos() as u64 * 1000 / MIB as u64;
+        let both = one_way * u64::from(BOTH_WAYS_PCT) / 100;
+        for (i, ps) in m.ring.recent[..4].iter().enumerate() {
+            let expect = if i == 0 { both } else { one_way };
+            assert!(
+                u64::from(*ps).abs_diff(expect) <= 2,
+                "copy {i}: {ps} ps a byte, not {expect}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_gap_counts_only_after_a_sample_on_the_same_path() {
+        let mut m = PathMeter::default();
+        m.zero_copy_read(MIB, MIB, Instant::now(), 0);
+        std::thread::sleep(Duration::from_micros(300));
+        // A ring copy after a zero-copy step: the gap was zero-copy's.
+        m.ring_copied(MIB, Instant::now(), 0);
+        assert_eq!(m.ring.recent[0], 0, "{:?}", m.ring.recent);
+        std::thread::sleep(Duration::from_micros(300));
+        // A ring copy after a ring copy: the wait for the sender is the ring's
+        // (300 us over a MiB is 286 ps a byte).
+        m.ring_copied(MIB, Instant::now(), 0);
+        assert!(m.ring.recent[1] >= 286, "{:?}", m.ring.recent);
+    }
+
+    #[test]
+    fn zero_copy_counts_the_gap_before_a_step_only_in_a_stream() {
+        for put_between in [false, true] {
+            let mut m = PathMeter::default();
+            let first = Instant::now();
+            m.zero_copy_read(MIB, MIB, first, 0);
+            // 300 us pass before the next step starts; it then takes ~nothing.
+            std::thread::sleep(Duration::from_micros(300));
+            let put_at = if put_between {
+                process_nanos().max(1)
+            } else {
+                0
+            };
+            m.zero_copy_read(MIB, MIB, Instant::now(), put_at);
+            // The second sample (300 us over a MiB is 286 ps a byte).
+            let ps = m.zero_copy[class_of(MIB)].recent[1];
+            if put_between {
+                assert!(ps < 286, "{ps} ps a byte counted a ping-pong's round trip");
+            } else {
+                assert!(ps >= 286, "{ps} ps a byte left out a stream's wait");
+            }
+        }
+    }
+
+    #[test]
+    fn size_classes_split_at_256_kib_1_mib_and_4_mib() {
+        for (len, class) in [
+            (1, 0),
+            (64 << 10, 0),
+            ((256 << 10) - 1, 0),
+            (256 << 10, 1),
+            (MIB - 1, 1),
+            (MIB, 2),
+            ((4 * MIB) - 1, 2),
+            (4 * MIB, 3),
+            (usize::MAX, 3),
+        ] {
+            assert_eq!(class_of(len), class, "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn each_size_class_follows_its_own_zero_copy_figure() {
+        // The ring at 8 GB/s for every size; zero-copy at 6 GB/s for 64 KiB
+        // transfers (a round trip each) and at 16 for 1 MiB.
+        let mut m = PathMeter::default();
+        let small = 64 << 10;
+        m.feed(false, 8, 1);
+        for _ in 0..2 * PROBE * 16 {
+            m.sample(true, small, at(6, small));
+        }
+        m.feed(true, 16, PROBE);
+        assert_eq!(m.posted & advice_bit(small), 0, "64 KiB stays on the ring");
+        assert!(m.advises_zero_copy(), "1 MiB goes zero-copy");
+        assert!(!m.zero_copy_faster[class_of(small)] && m.zero_copy_faster[class_of(MIB)]);
     }
 
     #[test]

@@ -83,7 +83,8 @@ impl<F: Fabric> Receiver<F> {
     /// Starts the next step of the announced transfer into `dst` (`len` bytes at
     /// most, capped so that the reads fit the read window): RDMA READs of its first
     /// part, and its last part lent to the peer to push (`Link::zc_push` percent of
-    /// it), and returns them as in flight.
+    /// it, `Link::zc_adaptive_push` for a transfer sent on our advice), and returns
+    /// them as in flight.
     ///
     /// # Safety
     ///
@@ -100,6 +101,11 @@ impl<F: Fabric> Receiver<F> {
             .zc
             .as_ref()
             .expect("called with a transfer in progress");
+        let share = if z.by_advice {
+            link.zc_adaptive_push
+        } else {
+            link.zc_push
+        };
         let n = (len as u64)
             .min(z.total - z.done)
             .min((self.max_reads * READ_PIECE) as u64) as usize;
@@ -110,7 +116,7 @@ impl<F: Fabric> Receiver<F> {
         let push = if link.ctrl.end_of_stream() != 0 {
             0
         } else {
-            push_share(n, link.zc_push)
+            push_share(n, share)
         };
         // The lend goes out first, so the peer pushes while we read.
         let lent = if push > 0 {

@@ -5,7 +5,7 @@ use std::io::{self, IoSlice};
 use super::{Lent, PushSource};
 use crate::engine::{Announce, Link, PendingZc, Sender};
 use crate::fabric::{Access, Fabric};
-use crate::ring::wire::{PacketKind, Rendezvous, RndvSeg, MAX_RNDV_SEGS};
+use crate::ring::wire::{PacketKind, Rendezvous, RndvSeg, MAX_RNDV_SEGS, RNDV_BY_ADVICE};
 
 impl<F: Fabric> Sender<F> {
     /// As [`put`](Sender::put), but buffers at or above the zero-copy threshold travel
@@ -133,8 +133,14 @@ impl<F: Fabric> Sender<F> {
                 _lent,
             )),
         );
+        // The receiver splits a transfer it asked for the way it measured it.
+        let flags = if self.zc_by_threshold(&iov[0]) {
+            0
+        } else {
+            RNDV_BY_ADVICE
+        };
         let mut desc = [0u8; Rendezvous::encoded_len(MAX_RNDV_SEGS)];
-        let n = Rendezvous::encode(&mut desc, p.id, &p.segs[..p.count]);
+        let n = Rendezvous::encode_with_flags(&mut desc, p.id, &p.segs[..p.count], flags);
         let written =
             self.write_gathered(&[IoSlice::new(&desc[..n])], 0, n, PacketKind::Rendezvous);
         match written {

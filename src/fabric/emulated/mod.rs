@@ -666,13 +666,25 @@ impl Fabric for EmuFabric {
         }
     }
 
-    /// Heap memory through `process_vm_readv` (one kernel copy) against the ring's two
-    /// copies: the ring wins by 2x when a cross-core hand-off is cheap and loses by
-    /// a third when it is dear, or when both ends send at once (bench/notebook/2026-11.md,
-    /// "the heap path's two regimes"), from 1 MiB up on this host. Below that the
-    /// rendezvous round trip outweighs the copy saved.
+    /// Heap memory through `process_vm_readv`/`process_vm_writev` (one kernel copy,
+    /// split between the two cores) against the ring's two copies: the ring wins by
+    /// 2x when a cross-core hand-off is cheap and loses by 2x when it is dear, or
+    /// when both ends send at once (bench/notebook/2026-11.md, "the heap path's two
+    /// regimes"; 2026-12.md, "split by advice"), from 64 KiB up on this host, where
+    /// the split one-way time in the slow phase was 10-11 us against the ring's 17.
+    /// Below that the rendezvous round trip outweighs the copy saved.
     fn zero_copy_adaptive_default(&self) -> Option<usize> {
         Some(ZERO_COPY_ADAPTIVE_DEFAULT)
+    }
+
+    /// Half pushed: the sender's core writes half of a heap message with
+    /// `process_vm_writev` while ours reads the other half, each a single copy of
+    /// lines its own cache holds. In the slow hand-off regime that ran 1 MiB
+    /// ping-pongs 2-2.5x faster than the ring and 1.5-2x faster than a read alone;
+    /// in the fast one the ring wins and the receiver's measurements keep it
+    /// (bench/notebook/2026-12.md, "split by advice").
+    fn zero_copy_adaptive_push_default(&self, _loopback: bool) -> u8 {
+        50
     }
 }
 
@@ -682,7 +694,7 @@ use crate::fabric::ZeroCopyThresholds;
 const ZERO_COPY_SHARED_DEFAULT: usize = 16 << 10;
 
 /// Smallest heap buffer whose path follows the receiver's measurements by default.
-const ZERO_COPY_ADAPTIVE_DEFAULT: usize = 1 << 20;
+const ZERO_COPY_ADAPTIVE_DEFAULT: usize = 64 << 10;
 
 /// Memory registered with an [`EmuFabric`]. Dropping it deregisters the memory (see the
 /// module documentation for the fence) and, for [`alloc_region`](Fabric::alloc_region)

@@ -541,3 +541,60 @@ fn adaptive_choice_measures_both_paths_and_loses_nothing() {
         }
     }
 }
+
+/// Both ends send large heap buffers at once with the adaptive choice on: a
+/// receiver sending zero-copy itself reads an advised transfer whole instead of
+/// lending part of it (its peer would serve the lend only after reading ours), and
+/// a lend made while this end was not sending is still served by a writer blocked
+/// in its own transfer. Every byte arrives in order both ways.
+#[test]
+fn adaptive_choice_both_ways_at_once_loses_nothing() {
+    let cfg = Config::default()
+        .with_zero_copy_private_threshold(Some(usize::MAX))
+        .with_zero_copy_adaptive(Some(64 << 10));
+    let (a, b) = RdmaStream::pair_with(cfg).unwrap();
+    const BYTES: u64 = 64 << 20;
+    const MAX: usize = 5 << 20;
+    let write = |mut w: rdma_channel::WriteHalf, seed: u64| {
+        std::thread::spawn(move || -> Result<(), String> {
+            let mut rng = Rng::new(seed);
+            let mut private = vec![0u8; MAX];
+            let mut off = 0u64;
+            while off < BYTES {
+                let n = (rng.log_uniform(32 << 10, MAX) as u64).min(BYTES - off) as usize;
+                stream_fill(seed, off, &mut private[..n]);
+                w.write_all(&private[..n])
+                    .map_err(|e| format!("write at {off}: {}", ioe(&e)))?;
+                off += n as u64;
+            }
+            w.shutdown().map_err(|e| ioe(&e))
+        })
+    };
+    let read = |mut r: rdma_channel::ReadHalf, seed: u64| {
+        std::thread::spawn(move || -> Result<u64, String> {
+            let mut rng = Rng::new(seed + 100);
+            let mut buf = vec![0u8; MAX];
+            let mut scratch = Vec::new();
+            let mut got = 0u64;
+            loop {
+                let cap = rng.log_uniform(1, buf.len());
+                let n = r.read(&mut buf[..cap]).map_err(|e| ioe(&e))?;
+                if n == 0 {
+                    return Ok(got);
+                }
+                stream_check(seed, got, &buf[..n], &mut scratch)?;
+                got += n as u64;
+            }
+        })
+    };
+    let (ra, wa) = a.split();
+    let (rb, wb) = b.split();
+    let threads = [write(wa, 31), write(wb, 32)];
+    let readers = [read(rb, 31), read(ra, 32)];
+    for t in threads {
+        join(t, "writer").expect("writer");
+    }
+    for t in readers {
+        assert_eq!(join(t, "reader").expect("reader"), BYTES);
+    }
+}

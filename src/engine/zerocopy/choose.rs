@@ -39,6 +39,11 @@ pub(crate) const PROBE_AFTER: Duration = Duration::from_millis(250);
 /// what a stream of large messages moves meanwhile.
 const PROBE_BYTES: u64 = 8 << 20;
 
+/// Fewest samples a probe takes (the first left out): at 4 MiB, [`PROBE_BYTES`]
+/// alone made one transfer, the second use of a buffer, decide (IMB PingPing 4 MiB
+/// read it at 290 ps a byte; steady reads ran at ~180).
+const PROBE_SAMPLES: u32 = 4;
+
 /// This end counts as sending large data on the connection when its last large
 /// put is at most this old.
 const BOTH_WAYS_WITHIN: Duration = Duration::from_millis(1);
@@ -105,23 +110,34 @@ struct Cost {
     at: Option<Instant>,
     /// Bytes seen by the probe under way on this path, if one is.
     probe: Option<u64>,
+    /// Samples seen by the probe under way.
+    probe_samples: u32,
 }
 
 impl Cost {
-    /// A sample; during a probe the first half of [`PROBE_BYTES`] is left out (the
-    /// first transfers on a path not taken for a while register buffers, fault pages
-    /// in, grow a ring: not what the path costs from then on).
+    /// A sample; during a probe the first half of [`PROBE_BYTES`], and at least the
+    /// first sample, are left out (the first transfers on a path not taken for a
+    /// while register buffers, fault pages in, grow a ring: not what the path costs
+    /// from then on). A probe lasts [`PROBE_BYTES`] and at least
+    /// [`PROBE_SAMPLES`] samples, so a large transfer's is not one sample.
     fn offer(&mut self, bytes: usize, took: Duration, now: Instant) {
         match self.probe {
             None => self.add(bytes, took, now),
             Some(seen) => {
                 let seen = seen.saturating_add(bytes as u64);
-                if seen > PROBE_BYTES / 2 {
+                self.probe_samples += 1;
+                if seen > PROBE_BYTES / 2 && self.probe_samples > 1 {
                     self.add(bytes, took, now);
                 }
-                self.probe = (seen < PROBE_BYTES).then_some(seen);
+                let done = seen >= PROBE_BYTES && self.probe_samples >= PROBE_SAMPLES;
+                self.probe = (!done).then_some(seen);
             }
         }
+    }
+
+    fn start_probe(&mut self) {
+        self.probe = Some(0);
+        self.probe_samples = 0;
     }
 
     fn add(&mut self, bytes: usize, took: Duration, now: Instant) {
@@ -269,7 +285,7 @@ impl PathMeter {
                     ring_due |= ring_stale;
                     true
                 } else if zc.stale(now) {
-                    zc.probe = Some(0);
+                    zc.start_probe();
                     true
                 } else {
                     false
@@ -277,7 +293,7 @@ impl PathMeter {
                 bits |= u64::from(zero_copy) << k;
             }
             if ring_due {
-                self.ring.probe = Some(0);
+                self.ring.start_probe();
                 0
             } else {
                 bits
@@ -359,6 +375,27 @@ mod tests {
         assert_eq!(m.feed(true, 20, PROBE / 2), None);
         assert!(m.advises_zero_copy());
         assert!(m.zero_copy[class_of(MIB)].probe.is_none());
+    }
+
+    #[test]
+    fn a_probe_of_large_transfers_takes_several_samples() {
+        let mut m = PathMeter::default();
+        m.feed(false, 10, 1);
+        let big = 4 * MIB;
+        let class = class_of(big);
+        // The first transfer (cold) is left out; the probe needs PROBE_SAMPLES.
+        m.sample(true, big, at(1, big));
+        assert_eq!(m.zero_copy[class].held, 0);
+        for i in 2..=PROBE_SAMPLES {
+            assert!(
+                m.zero_copy[class].probe.is_some(),
+                "sample {i}: probe ended"
+            );
+            m.sample(true, big, at(20, big));
+        }
+        assert!(m.zero_copy[class].probe.is_none());
+        assert_eq!(m.zero_copy[class].held, PROBE_SAMPLES as usize - 1);
+        assert!(m.posted & advice_bit(big) != 0, "the warm reads win");
     }
 
     #[test]

@@ -202,6 +202,17 @@ impl<F: Fabric> Link<F> {
         g.src = src;
     }
 
+    /// True while this end's sender has an announced zero-copy transfer the peer has
+    /// not confirmed: the peer is reading it, and would serve a lend of ours only
+    /// after that.
+    pub(crate) fn sending_zero_copy(&self) -> bool {
+        self.push
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .src
+            .is_some()
+    }
+
     /// Writes `lend` into the peer's lend slot (one request, so its number, the last
     /// word, becomes visible last).
     pub(crate) fn post_lend(&self, lend: &Lend) -> io::Result<()> {

@@ -206,11 +206,12 @@ impl<F: Fabric> Link<F> {
     /// not confirmed: the peer is reading it, and would serve a lend of ours only
     /// after that.
     pub(crate) fn sending_zero_copy(&self) -> bool {
-        self.push
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .src
-            .is_some()
+        match self.push.try_lock() {
+            Ok(g) => g.src.is_some(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().src.is_some(),
+            // The other half is serving a lend: this end has a transfer announced.
+            Err(std::sync::TryLockError::WouldBlock) => true,
+        }
     }
 
     /// Writes `lend` into the peer's lend slot (one request, so its number, the last

@@ -498,16 +498,7 @@ fn adaptive_choice_measures_both_paths_and_loses_nothing() {
         const SEED: u64 = 91;
         let writer = std::thread::spawn(move || -> Result<RdmaStream, String> {
             let mut a = a;
-            let mut rng = Rng::new(17);
-            let mut private = vec![0u8; MAX];
-            let mut off = 0u64;
-            while off < BYTES {
-                let n = (rng.log_uniform(32 << 10, MAX) as u64).min(BYTES - off) as usize;
-                stream_fill(SEED, off, &mut private[..n]);
-                a.write_all(&private[..n])
-                    .map_err(|e| format!("write at {off}: {}", ioe(&e)))?;
-                off += n as u64;
-            }
+            write_heap_messages(&mut a, SEED, 17, BYTES, MAX)?;
             a.shutdown_write().map_err(|e| ioe(&e))?;
             Ok(a)
         });
@@ -557,16 +548,7 @@ fn adaptive_choice_both_ways_at_once_loses_nothing() {
     const MAX: usize = 5 << 20;
     let write = |mut w: rdma_channel::WriteHalf, seed: u64| {
         std::thread::spawn(move || -> Result<(), String> {
-            let mut rng = Rng::new(seed);
-            let mut private = vec![0u8; MAX];
-            let mut off = 0u64;
-            while off < BYTES {
-                let n = (rng.log_uniform(32 << 10, MAX) as u64).min(BYTES - off) as usize;
-                stream_fill(seed, off, &mut private[..n]);
-                w.write_all(&private[..n])
-                    .map_err(|e| format!("write at {off}: {}", ioe(&e)))?;
-                off += n as u64;
-            }
+            write_heap_messages(&mut w, seed, seed, BYTES, MAX)?;
             w.shutdown().map_err(|e| ioe(&e))
         })
     };
@@ -597,4 +579,26 @@ fn adaptive_choice_both_ways_at_once_loses_nothing() {
     for t in readers {
         assert_eq!(join(t, "reader").expect("reader"), BYTES);
     }
+}
+
+/// Writes `bytes` of the `seed` stream from one heap buffer, in messages of 32 KiB to
+/// `max` bytes (log-uniform, from `rng_seed`).
+fn write_heap_messages(
+    w: &mut impl Write,
+    seed: u64,
+    rng_seed: u64,
+    bytes: u64,
+    max: usize,
+) -> Result<(), String> {
+    let mut rng = Rng::new(rng_seed);
+    let mut private = vec![0u8; max];
+    let mut off = 0u64;
+    while off < bytes {
+        let n = (rng.log_uniform(32 << 10, max) as u64).min(bytes - off) as usize;
+        stream_fill(seed, off, &mut private[..n]);
+        w.write_all(&private[..n])
+            .map_err(|e| format!("write at {off}: {}", ioe(&e)))?;
+        off += n as u64;
+    }
+    Ok(())
 }

@@ -155,6 +155,8 @@ impl<F: Fabric> Prepared<F> {
             rx_piggy: AtomicU64::new(0),
             credit_served: AtomicU64::new(0),
             large_put_at: AtomicU64::new(0),
+            ring_copy_in_at: AtomicU64::new(0),
+            ring_copy_in_ps: AtomicU64::new(0),
             tx_tail_piggy: AtomicU64::new(0),
             publish: Mutex::new(()),
             sq: send_queue_for(&caps),

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::wait::Backoff;
-use super::zerocopy::{process_nanos, PushState};
+use super::zerocopy::{process_nanos, OwnPuts, PushState};
 use crate::config::{Config, WaitPolicy};
 use crate::fabric::{
     CompletedOp, Completion, CompletionStatus, Fabric, FabricError, GatherList, QpState, QueuePair,
@@ -47,6 +47,12 @@ pub(crate) struct Link<F: Fabric> {
     /// 0: never), kept where the adaptive path choice is on: the receiver's path
     /// meter weighs ring copies by it.
     pub(crate) large_put_at: AtomicU64,
+    /// When this end's sender last timed a large copy into the peer's ring
+    /// (`zerocopy::process_nanos`, 0: never), and the median cost a byte of its
+    /// recent ones (picoseconds): what a ring byte costs this core on top of its copy
+    /// out while both ends send.
+    pub(crate) ring_copy_in_at: AtomicU64,
+    pub(crate) ring_copy_in_ps: AtomicU64,
     /// Highest tail of the outgoing ring seen piggybacked on incoming packets.
     pub(super) tx_tail_piggy: AtomicU64,
     /// Serialises explicit control writes so that they reach the peer in value order.
@@ -472,10 +478,25 @@ impl<F: Fabric> Link<F> {
             .store(process_nanos().max(1), Ordering::Relaxed);
     }
 
-    /// When this end's sender last put a large buffer ([`process_nanos`]; 0: never).
-    pub(crate) fn large_put_at(&self) -> u64 {
-        // Relaxed: see note_large_put.
-        self.large_put_at.load(Ordering::Relaxed)
+    /// Notes that this end's sender copied a large piece into the peer's ring at
+    /// `ps_per_byte` (the median of its recent such copies; for the path meter).
+    #[inline]
+    pub(crate) fn note_ring_copy_in(&self, ps_per_byte: u64) {
+        // Relaxed: hints read by this process's receiver half; a figure paired with
+        // the neighbouring timestamp is as good as its own.
+        self.ring_copy_in_ps.store(ps_per_byte, Ordering::Relaxed);
+        self.ring_copy_in_at
+            .store(process_nanos().max(1), Ordering::Relaxed);
+    }
+
+    /// What this end's sender did lately, for the path meter.
+    pub(crate) fn own_puts(&self) -> OwnPuts {
+        // Relaxed: see note_large_put and note_ring_copy_in.
+        OwnPuts {
+            large_at: self.large_put_at.load(Ordering::Relaxed),
+            ring_copy_at: self.ring_copy_in_at.load(Ordering::Relaxed),
+            ring_copy_ps: self.ring_copy_in_ps.load(Ordering::Relaxed),
+        }
     }
 
     /// Sends the incoming ring's tail explicitly if it moved since the last explicit

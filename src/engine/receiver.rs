@@ -704,7 +704,7 @@ impl<F: Fabric> Receiver<F> {
         drop(r.lent);
         result?;
         if let Some(t0) = r.started {
-            let put_at = link.large_put_at();
+            let put_at = link.own_puts().large_at;
             let transfer = self.zc.as_ref().map_or(r.len, |z| z.total as usize);
             self.advise_path(|m| m.zero_copy_read(r.len, transfer, t0, put_at))?;
         }
@@ -1382,8 +1382,8 @@ impl<F: Fabric> Receiver<F> {
                 self.ring
                     .copy_out(self.cur_off as u64, &mut buf[at..at + n]);
                 if let Some(t0) = timed {
-                    let put_at = self.link.large_put_at();
-                    self.advise_path(|m| m.ring_copied(n, t0, put_at))?;
+                    let own = self.link.own_puts();
+                    self.advise_path(|m| m.ring_copied(n, t0, own))?;
                 }
                 at += n;
                 self.cur_off += n;

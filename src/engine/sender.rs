@@ -11,7 +11,7 @@ use super::connect::staging_for;
 use super::lane::LaneCell;
 use super::link::{Link, HEALTH_EVERY};
 use super::wait::{past, Backoff};
-use super::zerocopy::{advice_bit, Lent, MEASURE_MIN};
+use super::zerocopy::{advice_bit, CopyInMeter, Lent, MEASURE_MIN};
 use crate::fabric::{
     DirectTarget, Fabric, GatherList, QueuePair, RemoteRegion, ZeroCopyThresholds,
 };
@@ -99,6 +99,9 @@ pub struct Sender<F: Fabric> {
     pub(crate) max_rndv_segs: usize,
     /// The peer's doorbell, rung when it asks ([`set_bell`](Self::set_bell)).
     bell: Option<BellTarget>,
+    /// Times large copies into the peer's ring for this end's path meter, where the
+    /// adaptive choice is on.
+    copy_in: Option<CopyInMeter>,
 }
 
 /// A zero-copy transfer the peer has been told about and has not confirmed.
@@ -125,6 +128,7 @@ impl<F: Fabric> Sender<F> {
         max_rndv_segs: usize,
         short_laps: bool,
     ) -> Sender<F> {
+        let copy_in = (link.zc_adaptive_min != usize::MAX).then(CopyInMeter::default);
         Sender {
             ring_size: peer_ring.len,
             min_ring: peer_ring.len,
@@ -150,6 +154,7 @@ impl<F: Fabric> Sender<F> {
             zc_polls: 0,
             max_rndv_segs,
             bell: None,
+            copy_in,
         }
     }
 
@@ -898,6 +903,7 @@ impl<F: Fabric> Sender<F> {
         list.push(&trailer);
         let at = (self.head() & (self.ring_size - 1)) as usize;
         let remote = self.peer_ring.addr + at as u64;
+        let timed = (len >= MEASURE_MIN && self.copy_in.is_some()).then(Instant::now);
         if bytes <= self.inline_limit {
             link.post_inline(&list, remote, self.peer_ring.rkey)?;
         } else {
@@ -908,6 +914,9 @@ impl<F: Fabric> Sender<F> {
                 .as_ref()
                 .expect("a staging buffer exists when packets exceed the inline limit");
             link.post_staged(staging, &self.peer_ring, at, &list)?;
+        }
+        if let (Some(t0), Some(meter)) = (timed, self.copy_in.as_mut()) {
+            link.note_ring_copy_in(meter.offer(len, t0.elapsed()));
         }
         self.lane.set_head(end);
         self.sent_ack(ack);

@@ -12,7 +12,7 @@
 //! [`RNDV_BY_ADVICE`]), per byte, as delivered: in a stream the wait between two
 //! pieces on one path counts ([`PathMeter::span`]). While this end sends large data
 //! between its copies out, its core makes both kinds of copy and a ring byte costs
-//! more ([`BOTH_WAYS_PCT`]). Zero-copy's cost falls with the transfer's size (a round
+//! its copy into a ring as well, as its sender times it ([`CopyInMeter`]). Zero-copy's cost falls with the transfer's size (a round
 //! trip each), so it has a figure per size class ([`CLASSES`]). The receiver tells
 //! the sender which path costs less for each class in a control word
 //! ([`CtrlWord::PathAdvice`]), and the sender, which chooses the path of each
@@ -63,6 +63,12 @@ pub(crate) fn process_nanos() -> u64 {
 /// Samples on one path at most this far apart count as one stream: the time
 /// between them is the path's (see [`PathMeter::span`]).
 const BACK_TO_BACK: Duration = Duration::from_millis(1);
+
+/// Ring copies out whose gap, with this end's large puts in it, is at most this
+/// many times the copy's own time belong to one stream in both directions (see
+/// [`PathMeter::span`]); a ping-pong's round trip before a reply is a whole message
+/// each way, several copies at least.
+const INTERLEAVED_GAPS: u32 = 2;
 
 /// A ring byte's cost while this end sends large data too, in percent of our copy
 /// out: each core then makes the copy into its outgoing ring and the copy out of its
@@ -141,11 +147,15 @@ impl Cost {
     }
 
     fn add(&mut self, bytes: usize, took: Duration, now: Instant) {
+        self.record(bytes, took);
+        self.at = Some(now);
+    }
+
+    fn record(&mut self, bytes: usize, took: Duration) {
         let ps = took.as_nanos().saturating_mul(1000) / bytes.max(1) as u128;
         self.recent[self.next] = ps.min(u32::MAX as u128) as u32;
         self.next = (self.next + 1) % SAMPLES;
         self.held = (self.held + 1).min(SAMPLES);
-        self.at = Some(now);
     }
 
     /// Picoseconds per byte (the median of the samples held), once measured.
@@ -163,6 +173,32 @@ impl Cost {
         self.at
             .is_none_or(|at| now.saturating_duration_since(at) >= PROBE_AFTER)
     }
+}
+
+/// This end's copies into the peer's ring, timed by its sender: while both ends
+/// send, a ring byte costs a core that copy as well as its copy out.
+#[derive(Debug, Default)]
+pub(crate) struct CopyInMeter(Cost);
+
+impl CopyInMeter {
+    /// A copy of `bytes` into the ring took `took`; returns the median cost a byte
+    /// of the last [`SAMPLES`] (picoseconds).
+    pub(crate) fn offer(&mut self, bytes: usize, took: Duration) -> u64 {
+        self.0.record(bytes, took);
+        self.0.ps_per_byte().unwrap_or(0)
+    }
+}
+
+/// What this end's sender did lately on the connection ([`process_nanos`]
+/// timestamps, 0: never): the path meter weighs ring copies by it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct OwnPuts {
+    /// The last large put, by either path.
+    pub(crate) large_at: u64,
+    /// The last timed large copy into the peer's ring.
+    pub(crate) ring_copy_at: u64,
+    /// The median cost a byte of the recent ones (picoseconds).
+    pub(crate) ring_copy_ps: u64,
 }
 
 /// The two paths a large buffer may take.
@@ -191,29 +227,51 @@ pub(crate) struct PathMeter {
 }
 
 impl PathMeter {
-    /// A copy of `bytes` out of the ring ran from `start` to now; `put_at` is when
-    /// this end last put a large buffer on the connection ([`process_nanos`], 0:
-    /// never). Returns the advice word to post, if it changed.
+    /// A copy of `bytes` out of the ring ran from `start` to now; `own` is what this
+    /// end's sender did lately. Returns the advice word to post, if it changed.
     ///
-    /// The byte costs both copies ([`BOTH_WAYS_PCT`]) only when this end's large
-    /// puts run between the copies out, as when both ends send at once; a put before
-    /// a reply's first copy (a ping-pong) shares no time with the copies.
-    pub(crate) fn ring_copied(&mut self, bytes: usize, start: Instant, put_at: u64) -> Option<u64> {
-        let (now, from, put_between) = self.span(Path::Ring, start, put_at);
+    /// The byte costs both copies only when this end's large puts run between the
+    /// copies out, as when both ends send at once (a put before a reply's first copy,
+    /// a ping-pong, shares no time with the copies): the copy out plus a copy into
+    /// a ring at the cost this end's sender measured, or [`BOTH_WAYS_PCT`] of the copy
+    /// out before it measured one. Its own puts may go zero-copy meanwhile; a ring
+    /// copy in then still costs the peer's core about as much.
+    pub(crate) fn ring_copied(
+        &mut self,
+        bytes: usize,
+        start: Instant,
+        own: OwnPuts,
+    ) -> Option<u64> {
+        self.ring_copied_until(bytes, start, Instant::now(), own)
+    }
+
+    /// [`ring_copied`](Self::ring_copied) of a copy that ended at `now`.
+    fn ring_copied_until(
+        &mut self,
+        bytes: usize,
+        start: Instant,
+        now: Instant,
+        own: OwnPuts,
+    ) -> Option<u64> {
+        let (from, put_between) = self.span(Path::Ring, start, now, own.large_at);
         let both_ways = put_between
-            && process_nanos().saturating_sub(put_at) <= BOTH_WAYS_WITHIN.as_nanos() as u64;
+            && process_nanos().saturating_sub(own.large_at) <= BOTH_WAYS_WITHIN.as_nanos() as u64;
         let took = now.saturating_duration_since(from);
-        let cost = if both_ways {
-            took.saturating_mul(BOTH_WAYS_PCT) / 100
-        } else {
+        let cost = if !both_ways {
             took
+        } else if own.ring_copy_at != 0 {
+            let copy_in = own.ring_copy_ps.saturating_mul(bytes as u64) / 1000;
+            took.saturating_add(Duration::from_nanos(copy_in))
+        } else {
+            took.saturating_mul(BOTH_WAYS_PCT) / 100
         };
         self.ring.offer(bytes, cost, now);
         self.advise(now)
     }
 
     /// A zero-copy read step of `bytes` of a `transfer`-byte transfer ran from
-    /// `start` (its reads posted) to now (seen complete); `put_at` as for
+    /// `start` (its reads posted) to now (seen complete); `put_at` is when this end last
+    /// put a large buffer ([`OwnPuts::large_at`]), as for
     /// [`ring_copied`](Self::ring_copied). Returns the advice word to post, if it
     /// changed.
     pub(crate) fn zero_copy_read(
@@ -223,37 +281,44 @@ impl PathMeter {
         start: Instant,
         put_at: u64,
     ) -> Option<u64> {
-        let (now, from, _) = self.span(Path::ZeroCopy, start, put_at);
+        let now = Instant::now();
+        let (from, _) = self.span(Path::ZeroCopy, start, now, put_at);
         self.zero_copy[class_of(transfer)].offer(bytes, now.saturating_duration_since(from), now);
         self.advise(now)
     }
 
-    /// The time a sample on `path` that ran from `start` to now counts from, and
-    /// whether this end put large data since the last sample.
+    /// The time a sample on `path` that ran from `start` to `now` counts from, and
+    /// whether this end put large data since the last sample without that time
+    /// being counted.
     ///
     /// A sample right after one on the same path (within [`BACK_TO_BACK`]) counts
     /// from that one's end: in a stream the wait between two pieces is the path's
     /// (the ring's sender copying in, zero-copy's confirmation and next
     /// announcement), so each figure is what the path delivers. Not when this end
     /// put large data in between (a ping-pong's reply: the gap is a round trip, no
-    /// cost of the path) or the last sample was on the other path.
-    fn span(&mut self, path: Path, start: Instant, put_at: u64) -> (Instant, Instant, bool) {
-        let now = Instant::now();
+    /// cost of the path) or the last sample was on the other path, except for ring
+    /// copies whose gap is at most [`INTERLEAVED_GAPS`] copies long: pieces of one
+    /// incoming message with this end's own copies in between, as when both ends
+    /// stream at once. The gap then holds this core's copy into the peer's ring and
+    /// the waits for room, which is what a ring byte costs both ways.
+    fn span(&mut self, path: Path, start: Instant, now: Instant, put_at: u64) -> (Instant, bool) {
         let put_between = put_at != 0 && put_at >= self.last_sample_at;
-        let from = match self.last_end {
-            Some((end, last))
-                if last == path
-                    && !put_between
-                    && end <= start
-                    && start.duration_since(end) <= BACK_TO_BACK =>
-            {
-                end
+        let chained = match self.last_end {
+            Some((end, last)) if last == path && end <= start => {
+                let gap = start.duration_since(end);
+                let interleaved = path == Path::Ring
+                    && gap <= now.saturating_duration_since(start) * INTERLEAVED_GAPS;
+                gap <= BACK_TO_BACK && (!put_between || interleaved)
             }
+            _ => false,
+        };
+        let from = match self.last_end {
+            Some((end, _)) if chained => end,
             _ => start,
         };
         self.last_end = Some((now, path));
         self.last_sample_at = process_nanos();
-        (now, from, put_between)
+        (from, put_between && !chained)
     }
 
     fn advise(&mut self, now: Instant) -> Option<u64> {
@@ -425,20 +490,92 @@ mod tests {
         assert_eq!(w & advice_bit(MIB), advice_bit(MIB));
     }
 
+    /// What this end's sender did: a large put just now (when `put`), and its ring
+    /// copies in at `copy_in_ps` a byte (0: none timed yet).
+    fn own(put: bool, copy_in_ps: u64) -> OwnPuts {
+        let now = process_nanos().max(1);
+        OwnPuts {
+            large_at: if put { now } else { 0 },
+            ring_copy_at: if copy_in_ps > 0 { now } else { 0 },
+            ring_copy_ps: copy_in_ps,
+        }
+    }
+
     #[test]
     fn a_ring_byte_costs_more_while_this_end_sends_too() {
-        // The ring copies out at 10 GB/s, zero-copy reads at 8: one way the ring
-        // wins, both ways (1.5 copies' time per byte) zero-copy does.
-        for (both_ways, zero_copy) in [(false, false), (true, true)] {
+        // The ring copies out at 10 GB/s (100 ps a byte), zero-copy reads at 8 (125):
+        // one way the ring wins; both ways a ring byte costs its copy in too, at
+        // 150% of the copy out before the sender timed one, else as timed: 10 ps a
+        // byte keeps the ring, 60 does not.
+        for (both_ways, copy_in_ps, zero_copy) in [
+            (false, 0, false),
+            (false, 60, false),
+            (true, 0, true),
+            (true, 10, false),
+            (true, 60, true),
+        ] {
             let mut m = PathMeter::default();
             for _ in 0..4 {
                 // Both ways: this end puts between every two copies out.
-                let put_at = if both_ways { process_nanos().max(1) } else { 0 };
-                m.ring_copied(MIB, Instant::now() - at(10, MIB), put_at);
+                m.ring_copied(
+                    MIB,
+                    Instant::now() - at(10, MIB),
+                    own(both_ways, copy_in_ps),
+                );
             }
             m.feed(true, 8, PROBE);
-            assert_eq!(m.advises_zero_copy(), zero_copy, "both ways: {both_ways}");
+            assert_eq!(
+                m.advises_zero_copy(),
+                zero_copy,
+                "both ways: {both_ways}, copy in {copy_in_ps} ps a byte"
+            );
         }
+    }
+
+    #[test]
+    fn a_ring_stream_both_ways_counts_the_own_copies_between() {
+        // Copies out of 1 MiB taking 200 us, this end putting between them; the
+        // sender timed its copies in at 10 ps a byte.
+        let copy = Duration::from_micros(200);
+        let ps = |d: Duration| (d.as_nanos() * 1000 / MIB as u128) as u32;
+        // 100 us gaps: one stream both ways, the gaps count. 600 us gaps (within
+        // BACK_TO_BACK), longer than two copies: a ping-pong's round trip, not
+        // counted; the copy costs its time and the timed copy in.
+        assert!(copy * 3 <= BACK_TO_BACK);
+        for (gap, expect) in [
+            (copy / 2, ps(copy + copy / 2)),
+            (
+                copy * 3,
+                ps(copy + Duration::from_nanos(10 * MIB as u64 / 1000)),
+            ),
+        ] {
+            let mut m = PathMeter::default();
+            let mut t = Instant::now();
+            for i in 0..3 {
+                let start = t + gap;
+                let end = start + copy;
+                m.ring_copied_until(MIB, start, end, own(true, 10));
+                if i > 0 {
+                    let got = m.ring.recent[i];
+                    assert!(
+                        got.abs_diff(expect) <= 2,
+                        "gap {gap:?}: {got} ps, not {expect}"
+                    );
+                }
+                t = end;
+            }
+        }
+    }
+
+    #[test]
+    fn the_copy_in_meter_reports_the_median() {
+        // A million bytes in 100 us: 100 ps a byte.
+        let (bytes, took) = (1_000_000, Duration::from_micros(100));
+        let mut c = CopyInMeter::default();
+        assert_eq!(c.offer(bytes, took), 100);
+        // One stalled copy does not move the figure.
+        c.offer(bytes, took);
+        assert_eq!(c.offer(bytes, Duration::from_millis(5)), 100);
     }
 
     #[test]
@@ -446,9 +583,9 @@ mod tests {
         // A ping-pong: this end put its message, then copies out the reply in
         // pieces; the put shares no time with the copies after the first.
         let mut m = PathMeter::default();
-        let put_at = process_nanos().max(1);
+        let put = own(true, 0);
         for _ in 0..4 {
-            m.ring_copied(MIB, Instant::now() - at(10, MIB), put_at);
+            m.ring_copied(MIB, Instant::now() - at(10, MIB), put);
         }
         // The first copy at BOTH_WAYS_PCT, the three after it at their own time.
         let one_way = at(10, MIB).as_nanos() as u64 * 1000 / MIB as u64;
@@ -468,12 +605,12 @@ mod tests {
         m.zero_copy_read(MIB, MIB, Instant::now(), 0);
         std::thread::sleep(Duration::from_micros(300));
         // A ring copy after a zero-copy step: the gap was zero-copy's.
-        m.ring_copied(MIB, Instant::now(), 0);
+        m.ring_copied(MIB, Instant::now(), OwnPuts::default());
         assert_eq!(m.ring.recent[0], 0, "{:?}", m.ring.recent);
         std::thread::sleep(Duration::from_micros(300));
         // A ring copy after a ring copy: the wait for the sender is the ring's
         // (300 us over a MiB is 286 ps a byte).
-        m.ring_copied(MIB, Instant::now(), 0);
+        m.ring_copied(MIB, Instant::now(), OwnPuts::default());
         assert!(m.ring.recent[1] >= 286, "{:?}", m.ring.recent);
     }
 

@@ -20,7 +20,7 @@ mod push;
 mod receive;
 mod send;
 
-pub(crate) use choose::{advice_bit, process_nanos, PathMeter, MEASURE_MIN};
+pub(crate) use choose::{advice_bit, process_nanos, CopyInMeter, OwnPuts, PathMeter, MEASURE_MIN};
 pub(crate) use push::{serve_all_lends, PushSource, PushState};
 
 /// Proof that the caller of `put_nocopy` or `get_nowait` made its promise: the

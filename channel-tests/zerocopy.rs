@@ -478,15 +478,17 @@ fn zero_copy_endings() {
 /// sender's registration cache is used; the bytes arrive intact either way, at
 /// sizes across the meter's size classes and read in pieces of any length. A
 /// transfer sent on the advice is split with the sender on the emulated fabric (its
-/// default push share for them), unless a push share is set. With the choice off
-/// (the default for a stream), no heap buffer is registered.
+/// default push share for them) from 128 KiB, unless a push share is set; smaller
+/// ones are read whole. With the choice off (the default for a stream), no heap
+/// buffer is registered.
 #[test]
 fn adaptive_choice_measures_both_paths_and_loses_nothing() {
     let emulated = common::fabric_kind() == rdma_channel::fabric::FabricKind::Emulated;
-    for (adaptive, push) in [
-        (Some(64 << 10), None),
-        (Some(1 << 20), Some(0)),
-        (None, None),
+    for (adaptive, push, max) in [
+        (Some(16 << 10), None, 5 << 20),
+        (Some(16 << 10), None, 120 << 10),
+        (Some(1 << 20), Some(0), 5 << 20),
+        (None, None, 5 << 20),
     ] {
         let cfg = Config::default()
             .with_zero_copy_private_threshold(Some(usize::MAX))
@@ -494,16 +496,15 @@ fn adaptive_choice_measures_both_paths_and_loses_nothing() {
             .with_zero_copy_push(push);
         let (a, mut b) = RdmaStream::pair_with(cfg).unwrap();
         const BYTES: u64 = 96 << 20;
-        const MAX: usize = 5 << 20;
         const SEED: u64 = 91;
         let writer = std::thread::spawn(move || -> Result<RdmaStream, String> {
             let mut a = a;
-            write_heap_messages(&mut a, SEED, 17, BYTES, MAX)?;
+            write_heap_messages(&mut a, SEED, 17, BYTES, max)?;
             a.shutdown_write().map_err(|e| ioe(&e))?;
             Ok(a)
         });
         let mut rng = Rng::new(18);
-        let mut buf = vec![0u8; MAX];
+        let mut buf = vec![0u8; max];
         let mut scratch = Vec::new();
         let mut got = 0u64;
         loop {
@@ -520,13 +521,17 @@ fn adaptive_choice_measures_both_paths_and_loses_nothing() {
         let a = join(writer, "writer").expect("writer");
         let stats = a.cache_stats();
         let acquires = stats.hits + stats.misses;
-        let case = format!("adaptive {adaptive:?}, push {push:?}: {stats:?}, {lends} lends");
+        let case = format!(
+            "adaptive {adaptive:?}, push {push:?}, messages up to {max} B: {stats:?}, {lends} lends"
+        );
         match adaptive {
             Some(_) => assert!(acquires > 0, "no transfer went zero-copy: {case}"),
             None => assert_eq!(acquires, 0, "the choice is off: {case}"),
         }
         if push == Some(0) {
             assert_eq!(lends, 0, "a push share of 0 lends nothing: {case}");
+        } else if max < 128 << 10 {
+            assert_eq!(lends, 0, "a transfer below 128 KiB was split: {case}");
         } else if adaptive.is_some() && emulated {
             assert!(lends > 0, "a transfer on the advice was not split: {case}");
         }

@@ -123,7 +123,7 @@ extern "C" {
 
 /* Version of this interface. */
 #define RCH_VERSION_MAJOR 1
-#define RCH_VERSION_MINOR 10
+#define RCH_VERSION_MINOR 11
 
 /* The header's inline helpers (the lanes): inlined into the caller's loop even where
  * the compiler judges that loop too large (a call costs such a helper a third of its
@@ -420,6 +420,18 @@ typedef struct rch_lane {
  * is empty after an error. */
 int rch_consume_peek_lane(rch_vc *vc, size_t n, const void **bytes, size_t *len,
                           size_t *zero_copy_left, rch_lane *lane);
+
+/* Copies `len` bytes at `src`, bytes of vc's that rch_consume_peek_lane (or
+ * rch_peek, or rch_lane_packet) lent and not yet given back, to `dst`, as memcpy
+ * would, and lets the library time the copy: where it chooses the path of large
+ * messages by measurement (a process group on one host), a caller that copies lent
+ * messages out itself shows it what the ring costs. For copies of a message's data;
+ * a copy the library does not time costs it a call over memcpy. The bytes are copied
+ * even when the call fails with the connection's error. Since interface 1.11.
+ * Errors: RCH_ERR_NULL (`dst` or `src` NULL with `len` > 0), RCH_ERR_INVALID (the
+ * two ranges overlap), RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED,
+ * RCH_ERR_UNKNOWN_VC, and the connection's error (as rch_read_datav). */
+int rch_copy_lent(rch_vc *vc, void *dst, const void *src, size_t len);
 
 /* The packet format rch_lane_packet reads (the library's ring wire format): a full
  * packet is a header word (tag 0xA in the top 4 bits, kind, 24-bit length, 32-bit

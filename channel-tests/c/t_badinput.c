@@ -266,6 +266,21 @@ int main(void)
             fprintf(stderr, "FAIL: consume_peek(6) then lent %zu bytes\n", len);
             failures++;
         }
+        /* rch_copy_lent: the lent bytes, as memcpy; bad pointers and overlaps refused */
+        {
+            char copy[9] = {0};
+            EXPECT(rch_copy_lent(vc, copy, lent, 9), RCH_SUCCESS);
+            if (memcmp(copy, data + 6, 9) != 0) {
+                fprintf(stderr, "FAIL: rch_copy_lent copied other bytes\n");
+                failures++;
+            }
+            EXPECT(rch_copy_lent(vc, NULL, lent, 9), RCH_ERR_NULL);
+            EXPECT(rch_copy_lent(vc, copy, NULL, 9), RCH_ERR_NULL);
+            EXPECT(rch_copy_lent(vc, NULL, NULL, 0), RCH_SUCCESS);
+            EXPECT(rch_copy_lent(vc, copy + 1, copy, 8), RCH_ERR_INVALID);
+            EXPECT(rch_copy_lent(NULL, copy, lent, 9), RCH_ERR_NULL);
+            EXPECT(rch_copy_lent((rch_vc *)data, copy, lent, 9), RCH_ERR_UNKNOWN_VC);
+        }
         EXPECT(rch_consume_peek(vc, 9, &lent, &len, NULL), RCH_SUCCESS);
         if (len != 0 || lent != NULL) {
             fprintf(stderr, "FAIL: consume_peek past the end lent %zu bytes\n", len);

@@ -3,7 +3,8 @@
  * buffers, and every few pieces waits for rank 1's 8-byte answer, so that rank 1 is
  * often quiet when a packet lands and sometimes finds several there; rank 1 reads
  * the stream with the lane where it can and with rch_consume_peek_lane where it must,
- * consuming each packet in one or more parts, and passes packets read whole with
+ * consuming each packet in one or more parts (a third of them also copied out with
+ * rch_copy_lent), and passes packets read whole with
  * rch_lane_next (the library consumes them later, together), and checks every byte.
  * Fails if the lane never lent a packet or never passed one (then they are not being
  * tested) or if a byte is wrong, lost or repeated. The other ranks (if any) only take
@@ -184,6 +185,12 @@ int main(void)
                     take = 1 + (rr >> 8) % (len - 1);
                 if (r == 1 && take < len)
                     lane_parts++;
+                if (rr % 3 == 0) {
+                    /* Through the library, as ch3:rch copies a large message out. */
+                    memset(scratch, 0, take);
+                    stream_check(rch_copy_lent(vc, scratch, bytes, take), "rch_copy_lent");
+                    expect_stream(scratch, take, got);
+                }
                 expect_stream(bytes, take, got);
                 got += take;
                 pending = take;

@@ -1142,6 +1142,29 @@ impl<F: Fabric> Receiver<F> {
         Ok(())
     }
 
+    /// Copies `src`, bytes of a packet lent to the caller ([`peek`](Self::peek), or
+    /// the C interface's lane), into `dst`, timing the copy for the path meter as
+    /// [`get`](Self::get) times its own: a caller that copies lent messages out
+    /// itself (ch3:rch's receive) lets the meter see what the ring costs.
+    ///
+    /// # Errors
+    ///
+    /// Posting changed path advice to the peer failed (the connection's error); the
+    /// bytes are copied all the same.
+    ///
+    /// # Panics
+    ///
+    /// If the two slices differ in length.
+    pub(crate) fn copy_lent(&mut self, dst: &mut [u8], src: &[u8]) -> io::Result<()> {
+        let timed = self.times_copy(src.len()).then(Instant::now);
+        dst.copy_from_slice(src);
+        if let Some(t0) = timed {
+            let own = self.link.own_puts();
+            self.advise_path(|m| m.ring_copied(src.len(), t0, own))?;
+        }
+        Ok(())
+    }
+
     /// [`consume`](Self::consume) of `n` bytes of the data packet at the read
     /// position, which a caller found itself where [`quiet_watch`](Self::quiet_watch)
     /// pointed (the C interface's `rch_lane_packet`), without a `peek`: the packet is

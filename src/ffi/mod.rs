@@ -686,6 +686,55 @@ pub unsafe extern "C" fn rch_consume_peek_lane(
     unsafe { consume_peek_watching(vc, n, landed, bytes, len, zero_copy_left, watch, lane) }
 }
 
+/// See `rch_copy_lent` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `src` is NULL or valid for reading `len` bytes, `dst` NULL or valid for writing
+/// `len` bytes, and nothing writes `src` or touches `dst` during the call.
+#[no_mangle]
+pub unsafe extern "C" fn rch_copy_lent(
+    vc: *mut rch_vc,
+    dst: *mut c_void,
+    src: *const c_void,
+    len: size_t,
+) -> c_int {
+    guard(|| {
+        if len == 0 {
+            return Ok(());
+        }
+        if dst.is_null() {
+            return Err(null("dst"));
+        }
+        if src.is_null() {
+            return Err(null("src"));
+        }
+        // A size_t is a usize on every target Rust supports for this library.
+        let len = len as usize;
+        if len > isize::MAX as usize {
+            return Err(invalid(format!("rch_copy_lent of {len} bytes")));
+        }
+        let (d, s) = (dst as usize, src as usize);
+        if d < s.saturating_add(len) && s < d.saturating_add(len) {
+            return Err(invalid(format!(
+                "rch_copy_lent: the {len} bytes at {src:p} and at {dst:p} overlap"
+            )));
+        }
+        // SAFETY: non-NULL, valid for `len` bytes by the caller's promise, and
+        // disjoint (checked above), so a shared and an exclusive slice may coexist.
+        let (dst, src) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(dst.cast::<u8>(), len),
+                std::slice::from_raw_parts(src.cast::<u8>(), len),
+            )
+        };
+        let mut lib = lock()?;
+        let g = lib.ready()?;
+        let r = data_vc(g, vc)?;
+        Ok(g.copy_lent(r, dst, src)?)
+    })
+}
+
 /// What a caller read through its lane without a call, for `rch_consume_peek_lane`.
 #[derive(Clone, Copy, Default)]
 struct Landed {

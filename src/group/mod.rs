@@ -737,6 +737,26 @@ impl Group {
         self.peek(rank)
     }
 
+    /// Copies bytes lent on the connection to `rank` (see `rch_copy_lent`), timing
+    /// the copy for its path meter while the connection is up.
+    pub(crate) fn copy_lent(
+        &mut self,
+        rank: usize,
+        dst: &mut [u8],
+        src: &[u8],
+    ) -> Result<(), Error> {
+        match &mut self.vcs[rank].conn {
+            Conn::Up(up) => up
+                .rx
+                .copy_lent(dst, src)
+                .map_err(|e| data_error(&e, rank, "copy")),
+            _ => {
+                dst.copy_from_slice(src);
+                Ok(())
+            }
+        }
+    }
+
     /// A lane's rank is another process's: the loopback connection is the library's.
     fn lane_rank(&self, rank: usize) -> Result<(), Error> {
         if rank == self.rank as usize {

@@ -324,8 +324,9 @@ pub enum CtrlWord {
     /// announcement it has read in full.
     ZeroCopyDone,
     /// From the receiver of our outgoing ring: which path it measured cheaper for
-    /// large buffers that may go either way (bits 0-3: zero-copy for size classes
-    /// below 256 KiB, 1 MiB, 4 MiB and above; the bits from 8 count its changes).
+    /// large buffers that may go either way (bits 0-8: zero-copy for size classes
+    /// below 32 KiB, 64 KiB, ... 4 MiB, and above; the bits from 16 count its
+    /// changes).
     /// See `engine::zerocopy::choose`.
     PathAdvice,
     /// From the receiver of our outgoing ring: the number of its last request to

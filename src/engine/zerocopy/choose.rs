@@ -27,9 +27,9 @@
 
 use std::time::{Duration, Instant};
 
-/// Smallest copy timed: the clock reads (~20 ns each through the vDSO) stay under
-/// a hundredth of the copy.
-pub(crate) const MEASURE_MIN: usize = 32 << 10;
+/// Smallest copy timed, the adaptive choice's smallest size by default: the clock
+/// reads (~20 ns each through the vDSO) stay under a fiftieth of the copy.
+pub(crate) const MEASURE_MIN: usize = 16 << 10;
 
 /// Age of the other path's figure after which it is measured again.
 pub(crate) const PROBE_AFTER: Duration = Duration::from_millis(250);
@@ -81,18 +81,20 @@ const BOTH_WAYS_PCT: u32 = 150;
 /// bit: a zero-copy transfer pays a round trip and two system calls whatever its
 /// size, so its cost a byte falls with the size, where a ring byte's does not
 /// (a 64 KiB stream read at 144 ps a byte, a 1 MiB one at 64, the ring at 110-125
-/// for both; bench/notebook/2026-12.md, "split by advice"). Classes: below 256 KiB,
-/// below 1 MiB, below 4 MiB, and from 4 MiB.
-pub(crate) const CLASSES: usize = 4;
+/// for both; bench/notebook/2026-12.md, "split by advice"), fastest where the
+/// transfer is small: osu_latency read 16 KiB at ~330 ps a byte and 32 KiB at ~220
+/// in the slow hand-off phase, so a class spans a power of two. Classes: below
+/// 32 KiB, below 64 KiB, ... below 4 MiB, and from 4 MiB.
+pub(crate) const CLASSES: usize = 9;
 
 /// Bits of the advice word that name a path per size class; the bits above count
 /// the advice changes, so that every change is a new value.
-const CLASS_BITS: u32 = 8;
+const CLASS_BITS: u32 = 16;
 
 /// The size class of a buffer or transfer of `len` bytes.
 fn class_of(len: usize) -> usize {
     let log2 = (usize::BITS - 1).saturating_sub(len.max(1).leading_zeros()) as usize;
-    (log2.saturating_sub(16) / 2).min(CLASSES - 1)
+    log2.saturating_sub(14).min(CLASSES - 1)
 }
 
 /// The advice word's bit that asks for zero-copy for buffers of `len` bytes.
@@ -639,17 +641,20 @@ mod tests {
     }
 
     #[test]
-    fn size_classes_split_at_256_kib_1_mib_and_4_mib() {
+    fn size_classes_split_at_each_power_of_two_from_32_kib_to_4_mib() {
         for (len, class) in [
             (1, 0),
-            (64 << 10, 0),
-            ((256 << 10) - 1, 0),
-            (256 << 10, 1),
-            (MIB - 1, 1),
-            (MIB, 2),
-            ((4 * MIB) - 1, 2),
-            (4 * MIB, 3),
-            (usize::MAX, 3),
+            (16 << 10, 0),
+            ((32 << 10) - 1, 0),
+            (32 << 10, 1),
+            ((64 << 10) - 1, 1),
+            (64 << 10, 2),
+            (256 << 10, 4),
+            (MIB - 1, 5),
+            (MIB, 6),
+            ((4 * MIB) - 1, 7),
+            (4 * MIB, 8),
+            (usize::MAX, 8),
         ] {
             assert_eq!(class_of(len), class, "{len} bytes");
         }

@@ -104,9 +104,11 @@ impl<F: Fabric> Receiver<F> {
         // A transfer on our advice is split unless this end is sending zero-copy
         // too: the peer then reads our buffer first and would serve our lend only
         // after it (IMB PingPing 4 MiB, split: 400 ps a byte a step; read: ~180).
+        // One below SPLIT_BY_ADVICE_MIN is read whole too: the lend's registration and
+        // the sender's extra system call cost more than half a read saves.
         let share = if !z.by_advice {
             link.zc_push
-        } else if link.sending_zero_copy() {
+        } else if z.total < SPLIT_BY_ADVICE_MIN as u64 || link.sending_zero_copy() {
             0
         } else {
             link.zc_adaptive_push
@@ -271,6 +273,11 @@ fn push_share(n: usize, percent: u8) -> usize {
         push
     }
 }
+
+/// Smallest transfer sent on the receiver's advice that it splits with the sender
+/// (osu_latency, slow hand-off phase: 16-64 KiB read 4.4-8.5 us, split 7.3-11.4;
+/// from 128 KiB split ahead).
+const SPLIT_BY_ADVICE_MIN: usize = 128 << 10;
 
 /// Smallest part of a step lent to the peer to push.
 const MIN_PUSH: usize = 4096;

@@ -694,7 +694,7 @@ use crate::fabric::ZeroCopyThresholds;
 const ZERO_COPY_SHARED_DEFAULT: usize = 16 << 10;
 
 /// Smallest heap buffer whose path follows the receiver's measurements by default.
-const ZERO_COPY_ADAPTIVE_DEFAULT: usize = 64 << 10;
+const ZERO_COPY_ADAPTIVE_DEFAULT: usize = 16 << 10;
 
 /// Memory registered with an [`EmuFabric`]. Dropping it deregisters the memory (see the
 /// module documentation for the fence) and, for [`alloc_region`](Fabric::alloc_region)

@@ -485,8 +485,8 @@ fn zero_copy_endings() {
 fn adaptive_choice_measures_both_paths_and_loses_nothing() {
     let emulated = common::fabric_kind() == rdma_channel::fabric::FabricKind::Emulated;
     for (adaptive, push, max) in [
-        (Some(16 << 10), None, 5 << 20),
-        (Some(16 << 10), None, 120 << 10),
+        (Some(32 << 10), None, 5 << 20),
+        (Some(32 << 10), None, 120 << 10),
         (Some(1 << 20), Some(0), 5 << 20),
         (None, None, 5 << 20),
     ] {

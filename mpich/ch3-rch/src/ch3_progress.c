@@ -308,8 +308,8 @@ typedef struct rch_fast_recv {
 } rch_fast_recv;
 
 /* Smallest message a fast receive copies through rch_copy_lent: the library's
- * adaptive path choice starts at 16 KiB. */
-#define RCH_TIMED_COPY_MIN (16 * 1024)
+ * adaptive path choice starts at 32 KiB by default, and times no smaller copy. */
+#define RCH_TIMED_COPY_MIN (32 * 1024)
 
 /* Takes the packet at `lent` (hdr_len header bytes of `avail`) for the fast receive
  * `f` when it is an eager message to it, all of whose data is in the packet and fits

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 /// Smallest copy timed, the adaptive choice's smallest size by default: the clock
 /// reads (~20 ns each through the vDSO) stay under a fiftieth of the copy.
-pub(crate) const MEASURE_MIN: usize = 16 << 10;
+pub(crate) const MEASURE_MIN: usize = 32 << 10;
 
 /// Age of the other path's figure after which it is measured again.
 pub(crate) const PROBE_AFTER: Duration = Duration::from_millis(250);

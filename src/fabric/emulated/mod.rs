@@ -694,7 +694,10 @@ use crate::fabric::ZeroCopyThresholds;
 const ZERO_COPY_SHARED_DEFAULT: usize = 16 << 10;
 
 /// Smallest heap buffer whose path follows the receiver's measurements by default.
-const ZERO_COPY_ADAPTIVE_DEFAULT: usize = 16 << 10;
+/// From 32 KiB: below, in the slow hand-off phase, a ping-pong gained nothing by
+/// zero-copy and IMB PingPing 16 KiB lost (7.9-9.0 us against the ring's 5.8-6.6,
+/// bench/notebook/2026-12.md).
+const ZERO_COPY_ADAPTIVE_DEFAULT: usize = 32 << 10;
 
 /// Memory registered with an [`EmuFabric`]. Dropping it deregisters the memory (see the
 /// module documentation for the fence) and, for [`alloc_region`](Fabric::alloc_region)

@@ -12,8 +12,10 @@
 //! [`RNDV_BY_ADVICE`]), per byte, as delivered: in a stream the wait between two
 //! pieces on one path counts ([`PathMeter::span`]). While this end sends large data
 //! between its copies out, its core makes both kinds of copy and a ring byte costs
-//! its copy into a ring as well, as its sender times it ([`CopyInMeter`]). Zero-copy's cost falls with the transfer's size (a round
-//! trip each), so it has a figure per size class ([`CLASSES`]). The receiver tells
+//! its copy into a ring as well, as its sender times it ([`CopyInMeter`]).
+//! Zero-copy's cost falls with the transfer's size (a round trip each), so it has a
+//! figure per size class ([`CLASSES`]), and faster for one class it holds for the
+//! larger ones (see CARRIED below). The receiver tells
 //! the sender which path costs less for each class in a control word
 //! ([`CtrlWord::PathAdvice`]), and the sender, which chooses the path of each
 //! buffer, follows it for buffers from `Link::zc_adaptive_min` up.
@@ -281,10 +283,9 @@ impl PathMeter {
     }
 
     /// A zero-copy read step of `bytes` of a `transfer`-byte transfer ran from
-    /// `start` (its reads posted) to now (seen complete); `put_at` is when this end last
-    /// put a large buffer ([`OwnPuts::large_at`]), as for
-    /// [`ring_copied`](Self::ring_copied). Returns the advice word to post, if it
-    /// changed.
+    /// `start` (its reads posted) to now (seen complete); `put_at` is when this end
+    /// last put a large buffer ([`OwnPuts::large_at`]). Returns the advice word to
+    /// post, if it changed.
     pub(crate) fn zero_copy_read(
         &mut self,
         bytes: usize,
@@ -314,18 +315,18 @@ impl PathMeter {
     /// the waits for room, which is what a ring byte costs both ways.
     fn span(&mut self, path: Path, start: Instant, now: Instant, put_at: u64) -> (Instant, bool) {
         let put_between = put_at != 0 && put_at >= self.last_sample_at;
-        let chained = match self.last_end {
+        let (from, chained) = match self.last_end {
             Some((end, last)) if last == path && end <= start => {
                 let gap = start.duration_since(end);
                 let interleaved = path == Path::Ring
                     && gap <= now.saturating_duration_since(start) * INTERLEAVED_GAPS;
-                gap <= BACK_TO_BACK && (!put_between || interleaved)
+                if gap <= BACK_TO_BACK && (!put_between || interleaved) {
+                    (end, true)
+                } else {
+                    (start, false)
+                }
             }
-            _ => false,
-        };
-        let from = match self.last_end {
-            Some((end, _)) if chained => end,
-            _ => start,
+            _ => (start, false),
         };
         self.last_end = Some((now, path));
         self.last_sample_at = process_nanos();

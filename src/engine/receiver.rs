@@ -1158,9 +1158,15 @@ impl<F: Fabric> Receiver<F> {
     pub(crate) fn copy_lent(&mut self, dst: &mut [u8], src: &[u8]) -> io::Result<()> {
         let timed = self.times_copy(src.len()).then(Instant::now);
         dst.copy_from_slice(src);
+        self.ring_copy_timed(src.len(), timed)
+    }
+
+    /// Feeds the path meter a copy of `n` bytes out of the ring that started at
+    /// `timed` (`None`: not timed, see [`times_copy`](Self::times_copy)).
+    fn ring_copy_timed(&mut self, n: usize, timed: Option<Instant>) -> io::Result<()> {
         if let Some(t0) = timed {
             let own = self.link.own_puts();
-            self.advise_path(|m| m.ring_copied(src.len(), t0, own))?;
+            self.advise_path(|m| m.ring_copied(n, t0, own))?;
         }
         Ok(())
     }
@@ -1404,10 +1410,7 @@ impl<F: Fabric> Receiver<F> {
                 // be rewritten until we publish a tail beyond it.
                 self.ring
                     .copy_out(self.cur_off as u64, &mut buf[at..at + n]);
-                if let Some(t0) = timed {
-                    let own = self.link.own_puts();
-                    self.advise_path(|m| m.ring_copied(n, t0, own))?;
-                }
+                self.ring_copy_timed(n, timed)?;
                 at += n;
                 self.cur_off += n;
                 self.cur_left -= n;

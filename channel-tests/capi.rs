@@ -172,6 +172,7 @@ const MM_TESTS: &[&str] = &[
     "t_peer",
     "t_lane",
     "t_send_lane",
+    "t_lend",
 ];
 
 /// Not a test: builds every C program the tests run (but the two built with other
@@ -348,6 +349,17 @@ fn pingpong_external_with_idle_ranks() {
 #[test]
 fn lane_external() {
     external("t_lane", 2, &[], &[], "lane ok");
+}
+
+/// rch_put_lend: buffers lent back to back, released in order and only once read;
+/// with the receiver pushing half of each (the sender serves the lend of the
+/// transfer it names among those in flight), and with an idle third rank.
+#[test]
+fn lend_external() {
+    const ZC: (&str, &str) = ("RCH_ZCOPY_PRIVATE_THRESHOLD", "32k");
+    external("t_lend", 2, &[], &[ZC, ("RCH_ZCOPY_PUSH", "0")], "lend ok");
+    external("t_lend", 2, &[], &[ZC, ("RCH_ZCOPY_PUSH", "50")], "lend ok");
+    pmi("t_lend", 3, &[], &[ZC], "lend ok");
 }
 
 #[test]

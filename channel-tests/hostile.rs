@@ -103,10 +103,10 @@ impl Hostile {
     /// The lend the victim last wrote into our control words.
     fn victim_lend(&self) -> Lend {
         let base = self._own[1].addr() as u64 + LEND_SLOT;
-        // SAFETY: the slot's four words lie inside our 4 KiB control region, which the
+        // SAFETY: the slot's five words lie inside our 4 KiB control region, which the
         // victim writes only by RDMA WRITE executed inside its own post (emulated).
         let w = |i: u64| unsafe { std::ptr::read_volatile((base + 8 * i) as *const u64) };
-        Lend::from_words([w(0), w(1), w(2), w(3)])
+        Lend::from_words([w(0), w(1), w(2), w(3), w(4)])
     }
 
     /// RDMA WRITE of `bytes` to ring offset `at` of the victim.
@@ -555,6 +555,7 @@ fn lends_that_skip_a_number_or_name_bytes_outside_the_transfer_are_protocol_erro
                 rkey: 1,
                 len: 4096,
                 offset: 65536 - 4095,
+                transfer: 1,
                 number: 1,
             },
         ),
@@ -565,6 +566,7 @@ fn lends_that_skip_a_number_or_name_bytes_outside_the_transfer_are_protocol_erro
                 rkey: 1,
                 len: 4096,
                 offset: u64::MAX - 10,
+                transfer: 1,
                 number: 1,
             },
         ),
@@ -575,6 +577,7 @@ fn lends_that_skip_a_number_or_name_bytes_outside_the_transfer_are_protocol_erro
                 rkey: 1,
                 len: 0,
                 offset: 0,
+                transfer: 1,
                 number: 1,
             },
         ),
@@ -585,6 +588,7 @@ fn lends_that_skip_a_number_or_name_bytes_outside_the_transfer_are_protocol_erro
                 rkey: 1,
                 len: 4096,
                 offset: 0,
+                transfer: 1,
                 number: 2,
             },
         ),

@@ -282,6 +282,113 @@ fn mismatched_retry_is_refused_and_the_transfer_survives() {
     assert!(!a.sender().zero_copy_pending());
 }
 
+/// `put_lending` counts lent buffers at once and goes on: many transfers are in
+/// flight at a time (at most 64), the peer reads them in order, and each is
+/// released exactly when the peer has read it, never before: every released buffer
+/// is overwritten at once while later ones are still being read. With and without
+/// pushes (the receiver lends part of each buffer, and the sender must push from the
+/// transfer the lend names, not the oldest one it still holds).
+#[test]
+fn lent_transfers_stay_in_flight_together_and_release_in_order() {
+    for push in [0u8, 50] {
+        let cfg = zc_config(1 << 17, 1 << 14, 1 << 30, 16 << 10).with_zero_copy_push(Some(push));
+        let (mut a, mut b) = chan_pair(cfg);
+        const MSGS: usize = 70;
+        const LEN: usize = 40_000;
+        let mut bufs: Vec<Vec<u8>> = (0..MSGS)
+            .map(|i| (0..LEN).map(|j| (i * 7 + j % 251) as u8).collect())
+            .collect();
+        let header = [9u8; 24];
+        let mut tickets = Vec::new();
+        let mut sent = 0;
+        // Lend until the limit: each message is a header (copied) and a lent buffer.
+        while sent < MSGS {
+            let iov = [IoSlice::new(&header), IoSlice::new(&bufs[sent])];
+            // SAFETY: `bufs[sent]` is neither modified nor freed until lends_released
+            // passes its ticket (checked before the overwrite below).
+            let l = unsafe { a.sender().put_lending(&iov) }.unwrap();
+            if l.ticket == 0 {
+                // The limit: the header went, the buffer waits.
+                assert_eq!(l.bytes, header.len(), "push {push}: message {sent}");
+                break;
+            }
+            assert_eq!(l.bytes, header.len() + LEN, "push {push}: message {sent}");
+            assert!(
+                tickets.last().is_none_or(|&t| l.ticket == t + 1),
+                "{tickets:?} {l:?}"
+            );
+            tickets.push(l.ticket);
+            sent += 1;
+        }
+        assert_eq!(sent, 64, "push {push}: the limit of transfers in flight");
+        assert_eq!(a.sender().lends_in_flight(), 64);
+        // Nothing is released before the peer reads.
+        assert_eq!(a.sender().lends_released().unwrap(), tickets[0] - 1);
+        let mut got = vec![0u8; header.len() + LEN];
+        for (i, &ticket) in tickets.iter().enumerate() {
+            let mut at = 0;
+            while at < got.len() {
+                at += b.get(&mut [IoSliceMut::new(&mut got[at..])]).unwrap();
+            }
+            assert_eq!(&got[..header.len()], &header[..]);
+            assert!(
+                got[header.len()..] == bufs[i][..],
+                "push {push}: message {i} differs"
+            );
+            let released = a.sender().lends_released().unwrap();
+            assert_eq!(released, ticket, "push {push}: released after message {i}");
+            // Released: this end may write it while the peer reads the next ones.
+            bufs[i].fill(0xEE);
+        }
+        assert_eq!(a.sender().lends_in_flight(), 0);
+        // The limit is gone: the rest are lent, the first without its header,
+        // which went already.
+        for (i, buf) in bufs.iter_mut().enumerate().skip(sent) {
+            buf.iter_mut().for_each(|x| *x = i as u8);
+            let both = [IoSlice::new(&header), IoSlice::new(buf)];
+            let iov = if i == sent { &both[1..] } else { &both[..] };
+            let want: usize = iov.iter().map(|s| s.len()).sum();
+            // SAFETY: as above; `bufs` outlives the reads below.
+            let l = unsafe { a.sender().put_lending(iov) }.unwrap();
+            assert_eq!(l.bytes, want);
+            assert!(l.ticket > *tickets.last().unwrap());
+        }
+        for (i, buf) in bufs.iter().enumerate().skip(sent) {
+            let mut at = 0;
+            while at < got.len() {
+                at += b.get(&mut [IoSliceMut::new(&mut got[at..])]).unwrap();
+            }
+            assert!(got[header.len()..] == buf[..], "push {push}: message {i}");
+        }
+        while a.sender().lends_in_flight() > 0 {
+            a.sender().lends_released().unwrap();
+        }
+    }
+}
+
+/// A sender dropped with lent transfers in flight revokes them all: the peer's
+/// reads of the ones it has not read fail, and nothing reads freed memory.
+#[test]
+fn dropping_a_sender_revokes_every_lent_transfer() {
+    let (mut a, mut b) = chan_pair(zc_config(1 << 16, 1 << 14, 1 << 30, 16 << 10));
+    let bufs: Vec<Vec<u8>> = (0..4).map(|i| vec![i as u8 + 1; 50_000]).collect();
+    for buf in &bufs {
+        // SAFETY: `bufs` outlives the sender (dropped below, revoking the transfers).
+        let l = unsafe { a.sender().put_lending(&[IoSlice::new(buf)]) }.unwrap();
+        assert_eq!(l.bytes, buf.len());
+    }
+    assert_eq!(a.sender().lends_in_flight(), 4);
+    let mut got = vec![0u8; 50_000];
+    let mut at = 0;
+    while at < got.len() {
+        at += b.get(&mut [IoSliceMut::new(&mut got[at..])]).unwrap();
+    }
+    assert!(got.iter().all(|&x| x == 1));
+    drop(a);
+    let r = b.get(&mut [IoSliceMut::new(&mut got)]);
+    assert!(r.is_err(), "a revoked transfer was read: {r:?}");
+}
+
 /// `get_buffered` copies what is in the ring and stops before a zero-copy transfer
 /// without starting its reads; `get_nowait` then moves it into its destination.
 #[test]

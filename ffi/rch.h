@@ -123,7 +123,7 @@ extern "C" {
 
 /* Version of this interface. */
 #define RCH_VERSION_MAJOR 1
-#define RCH_VERSION_MINOR 11
+#define RCH_VERSION_MINOR 12
 
 /* The header's inline helpers (the lanes): inlined into the caller's loop even where
  * the compiler judges that loop too large (a call costs such a helper a third of its
@@ -280,6 +280,32 @@ int rch_vc_rank(rch_vc *vc, int *rank);
  * RCH_ERR_IN_FLIGHT, RCH_ERR_FABRIC, RCH_ERR_PROTOCOL, RCH_ERR_NOT_INITIALIZED,
  * RCH_ERR_FINALIZED. *nbytes is 0 after an error. */
 int rch_put_datav(rch_vc *vc, const struct iovec *iov, int n, size_t *nbytes);
+
+/* As rch_put_datav, but a buffer that goes zero-copy is counted at once, and the
+ * call goes on with the buffers after it: the buffer is lent. It must stay mapped and
+ * unmodified until rch_lends_released reports *ticket or more; the peer reads lent
+ * buffers in stream order while this end sends on, so a window of large sends is read
+ * back to back rather than one per round trip. *ticket is the ticket of the last
+ * buffer this call lent (tickets grow by one per transfer), or 0 when it lent none.
+ * At most 64 transfers are lent at a time: a call that meets the limit stops before
+ * the buffer it would lend (*nbytes counts what went before it). Mixed with
+ * rch_put_datav on one vc, the zero-copy contract above holds for rch_put_datav's
+ * announcements. Since interface 1.12.
+ * Errors: as rch_put_datav (RCH_ERR_NULL for `ticket` NULL); *nbytes and *ticket
+ * are 0 after an error. After an error on vc every lent buffer is revoked (the peer
+ * can no longer read it) and may be reused. */
+int rch_put_lend(rch_vc *vc, const struct iovec *iov, int n, size_t *nbytes,
+                 uint64_t *ticket);
+
+/* Stores in *ticket the last ticket of vc's whose buffers are the caller's again:
+ * every buffer rch_put_lend lent under it or a lower ticket (0 before any was
+ * released). Serves the peer's pushes of lent buffers (RCH_ZCOPY_PUSH), so a caller
+ * with buffers lent calls it, or rch_wait, until they are released. Never blocks;
+ * rch_wait returns when a lent buffer can be released. Since interface 1.12.
+ * Errors: RCH_ERR_NULL, RCH_ERR_UNKNOWN_VC, RCH_ERR_VC_CLOSED, the connection's
+ * error (its lent buffers are revoked then and may be reused),
+ * RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
+int rch_lends_released(rch_vc *vc, uint64_t *ticket);
 
 /* Non-blocking read (MPIDI_CH3I_RDMA_read_datav): fills the `n` buffers of `iov`, in
  * order, with bytes that have arrived and stores their number in *nbytes (possibly 0).

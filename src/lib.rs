@@ -60,5 +60,5 @@ pub(crate) mod sync;
 pub mod wire;
 
 pub use config::Config;
-pub use engine::{Channel, Peeked, Prepared, RdmaBuf, Receiver, Sender};
+pub use engine::{Channel, Lending, Peeked, Prepared, RdmaBuf, Receiver, Sender};
 pub use stream::{Address, RdmaListener, RdmaStream, ReadHalf, ToAddress, WriteHalf};

@@ -67,6 +67,13 @@ int main(void)
         failures++;
     }
     EXPECT(rch_read_datav((rch_vc *)(uintptr_t)0xc5, &iov, 1, &nb), RCH_ERR_NOT_INITIALIZED);
+    uint64_t ticket = 7;
+    EXPECT(rch_put_lend((rch_vc *)(uintptr_t)0xc5, &iov, 1, &nb, &ticket), RCH_ERR_NOT_INITIALIZED);
+    if (ticket != 0) {
+        fprintf(stderr, "FAIL: ticket not zeroed on error\n");
+        failures++;
+    }
+    EXPECT(rch_lends_released((rch_vc *)(uintptr_t)0xc5, &ticket), RCH_ERR_NOT_INITIALIZED);
     EXPECT(rch_read_buffered((rch_vc *)(uintptr_t)0xc5, data, 8, &nb), RCH_ERR_NOT_INITIALIZED);
     {
         rch_send_lane *sl = (rch_send_lane *)data;
@@ -112,6 +119,17 @@ int main(void)
     EXPECT(rch_vc_rank(vc, &r), RCH_SUCCESS);
     EXPECT(rch_vc_rank(vc, NULL), RCH_ERR_NULL);
     EXPECT(rch_put_datav(NULL, &iov, 1, &nb), RCH_ERR_NULL);
+    EXPECT(rch_put_lend(NULL, &iov, 1, &nb, &ticket), RCH_ERR_NULL);
+    EXPECT(rch_put_lend((rch_vc *)data, &iov, 1, &nb, &ticket), RCH_ERR_UNKNOWN_VC);
+    EXPECT(rch_lends_released(NULL, &ticket), RCH_ERR_NULL);
+    EXPECT(rch_lends_released((rch_vc *)data, &ticket), RCH_ERR_UNKNOWN_VC);
+    EXPECT(rch_lends_released(vc, NULL), RCH_ERR_NULL);
+    ticket = 7;
+    EXPECT(rch_lends_released(vc, &ticket), RCH_SUCCESS); /* nothing lent yet */
+    if (ticket != 0) {
+        fprintf(stderr, "FAIL: %llu released before anything was lent\n", (unsigned long long)ticket);
+        failures++;
+    }
     EXPECT(rch_put_datav((rch_vc *)data, &iov, 1, &nb), RCH_ERR_UNKNOWN_VC);
     EXPECT(rch_put_datav((rch_vc *)(uintptr_t)0x12345678, &iov, 1, &nb), RCH_ERR_UNKNOWN_VC);
     EXPECT(rch_put_datav((rch_vc *)(uintptr_t)((5 << 8) | 0xc5), &iov, 1, &nb), RCH_ERR_UNKNOWN_VC);
@@ -126,6 +144,10 @@ int main(void)
 
     /* iovec arguments */
     EXPECT(rch_put_datav(vc, &iov, 1, NULL), RCH_ERR_NULL);
+    EXPECT(rch_put_lend(vc, &iov, 1, NULL, &ticket), RCH_ERR_NULL);
+    EXPECT(rch_put_lend(vc, &iov, 1, &nb, NULL), RCH_ERR_NULL);
+    EXPECT(rch_put_lend(vc, NULL, 1, &nb, &ticket), RCH_ERR_NULL);
+    EXPECT(rch_put_lend(vc, &iov, -1, &nb, &ticket), RCH_ERR_INVALID);
     EXPECT(rch_put_datav(vc, NULL, 1, &nb), RCH_ERR_NULL);
     EXPECT(rch_put_datav(vc, &iov, -1, &nb), RCH_ERR_INVALID);
     EXPECT(rch_put_datav(vc, &iov, INT_MIN, &nb), RCH_ERR_INVALID);

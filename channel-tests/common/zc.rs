@@ -3,8 +3,11 @@
 //!
 //! One thread drives both ends of a connection in a random interleaving: the sender
 //! offers messages (lists of buffers, some in private memory, some from `alloc_mem`,
-//! some of them at or above the zero-copy thresholds) with `put_nocopy`, now and then
-//! with the copying `put`; the receiver takes the stream with random, often smaller,
+//! some of them at or above the zero-copy thresholds) with `put_nocopy` or
+//! `put_lending`, now and then with the copying `put`; a message whose buffers were
+//! lent is kept until `lends_released` passes its ticket, and then overwritten before
+//! it is dropped, so a release that came early shows as bytes that differ. The
+//! receiver takes the stream with random, often smaller,
 //! scatter lists, with `get` or `get_nowait` (which leaves reads in flight and is then
 //! called again on the same place). The bytes received must be exactly the bytes
 //! sent, in order.
@@ -26,6 +29,13 @@ pub enum Buf<F: Fabric> {
 
 impl<F: Fabric> Buf<F> {
     fn bytes(&self) -> &[u8] {
+        match self {
+            Buf::Private(v) => v,
+            Buf::Allocated(b) => b,
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
             Buf::Private(v) => v,
             Buf::Allocated(b) => b,
@@ -95,6 +105,8 @@ pub struct ZcRun {
     /// Receives that found `get_nowait`'s reads still in flight and offered the same
     /// place again.
     pub in_flight_retries: usize,
+    /// Calls of `put_lending` that lent a buffer.
+    pub lent: u64,
 }
 
 /// Runs one case from `a` to `b`.
@@ -112,6 +124,11 @@ pub fn run_zc_model<F: Fabric>(
     let mut rbuf = vec![0u8; 2 * case.max_buf + 64];
     let mut in_flight: Option<(usize, usize)> = None;
     let mut in_flight_retries = 0;
+    // The current message's highest ticket, and messages counted whose lent buffers
+    // are not released yet (with their ticket), oldest first.
+    let mut ticket = 0u64;
+    let mut lent_msgs: std::collections::VecDeque<(u64, Vec<Buf<F>>)> = Default::default();
+    let mut lent = 0u64;
     loop {
         if current.is_none() && made < case.messages {
             let msg = make_message(&mut rng, a, case)?;
@@ -121,22 +138,56 @@ pub fn run_zc_model<F: Fabric>(
             current = Some((msg, 0));
             made += 1;
         }
-        if current.is_none() && got.len() == sent_stream.len() && in_flight.is_none() {
+        if current.is_none()
+            && got.len() == sent_stream.len()
+            && in_flight.is_none()
+            && lent_msgs.is_empty()
+        {
             break;
         }
         let mut progressed = false;
+        if !lent_msgs.is_empty() && rng.chance(1, 3) {
+            let released = a
+                .sender()
+                .lends_released()
+                .map_err(|e| format!("lends_released: {e}"))?;
+            while lent_msgs.front().is_some_and(|(t, _)| *t <= released) {
+                let (_, mut msg) = lent_msgs.pop_front().expect("checked above");
+                // Released: the peer has read it, so scribbling shows nowhere.
+                for part in &mut msg {
+                    part.bytes_mut().fill(0xEE);
+                }
+                progressed = true;
+            }
+        }
         if let Some((msg, done)) = current.as_mut() {
             if rng.chance(1, 2) {
                 let iov = rest(msg, *done);
                 let pending = a.sender().zero_copy_pending();
                 let n = if !pending && rng.chance(1, 8) {
                     a.put(&iov)
+                } else if rng.chance(1, 2) {
+                    // SAFETY: `msg` is kept alive and unmodified until lends_released
+                    // passes the ticket (it waits in `lent_msgs` until then).
+                    unsafe { a.sender().put_lending(&iov) }.map(|l| {
+                        if l.ticket != 0 {
+                            if l.ticket <= ticket {
+                                return usize::MAX;
+                            }
+                            lent += 1;
+                            ticket = l.ticket;
+                        }
+                        l.bytes
+                    })
                 } else {
                     // SAFETY: `msg` is kept alive and unmodified until every byte of
                     // it has been counted (it is dropped only after `done == total`).
                     unsafe { a.sender().put_nocopy(&iov) }
                 }
                 .map_err(|e| format!("put after {} bytes: {e}", *done))?;
+                if n == usize::MAX {
+                    return Err(format!("put_lending's ticket did not grow past {ticket}"));
+                }
                 *done += n;
                 progressed |= n > 0;
                 let total: usize = msg.iter().map(|p| p.bytes().len()).sum();
@@ -144,7 +195,11 @@ pub fn run_zc_model<F: Fabric>(
                     return Err(format!("put counted {} of {total} bytes", *done));
                 }
                 if *done == total && !a.sender().zero_copy_pending() {
-                    current = None;
+                    let (msg, _) = current.take().expect("checked above");
+                    if ticket != 0 {
+                        lent_msgs.push_back((ticket, msg));
+                    }
+                    ticket = 0;
                 }
             }
         }
@@ -218,9 +273,16 @@ pub fn run_zc_model<F: Fabric>(
     if n != 0 {
         return Err(format!("{n} bytes beyond what was sent"));
     }
+    if a.sender().lends_in_flight() != 0 {
+        return Err(format!(
+            "{} transfers still lent after all was read",
+            a.sender().lends_in_flight()
+        ));
+    }
     Ok(ZcRun {
         bytes: got.len(),
         in_flight_retries,
+        lent,
     })
 }
 

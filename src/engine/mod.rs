@@ -61,8 +61,8 @@ pub(crate) use receiver::{
     GetMode, LentPart, QuietWatch, ReadsInFlight, QUIET_WATCH_WORDS, READ_PIECE,
 };
 pub use receiver::{Peeked, Receiver};
-pub use sender::Sender;
-pub(crate) use sender::{Announce, PendingZc};
+pub(crate) use sender::{Announce, PendingZc, ZeroCopy};
+pub use sender::{Lending, Sender};
 pub use wait::Backoff;
 pub(crate) use wait::{available_cpus, CONTENDED_SPIN};
 

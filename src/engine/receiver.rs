@@ -198,7 +198,7 @@ pub(crate) struct LentPart<R> {
 
 /// An announced transfer the receiver is reading (its segments, and how far it got).
 pub(crate) struct ZcRecv {
-    id: u64,
+    pub(crate) id: u64,
     pub(crate) total: u64,
     pub(crate) done: u64,
     count: usize,

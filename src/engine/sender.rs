@@ -2,6 +2,7 @@
 //! by the replicated tail, and the sender's side of zero-copy transfers (announce,
 //! confirm; the lending itself is in [`zerocopy`](super::zerocopy)).
 
+use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -89,8 +90,12 @@ pub struct Sender<F: Fabric> {
     /// Known tail at our last credit request (so we ask once per stall).
     credit_requested_at: u64,
     closed: bool,
-    /// The zero-copy transfer announced and not yet confirmed, if any.
-    pub(crate) pending: Option<PendingZc>,
+    /// Zero-copy transfers announced and not yet released, oldest first (numbered
+    /// consecutively; the peer reads and confirms them in this order).
+    pub(crate) in_flight: VecDeque<PendingZc>,
+    /// The newest of `in_flight` came from `put_nocopy`, whose caller offers its
+    /// buffers again until a call counts them: nothing may follow it until then.
+    pub(crate) held: bool,
     /// Number of the next announcement.
     pub(crate) zc_next_id: u64,
     /// Polls of an unconfirmed transfer since the last health check.
@@ -104,6 +109,17 @@ pub struct Sender<F: Fabric> {
     copy_in: Option<CopyInMeter>,
 }
 
+/// What a [`put_lending`](Sender::put_lending) did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lending {
+    /// Bytes counted, in order: copied into the ring or lent.
+    pub bytes: usize,
+    /// The ticket of the last buffer the call lent (its buffers are the caller's
+    /// again once [`lends_released`](Sender::lends_released) returns at least this),
+    /// 0 when it lent none.
+    pub ticket: u64,
+}
+
 /// A zero-copy transfer the peer has been told about and has not confirmed.
 pub(crate) struct PendingZc {
     pub(crate) id: u64,
@@ -113,7 +129,7 @@ pub(crate) struct PendingZc {
 }
 
 impl PendingZc {
-    fn total(&self) -> usize {
+    pub(crate) fn total(&self) -> usize {
         self.segs[..self.count].iter().map(|s| s.len as usize).sum()
     }
 }
@@ -149,7 +165,8 @@ impl<F: Fabric> Sender<F> {
             max_pieces,
             credit_requested_at: u64::MAX,
             closed: false,
-            pending: None,
+            in_flight: VecDeque::new(),
+            held: false,
             zc_next_id: 1,
             zc_polls: 0,
             max_rndv_segs,
@@ -203,8 +220,8 @@ impl<F: Fabric> Sender<F> {
         STACKED_PAYLOAD.min(by_inline).min(by_chunk)
     }
 
-    /// Publishes what the lane may write now: nothing while a zero-copy transfer is
-    /// pending (its bytes are not the caller's to follow yet), after the end of the
+    /// Publishes what the lane may write now: nothing while a `put_nocopy` transfer
+    /// is held (its bytes are not the caller's to follow yet), after the end of the
     /// stream, while the peer offers another ring (the library takes it), past the
     /// small packets' lap (the library wraps), after a failure, or where the fabric
     /// does not write by plain stores; else packets of up to
@@ -217,7 +234,7 @@ impl<F: Fabric> Sender<F> {
         let offset = head & (self.ring_size - 1);
         if payload == 0
             || self.closed
-            || self.pending.is_some()
+            || self.held
             || self.offer_pending()
             || offset >= lap
             || self.link.error().is_some()
@@ -325,7 +342,7 @@ impl<F: Fabric> Sender<F> {
     pub fn put(&mut self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
         let r = match self.put_small_now(iov) {
             Some(r) => r,
-            None => self.put_inner(iov, None),
+            None => self.put_inner(iov, ZeroCopy::Never),
         };
         self.after_lane_put();
         r
@@ -384,7 +401,7 @@ impl<F: Fabric> Sender<F> {
         len != 0
             && self.stackable(len)
             && !self.closed
-            && self.pending.is_none()
+            && !self.held
             && !self.offer_pending()
             && self.head() & (self.ring_size - 1) < self.lap_for(len)
             && max_payload_now(self.ring_size, self.head(), self.tail, self.chunk) >= len
@@ -428,27 +445,77 @@ impl<F: Fabric> Sender<F> {
         self.link.wakes
     }
 
-    /// True while a zero-copy transfer is announced and not yet confirmed.
+    /// True while a zero-copy transfer [`put_nocopy`](Self::put_nocopy) announced
+    /// is not yet counted (a later `put_nocopy` must offer its buffers first).
     pub fn zero_copy_pending(&self) -> bool {
-        self.pending.is_some()
+        self.held
     }
 
-    /// Waits (with the configured backoff) until the announced zero-copy transfer is
-    /// confirmed by the peer, so that the next [`put_nocopy`](Self::put_nocopy) counts it.
+    /// Waits (with the configured backoff) until the zero-copy transfer
+    /// [`put_nocopy`](Self::put_nocopy) announced is confirmed by the peer, so that
+    /// the next `put_nocopy` counts it.
     ///
     /// # Errors
     ///
     /// As [`put`](Self::put).
     pub fn wait_zero_copy(&mut self) -> io::Result<()> {
         let mut b = Backoff::with_policy(self.link.wait);
-        while let Some(p) = &self.pending {
-            if self.zc_confirmed(p.id)? {
+        while let Some(id) = self.held_id() {
+            if self.zc_confirmed(id)? {
                 return Ok(());
             }
             self.link.serve_credit()?;
             self.link.snooze(&mut b);
         }
         Ok(())
+    }
+
+    /// Serves the peer's pushes for the lent transfers, releases those the peer has
+    /// read, and returns the ticket of the last released: every buffer
+    /// [`put_lending`](Sender::put_lending) lent under that ticket or a lower one is
+    /// the caller's again. Never blocks.
+    ///
+    /// # Errors
+    ///
+    /// The connection's failure (the lent buffers are revoked then and may be
+    /// reused: the peer can no longer read them).
+    pub fn lends_released(&mut self) -> io::Result<u64> {
+        if let Some(front) = self.in_flight.front() {
+            let id = front.id;
+            if let Err(e) = self.zc_confirmed(id) {
+                self.abort_pending();
+                return Err(e);
+            }
+            self.release_confirmed(self.link.ctrl.zero_copy_done(), false);
+        }
+        Ok(self.released_through())
+    }
+
+    /// One non-blocking look for callers that wait on many connections: true when
+    /// a lent transfer can be released now (the peer confirmed the oldest; call
+    /// [`lends_released`](Sender::lends_released)). Serves the peer's pushes.
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Self::put).
+    pub fn poll_released(&mut self) -> io::Result<bool> {
+        if self.lends_in_flight() == 0 {
+            return Ok(false);
+        }
+        let id = self.in_flight.front().map_or(0, |p| p.id);
+        self.zc_confirmed(id)
+    }
+
+    /// Transfers lent by [`put_lending`](Sender::put_lending) and not released yet.
+    pub fn lends_in_flight(&self) -> usize {
+        self.in_flight.len() - usize::from(self.held)
+    }
+
+    /// The number of the transfer `put_nocopy` holds, if any.
+    fn held_id(&self) -> Option<u64> {
+        self.held
+            .then(|| self.in_flight.back().map(|p| p.id))
+            .flatten()
     }
 
     /// Allocates `len` bytes of zeroed, registered memory for zero-copy sends (like
@@ -488,26 +555,60 @@ impl<F: Fabric> Sender<F> {
         Ok(false)
     }
 
-    /// Gives up an unconfirmed transfer after an error: releases and deregisters its
-    /// buffers so the peer can no longer read them.
+    /// Gives up the unreleased transfers after an error: releases and deregisters
+    /// their buffers so the peer can no longer read them.
     /// Returns whether there was one.
     pub(crate) fn abort_pending(&mut self) -> bool {
-        let Some(p) = self.pending.take() else {
+        if self.in_flight.is_empty() {
             return false;
-        };
+        }
         // First, so that no push starts from these buffers once they are revoked.
-        Link::set_push_source(&self.link, None);
-        for (seg, h) in p.segs.iter().zip(p.handles.iter()).take(p.count) {
-            if let Some(h) = h {
-                self.link.rcache.release(*h);
-                if !h.is_owned() {
-                    self.link
-                        .rcache
-                        .invalidate(seg.addr as *const u8, seg.len as usize);
+        Link::drop_push_sources(&self.link, u64::MAX);
+        self.held = false;
+        for p in self.in_flight.drain(..) {
+            for (seg, h) in p.segs.iter().zip(p.handles.iter()).take(p.count) {
+                if let Some(h) = h {
+                    self.link.rcache.release(*h);
+                    if !h.is_owned() {
+                        self.link
+                            .rcache
+                            .invalidate(seg.addr as *const u8, seg.len as usize);
+                    }
                 }
             }
         }
         true
+    }
+
+    /// Releases the transfers the peer confirmed, up to `upto`: their buffers are
+    /// the caller's again. The held transfer is released only by the `put_nocopy`
+    /// that counts it (`settle`). Returns the number of the last released.
+    fn release_confirmed(&mut self, upto: u64, settle: bool) -> u64 {
+        let upto = match self.held_id() {
+            Some(held) if !settle => upto.min(held - 1),
+            _ => upto,
+        };
+        if self.in_flight.front().is_some_and(|p| p.id <= upto) {
+            // Their push sources go before their registrations.
+            Link::drop_push_sources(&self.link, upto);
+            while self.in_flight.front().is_some_and(|p| p.id <= upto) {
+                let p = self.in_flight.pop_front().expect("checked above");
+                for h in p.handles.iter().take(p.count).flatten() {
+                    self.link.rcache.release(*h);
+                }
+            }
+            if self.in_flight.is_empty() {
+                self.held = false;
+            }
+        }
+        self.released_through()
+    }
+
+    /// The number of the last transfer whose buffers are the caller's again.
+    fn released_through(&self) -> u64 {
+        self.in_flight
+            .front()
+            .map_or(self.zc_next_id - 1, |p| p.id - 1)
     }
 
     /// The zero-copy thresholds of this connection: the configuration's, else the
@@ -559,20 +660,16 @@ impl<F: Fabric> Sender<F> {
             && self.link.ctrl.path_advice() & advice_bit(buf.len()) != 0
     }
 
-    /// The put loop. With `lent` (from `put_nocopy`), eligible buffers are announced
-    /// for zero-copy instead of copied.
-    pub(crate) fn put_inner(
-        &mut self,
-        iov: &[IoSlice<'_>],
-        lent: Option<Lent>,
-    ) -> io::Result<usize> {
-        let r = self.put_loop(iov, lent);
+    /// The put loop. Unless `mode` is [`ZeroCopy::Never`], eligible buffers are
+    /// announced for zero-copy instead of copied.
+    pub(crate) fn put_inner(&mut self, iov: &[IoSlice<'_>], mode: ZeroCopy) -> io::Result<usize> {
+        let r = self.put_loop(iov, mode);
         // Even after 0 bytes or an error: an announcement may have gone out.
         self.ring_if_asked();
         r
     }
 
-    fn put_loop(&mut self, iov: &[IoSlice<'_>], lent: Option<Lent>) -> io::Result<usize> {
+    fn put_loop(&mut self, iov: &[IoSlice<'_>], mode: ZeroCopy) -> io::Result<usize> {
         if self.closed {
             return Err(io::Error::new(io::ErrorKind::BrokenPipe, "put after close"));
         }
@@ -583,9 +680,9 @@ impl<F: Fabric> Sender<F> {
         if total >= MEASURE_MIN && self.link.zc_adaptive_min != usize::MAX {
             self.link.note_large_put();
         }
-        // An announced transfer is settled first: a peer that read it and then closed
-        // its reading side has still received it, and the count must say so.
-        let Some((mut done, mut idx)) = self.settle_pending(iov)? else {
+        // A held transfer is settled first: a peer that read it and then closed its
+        // reading side has still received it, and the count must say so.
+        let Some((mut done, mut idx)) = self.settle_held(iov)? else {
             return Ok(0);
         };
         let mut off = 0;
@@ -605,10 +702,19 @@ impl<F: Fabric> Sender<F> {
             }
             // Eager bytes stop where the next zero-copy buffer starts.
             let mut eager_left = total - done;
-            if let Some(lent) = lent {
+            if let ZeroCopy::Hold(lent) | ZeroCopy::Lend(lent) = mode {
                 if off == 0 && self.zc_eligible(&iov[idx]) {
-                    match self.announce(&iov[idx..], lent)? {
-                        Announce::Sent => return Ok(done),
+                    if !self.room_for_a_transfer() {
+                        break;
+                    }
+                    let hold = matches!(mode, ZeroCopy::Hold(_));
+                    match self.announce(&iov[idx..], lent, hold)? {
+                        Announce::Sent { .. } if hold => return Ok(done),
+                        Announce::Sent { slices, bytes } => {
+                            done += bytes;
+                            idx += slices;
+                            continue;
+                        }
                         Announce::NoRoom => break,
                         Announce::Refused => {}
                     }
@@ -641,18 +747,30 @@ impl<F: Fabric> Sender<F> {
         Ok(done)
     }
 
-    /// Settles an announced zero-copy transfer before anything else is sent: `None`
+    /// True when one more transfer may be announced: fewer than
+    /// [`MAX_TRANSFERS_IN_FLIGHT`] unreleased, after releasing those the peer
+    /// confirmed.
+    fn room_for_a_transfer(&mut self) -> bool {
+        if self.in_flight.len() < MAX_TRANSFERS_IN_FLIGHT {
+            return true;
+        }
+        self.release_confirmed(self.link.ctrl.zero_copy_done(), false);
+        self.in_flight.len() < MAX_TRANSFERS_IN_FLIGHT
+    }
+
+    /// Settles the held zero-copy transfer before anything else is sent: `None`
     /// while the peer has not read it all, else the bytes it counts for and the
-    /// index of the first slice after its buffers (`(0, 0)` when none was pending).
+    /// index of the first slice after its buffers (`(0, 0)` when none was held).
     ///
     /// # Errors
     ///
     /// `InvalidInput` if `iov` does not start with the announced buffers; the
     /// connection's error.
-    fn settle_pending(&mut self, iov: &[IoSlice<'_>]) -> io::Result<Option<(usize, usize)>> {
-        let Some(p) = &self.pending else {
+    fn settle_held(&mut self, iov: &[IoSlice<'_>]) -> io::Result<Option<(usize, usize)>> {
+        if !self.held {
             return Ok(Some((0, 0)));
-        };
+        }
+        let p = self.in_flight.back().expect("a held transfer is in flight");
         // The caller must offer the announced buffers again, first.
         let mut matched = 0;
         for s in iov.iter().filter(|s| !s.is_empty()).take(p.count) {
@@ -668,24 +786,21 @@ impl<F: Fabric> Sender<F> {
                 "a zero-copy put is in flight: offer the same buffers again until it is counted",
             ));
         }
-        let id = p.id;
+        let (id, count, bytes) = (p.id, p.count, p.total());
         if !self.zc_confirmed(id)? {
             return Ok(None);
         }
-        let p = self.pending.take().expect("checked above");
-        Link::set_push_source(&self.link, None);
-        for h in p.handles.iter().take(p.count).flatten() {
-            self.link.rcache.release(*h);
-        }
+        // The peer confirms in order: the transfers before it are released too.
+        self.release_confirmed(id, true);
         // Skip past the announced buffers.
         let (mut idx, mut seen) = (0, 0);
-        while seen < p.count {
+        while seen < count {
             if !iov[idx].is_empty() {
                 seen += 1;
             }
             idx += 1;
         }
-        Ok(Some((p.total(), idx)))
+        Ok(Some((bytes, idx)))
     }
 
     /// Writes one packet of at most `want` payload bytes starting at byte `skip` of
@@ -1101,7 +1216,7 @@ impl<F: Fabric> Sender<F> {
 
     /// True when a `put` of one byte would make progress now (ring not full).
     pub fn can_put(&mut self) -> io::Result<bool> {
-        if self.offer_pending() && !self.closed && self.pending.is_none() {
+        if self.offer_pending() && !self.closed && !self.held {
             self.take_offer()?;
         }
         if max_payload_now(self.ring_size, self.head(), self.tail, self.chunk) > 0 {
@@ -1160,8 +1275,7 @@ impl<F: Fabric> Sender<F> {
     /// As [`put`](Self::put).
     pub fn poll_writable(&mut self) -> io::Result<bool> {
         self.link.serve_credit()?;
-        if let Some(p) = &self.pending {
-            let id = p.id;
+        if let Some(id) = self.held_id() {
             return self.zc_confirmed(id);
         }
         self.link.check_peer_reading()?;
@@ -1196,10 +1310,27 @@ impl<F: Fabric> Sender<F> {
     }
 }
 
+/// How a put treats buffers that may go zero-copy.
+#[derive(Clone, Copy)]
+pub(crate) enum ZeroCopy {
+    /// Copied into the ring, whatever their size (`put`).
+    Never,
+    /// Announced, and the call returns: later calls offer them again until one
+    /// counts them (`put_nocopy`).
+    Hold(Lent),
+    /// Announced and counted at once; the caller learns when they are released
+    /// (`put_lending`).
+    Lend(Lent),
+}
+
+/// Most zero-copy transfers a sender keeps announced and unreleased: a window of
+/// nonblocking sends (OSU's osu_bw has 64) is read back to back by the peer.
+pub(crate) const MAX_TRANSFERS_IN_FLIGHT: usize = 64;
+
 /// Outcome of an attempt to announce a zero-copy transfer.
 pub(crate) enum Announce {
-    /// Announced; the transfer is in flight.
-    Sent,
+    /// Announced: the first `slices` buffers, `bytes` in all, are in flight.
+    Sent { slices: usize, bytes: usize },
     /// The ring has no room for the announcement now.
     NoRoom,
     /// The buffer could not be registered: send it through the ring instead.

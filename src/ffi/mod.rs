@@ -37,6 +37,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::group::exchange::{Exchange, Pmi, Singleton};
 use crate::group::Group;
+use crate::Lending;
 use error::{report, Error};
 use exchange::Callbacks;
 use state::{lock, Phase};
@@ -403,17 +404,70 @@ pub unsafe extern "C" fn rch_put_datav(
     n: c_int,
     nbytes: *mut size_t,
 ) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { put_common(vc, iov, n, nbytes, std::ptr::null_mut()) }
+}
+
+/// See `rch_put_lend` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// As `rch_put_datav`; `ticket` NULL or writable; the buffers the call lends stay
+/// mapped and unmodified until `rch_lends_released` reports their ticket.
+#[no_mangle]
+pub unsafe extern "C" fn rch_put_lend(
+    vc: *mut rch_vc,
+    iov: *const iovec,
+    n: c_int,
+    nbytes: *mut size_t,
+    ticket: *mut u64,
+) -> c_int {
+    if ticket.is_null() {
+        return guard(|| Err(null("ticket")));
+    }
+    // SAFETY: forwarded from this function's contract; `ticket` is non-NULL.
+    unsafe { put_common(vc, iov, n, nbytes, ticket) }
+}
+
+/// rch_put_datav (`ticket` NULL) and rch_put_lend.
+///
+/// # Safety
+///
+/// As `rch_put_lend`, with `ticket` NULL for rch_put_datav's contract.
+#[inline(always)]
+unsafe fn put_common(
+    vc: *mut rch_vc,
+    iov: *const iovec,
+    n: c_int,
+    nbytes: *mut size_t,
+    ticket: *mut u64,
+) -> c_int {
     guard(|| {
         if nbytes.is_null() {
             return Err(null("nbytes"));
         }
         // SAFETY: checked non-NULL; the caller promised a writable size_t.
         unsafe { out(nbytes, 0) };
+        if !ticket.is_null() {
+            // SAFETY: non-NULL; the caller promised a writable uint64_t.
+            unsafe { out(ticket, 0) };
+        }
         // SAFETY: the caller promised n readable entries at a non-NULL iov.
         let (total, clean) = unsafe { check_iov(iov, n) }?;
         let mut lib = lock()?;
         let g = lib.ready()?;
         let r = data_vc(g, vc)?;
+        let lend = !ticket.is_null();
+        // SAFETY: the header's zero-copy contract (rch_put_datav's, or rch_put_lend's
+        // with `lend`) is the caller's.
+        let put = |g: &mut Group, slices: &[IoSlice<'_>]| unsafe {
+            if lend {
+                g.put_lend(r, slices, total)
+            } else {
+                g.put(r, slices, total)
+                    .map(|bytes| Lending { bytes, ticket: 0 })
+            }
+        };
         let done = if clean {
             let slices: &[IoSlice<'_>] = if n == 0 {
                 &[]
@@ -423,8 +477,7 @@ pub unsafe extern "C" fn rch_put_datav(
                 // one layout (sys.rs asserts it, std guarantees ABI compatibility).
                 unsafe { std::slice::from_raw_parts(iov.cast::<IoSlice<'_>>(), n as usize) }
             };
-            // SAFETY: the header's zero-copy contract is the caller's.
-            unsafe { g.put(r, slices, total) }?
+            put(g, slices)?
         } else {
             // SAFETY: as above, reading the entries one by one and skipping the empty
             // ones (whose base may be NULL).
@@ -435,11 +488,37 @@ pub unsafe extern "C" fn rch_put_datav(
                     IoSlice::new(unsafe { std::slice::from_raw_parts(p, l) })
                 })
                 .collect();
-            // SAFETY: the header's zero-copy contract is the caller's.
-            unsafe { g.put(r, &slices, total) }?
+            put(g, &slices)?
         };
         // SAFETY: checked non-NULL above.
-        unsafe { out(nbytes, done as size_t) };
+        unsafe { out(nbytes, done.bytes as size_t) };
+        if !ticket.is_null() {
+            // SAFETY: non-NULL, as above.
+            unsafe { out(ticket, done.ticket) };
+        }
+        Ok(())
+    })
+}
+
+/// See `rch_lends_released` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `ticket` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn rch_lends_released(vc: *mut rch_vc, ticket: *mut u64) -> c_int {
+    guard(|| {
+        if ticket.is_null() {
+            return Err(null("ticket"));
+        }
+        // SAFETY: checked non-NULL; the caller promised a writable uint64_t.
+        unsafe { out(ticket, 0) };
+        let mut lib = lock()?;
+        let g = lib.ready()?;
+        let r = data_vc(g, vc)?;
+        let released = g.lends_released(r)?;
+        // SAFETY: as above.
+        unsafe { out(ticket, released) };
         Ok(())
     })
 }

@@ -22,7 +22,8 @@ use self::hello::Hello;
 use crate::config::{Config, WaitPolicy};
 use crate::engine::lane::{LaneCell, SendLane};
 use crate::engine::{
-    available_cpus, Backoff, Peeked, Prepared, QuietWatch, Receiver, Sender, CONTENDED_SPIN,
+    available_cpus, Backoff, Lending, Peeked, Prepared, QuietWatch, Receiver, Sender,
+    CONTENDED_SPIN,
 };
 use crate::fabric::{Access, AnyFabric, Card, Fabric};
 use crate::handshake::unix;
@@ -205,6 +206,9 @@ struct Vc {
     /// A put returned less than offered (or left a zero-copy transfer in flight):
     /// rch_wait watches for room.
     want_write: bool,
+    /// Transfers lent by rch_put_lend are not released yet: rch_wait watches for
+    /// the peer's confirmations (and serves its pushes).
+    want_release: bool,
     /// A read reported the connection's end or failure: rch_wait stops watching it.
     rx_done: bool,
     /// The peer's sender rings our doorbell when asked: a connection of this host
@@ -217,14 +221,23 @@ struct Vc {
 
 impl Vc {
     /// rch_wait's look at one connection that is up: a read would return now
-    /// (`read`), or a put would progress (`write`). Both are looked at, as each
-    /// look also does the connection's upkeep.
-    fn up_ready(&mut self, read: bool, write: bool) -> bool {
+    /// (`read`), or, with `write`, a put would progress (where one wants to, or
+    /// `any`) or a lent transfer can be released. Each is looked at, as each look
+    /// also does the connection's upkeep.
+    fn up_ready(&mut self, read: bool, write: bool, any: bool) -> bool {
         let Conn::Up(up) = &mut self.conn else {
             return false;
         };
         let readable = read && !self.rx_done && up.rx.poll_readable().unwrap_or(true);
-        let writable = write && up.confirm.is_none() && up.tx.poll_writable().unwrap_or(true);
+        let mut writable = false;
+        if write && up.confirm.is_none() {
+            if self.want_write || any {
+                writable = up.tx.poll_writable().unwrap_or(true);
+            }
+            if self.want_release {
+                writable |= up.tx.poll_released().unwrap_or(true);
+            }
+        }
         readable | writable
     }
 }
@@ -406,6 +419,7 @@ impl Group {
                 conn: Conn::Idle,
                 watch: Watched::No,
                 want_write: false,
+                want_release: false,
                 rx_done: false,
                 belled: false,
                 lane: None,
@@ -517,28 +531,83 @@ impl Group {
         iov: &[IoSlice<'_>],
         total: usize,
     ) -> Result<usize, Error> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.put_mode(rank, iov, total, false) }.map(|l| l.bytes)
+    }
+
+    /// rch_put_lend: as [`put`](Self::put), but buffers that go zero-copy are
+    /// counted at once and lent until [`lends_released`](Self::lends_released)
+    /// passes the returned ticket.
+    ///
+    /// # Safety
+    ///
+    /// `rch_put_lend`'s contract: the buffers it lends stay mapped and unmodified
+    /// until their ticket is released.
+    #[inline(always)]
+    pub(crate) unsafe fn put_lend(
+        &mut self,
+        rank: usize,
+        iov: &[IoSlice<'_>],
+        total: usize,
+    ) -> Result<Lending, Error> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.put_mode(rank, iov, total, true) }
+    }
+
+    /// rch_lends_released: the last ticket of the connection to `rank` whose
+    /// buffers are the caller's again (serving the peer's pushes, releasing what it
+    /// confirmed).
+    pub(crate) fn lends_released(&mut self, rank: usize) -> Result<u64, Error> {
+        let vc = &mut self.vcs[rank];
+        match &mut vc.conn {
+            Conn::Up(up) => {
+                let r = up.tx.lends_released();
+                vc.want_release = up.tx.lends_in_flight() > 0;
+                r.map_err(|e| data_error(&e, rank, "put"))
+            }
+            Conn::Failed(e) => Err(e.clone()),
+            Conn::Closed => Err(closed(rank)),
+            // Nothing was ever lent on a connection that is not up.
+            _ => Ok(0),
+        }
+    }
+
+    /// [`put`](Self::put) or, with `lend`, [`put_lend`](Self::put_lend).
+    ///
+    /// # Safety
+    ///
+    /// As [`put`](Self::put), or as [`put_lend`](Self::put_lend) with `lend`.
+    #[inline(always)]
+    unsafe fn put_mode(
+        &mut self,
+        rank: usize,
+        iov: &[IoSlice<'_>],
+        total: usize,
+        lend: bool,
+    ) -> Result<Lending, Error> {
         // A peer we write to answers: its connection is watched closely.
         self.enrol(rank);
         // SAFETY: forwarded from this function's contract.
-        let r = unsafe { self.put_inner(rank, iov, total) };
-        if matches!(r, Ok(n) if n > 0) {
+        let r = unsafe { self.put_inner(rank, iov, total, lend) };
+        if matches!(r, Ok(l) if l.bytes > 0) {
             self.idle_backoff = None;
         }
         r
     }
 
-    /// [`put`](Self::put) without the idle bookkeeping.
+    /// [`put_mode`](Self::put_mode) without the idle bookkeeping.
     ///
     /// # Safety
     ///
-    /// As [`put`](Self::put).
+    /// As [`put_mode`](Self::put_mode).
     #[inline(always)]
     unsafe fn put_inner(
         &mut self,
         rank: usize,
         iov: &[IoSlice<'_>],
         total: usize,
-    ) -> Result<usize, Error> {
+        lend: bool,
+    ) -> Result<Lending, Error> {
         self.background();
         let vc = &mut self.vcs[rank];
         if let Conn::Up(up) = &mut vc.conn {
@@ -548,29 +617,34 @@ impl Group {
                 // copying path, which skips the eligibility checks.
                 let copies = total < up.tx.zero_copy_other_min().max(1);
                 let r = if copies && !up.tx.zero_copy_pending() {
-                    up.tx.put(iov)
+                    up.tx.put(iov).map(|bytes| Lending { bytes, ticket: 0 })
+                } else if lend {
+                    // SAFETY: forwarded from this function's contract.
+                    unsafe { up.tx.put_lending(iov) }
                 } else {
                     // SAFETY: forwarded from this function's contract.
-                    unsafe { up.tx.put_nocopy(iov) }
+                    unsafe { up.tx.put_nocopy(iov) }.map(|bytes| Lending { bytes, ticket: 0 })
                 };
                 return match r {
-                    Ok(0) if total > 0 && up.idle_gone() => {
+                    Ok(l) if l.bytes == 0 && total > 0 && up.idle_gone() => {
                         vc.want_write = false;
                         Err(gone(rank))
                     }
-                    Ok(n) => {
-                        vc.want_write = n < total || up.tx.zero_copy_pending();
-                        Ok(n)
+                    Ok(l) => {
+                        vc.want_write = l.bytes < total || up.tx.zero_copy_pending();
+                        vc.want_release = up.tx.lends_in_flight() > 0;
+                        Ok(l)
                     }
                     Err(e) => {
                         vc.want_write = false;
+                        vc.want_release = false;
                         Err(data_error(&e, rank, "put"))
                     }
                 };
             }
         }
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.put_slow(rank, iov, total) }
+        unsafe { self.put_slow(rank, iov, total, lend) }
     }
 
     /// [`put`](Self::put) on a connection that is not up (yet).
@@ -584,7 +658,8 @@ impl Group {
         rank: usize,
         iov: &[IoSlice<'_>],
         total: usize,
-    ) -> Result<usize, Error> {
+        lend: bool,
+    ) -> Result<Lending, Error> {
         match &self.vcs[rank].conn {
             Conn::Idle => self.start(rank)?,
             Conn::Closed => return Err(closed(rank)),
@@ -608,9 +683,11 @@ impl Group {
         self.vcs[rank].want_write = total > 0;
         match &self.vcs[rank].conn {
             // SAFETY: forwarded from this function's contract.
-            Conn::Up(up) if up.confirm.is_none() => unsafe { self.put(rank, iov, total) },
+            Conn::Up(up) if up.confirm.is_none() => unsafe {
+                self.put_mode(rank, iov, total, lend)
+            },
             Conn::Failed(e) => Err(e.clone()),
-            _ => Ok(0),
+            _ => Ok(Lending::default()),
         }
     }
 
@@ -1212,6 +1289,7 @@ impl Group {
         }
         vc.conn = Conn::Closed;
         vc.want_write = false;
+        vc.want_release = false;
         vc.rx_done = true;
     }
 
@@ -1667,8 +1745,8 @@ impl Group {
                     if sockets && !vc.rx_done && up.peer_gone() {
                         ready = true;
                     }
-                    let write = write && (vc.want_write || only.is_some());
-                    ready |= vc.up_ready(read, write);
+                    let write = write && (vc.want_write || vc.want_release || only.is_some());
+                    ready |= vc.up_ready(read, write, only.is_some());
                 }
                 Conn::Closed | Conn::Failed(_) if only.is_some() => ready = true,
                 // A put on a connection nobody opened yet progresses: it starts one.
@@ -1697,8 +1775,8 @@ impl Group {
                 Some(q) => self.watch.quiet[q],
             };
             let vc = &mut self.vcs[r];
-            let write = write && vc.want_write;
-            ready |= vc.up_ready(read, write);
+            let write = write && (vc.want_write || vc.want_release);
+            ready |= vc.up_ready(read, write, false);
         }
         (ready, 1 + self.watch.busy.len() + quiet)
     }

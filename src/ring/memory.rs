@@ -369,7 +369,12 @@ impl CtrlWord {
     }
 }
 
-/// Byte offset of the lend slot: four words from the receiver of our outgoing ring
+/// Words of the lend slot ([`Lend::to_words`]); the last is the lend's number.
+pub const LEND_WORDS: usize = 5;
+const LEND_NUMBER_WORD: usize = LEND_WORDS - 1;
+const _: () = assert!(LEND_SLOT + 8 * LEND_WORDS as u64 <= RING_OFFER_SLOT);
+
+/// Byte offset of the lend slot: five words from the receiver of our outgoing ring
 /// naming part of its buffer for us to RDMA WRITE a zero-copy transfer's bytes into
 /// (see [`Lend`]), on a cache line of its own.
 pub const LEND_SLOT: u64 = 128;
@@ -513,7 +518,7 @@ impl<R: MemoryRegion> ControlWords<R> {
     /// first. Relaxed: a cheap check for news; [`lend`](Self::lend) orders the rest.
     #[inline]
     pub fn lend_number(&self) -> u64 {
-        self.slot_word(3).load(Ordering::Relaxed)
+        self.slot_word(LEND_NUMBER_WORD).load(Ordering::Relaxed)
     }
 
     /// The words a quiet receiver's watch compares ([`crate::engine::QuietWatch`]):
@@ -523,18 +528,18 @@ impl<R: MemoryRegion> ControlWords<R> {
         [
             self.word(CtrlWord::CreditRequest),
             self.word(CtrlWord::EndOfStream),
-            self.slot_word(3),
+            self.slot_word(LEND_NUMBER_WORD),
         ]
     }
 
     /// The lend slot as the peer last wrote it.
     pub fn lend(&self) -> Lend {
-        // Acquire on the number, the slot's last word: the peer writes the four words
+        // Acquire on the number, the slot's last word: the peer writes the five words
         // in one request, so the others are visible once it is (fabric guarantee 2).
-        let number = self.slot_word(3).load(Ordering::Acquire);
+        let number = self.slot_word(LEND_NUMBER_WORD).load(Ordering::Acquire);
         // Relaxed: ordered by the Acquire above.
         let w = |i| self.slot_word(i).load(Ordering::Relaxed);
-        Lend::from_words([w(0), w(1), w(2), number])
+        Lend::from_words([w(0), w(1), w(2), w(3), number])
     }
 
     /// The offer the peer's sender last asked for ([`CtrlWord::RingWanted`]), 0
@@ -572,9 +577,10 @@ impl<R: MemoryRegion> ControlWords<R> {
 
     #[inline]
     fn slot_word(&self, i: usize) -> &AtomicU64 {
-        debug_assert!(i < 4);
+        debug_assert!(i < LEND_WORDS);
         let at = LEND_SLOT as usize + 8 * i;
-        // SAFETY: i < 4, so the word lies 8-aligned inside CTRL_SIZE; as in `word`.
+        // SAFETY: i < LEND_WORDS, so the word lies 8-aligned inside CTRL_SIZE (the
+        // slot's line, before RING_OFFER_SLOT); as in `word`.
         unsafe { &*self.mem.base.as_ptr().add(at).cast::<AtomicU64>() }
     }
 
@@ -629,12 +635,13 @@ impl RingOffer {
 
 /// A lend: `len` bytes of the receiver's buffer at `addr` (writable with `rkey`, a
 /// registration of exactly those bytes that the receiver revokes once they landed),
-/// which take the announced transfer's bytes from `offset` on. `number` counts the
-/// receiver's lends from 1 and is written last.
+/// which take the bytes from `offset` on of the announced transfer numbered
+/// `transfer` (a sender may have several announced). `number` counts the receiver's
+/// lends from 1 and is written last.
 ///
 /// ```
 /// use rdma_channel::ring::memory::Lend;
-/// let l = Lend { addr: 0x7000, rkey: 5, len: 4096, offset: 8192, number: 3 };
+/// let l = Lend { addr: 0x7000, rkey: 5, len: 4096, offset: 8192, transfer: 9, number: 3 };
 /// assert_eq!(Lend::from_words(l.to_words()), l);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -647,29 +654,34 @@ pub struct Lend {
     pub len: u32,
     /// Offset in the announced transfer of the first byte.
     pub offset: u64,
+    /// The number of the announcement the bytes belong to.
+    pub transfer: u64,
     /// The lend's number (from 1).
     pub number: u64,
 }
 
 impl Lend {
-    /// The slot's four words: `addr`, `rkey | len << 32`, `offset`, `number`.
-    pub fn to_words(&self) -> [u64; 4] {
+    /// The slot's five words: `addr`, `rkey | len << 32`, `offset`, `transfer`,
+    /// `number`.
+    pub fn to_words(&self) -> [u64; LEND_WORDS] {
         [
             self.addr,
             u64::from(self.rkey) | u64::from(self.len) << 32,
             self.offset,
+            self.transfer,
             self.number,
         ]
     }
 
-    /// The lend the four words describe.
-    pub fn from_words(w: [u64; 4]) -> Lend {
+    /// The lend the five words describe.
+    pub fn from_words(w: [u64; LEND_WORDS]) -> Lend {
         Lend {
             addr: w[0],
             rkey: w[1] as u32,
             len: (w[1] >> 32) as u32,
             offset: w[2],
-            number: w[3],
+            transfer: w[3],
+            number: w[4],
         }
     }
 }
@@ -1150,6 +1162,7 @@ mod tests {
             rkey: 77,
             len: 9000,
             offset: 1 << 40,
+            transfer: 11,
             number: 6,
         };
         for (i, v) in lend.to_words().into_iter().enumerate() {

@@ -5,6 +5,7 @@
 //! sending end serves a lend when it polls, so a sender that is blocked reading from
 //! the same connection still makes progress.
 
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use super::Lent;
 use crate::engine::Link;
 use crate::fabric::{Fabric, GatherList, Opcode, QueuePair, Sge, WorkRequest};
-use crate::ring::memory::{CtrlWord, Lend, LEND_SLOT};
+use crate::ring::memory::{CtrlWord, Lend, LEND_SLOT, LEND_WORDS};
 use crate::ring::wire::{RndvSeg, MAX_RNDV_SEGS};
 
 /// The links of this process that have a transfer lends may be served from.
@@ -49,8 +50,8 @@ pub(crate) fn serve_all_lends() {
 const PUSH_PIECE: u64 = 1 << 20;
 
 /// The announced buffers as a push needs them: where they are and their local keys.
-/// Made only from buffers whose caller lent them (`put_nocopy`), and cleared before
-/// their registrations are given back.
+/// Made only from buffers whose caller lent them (`put_nocopy`, `put_lending`), and
+/// dropped before their registrations are given back.
 #[derive(Clone, Copy)]
 pub(crate) struct PushSource {
     segs: [RndvSeg; MAX_RNDV_SEGS],
@@ -72,11 +73,11 @@ impl PushSource {
     }
 }
 
-/// What both halves share about pushing: the transfer that may be pushed from, and
-/// the number of the last lend served.
+/// What both halves share about pushing: the announced transfers that may be
+/// pushed from (by number, oldest first), and the number of the last lend served.
 #[derive(Default)]
 pub(crate) struct PushState {
-    pub(crate) src: Option<PushSource>,
+    srcs: VecDeque<(u64, PushSource)>,
     served: u64,
 }
 
@@ -120,7 +121,7 @@ impl<F: Fabric> Link<F> {
         }
         // A lend arrives only after the announcement it belongs to, which recorded
         // the source first; without one (the transfer was abandoned) it is left alone.
-        let Some(src) = g.src else {
+        let Some(&(_, src)) = g.srcs.iter().find(|(id, _)| *id == lend.transfer) else {
             return Ok(());
         };
         let end = lend.offset.checked_add(u64::from(lend.len));
@@ -187,19 +188,54 @@ impl<F: Fabric> Link<F> {
         Ok(())
     }
 
-    /// Records (or, with `None`, clears) the transfer lends are served from, and
-    /// enters (or removes) the link in this process's list of [`serve_all_lends`].
-    /// Clearing waits for a push in progress to be posted.
-    pub(crate) fn set_push_source(link: &Arc<Link<F>>, src: Option<PushSource>) {
+    /// Records announced transfer `transfer` as one lends may be served from, and
+    /// enters the link in this process's list of [`serve_all_lends`] if it had none.
+    pub(crate) fn add_push_source(link: &Arc<Link<F>>, transfer: u64, src: PushSource) {
         let mut g = link.push.lock().unwrap_or_else(|p| p.into_inner());
-        let id = Arc::as_ptr(link) as usize;
-        let mut all = PUSHERS.lock().unwrap_or_else(|p| p.into_inner());
-        all.retain(|(other, _)| *other != id);
-        if src.is_some() {
+        if g.srcs.is_empty() {
+            let id = Arc::as_ptr(link) as usize;
             let weak: Weak<dyn ServeLend> = Arc::downgrade(link) as Weak<dyn ServeLend>;
-            all.push((id, weak));
+            PUSHERS
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((id, weak));
         }
-        g.src = src;
+        g.srcs.push_back((transfer, src));
+    }
+
+    /// Forgets the transfers numbered up to `upto` (all with `u64::MAX`) as sources
+    /// of pushes, and removes the link from the list of [`serve_all_lends`] once it
+    /// has none. Waits for a push in progress to be posted, so the caller may give
+    /// their registrations back after it.
+    pub(crate) fn drop_push_sources(link: &Arc<Link<F>>, upto: u64) {
+        let mut g = link.push.lock().unwrap_or_else(|p| p.into_inner());
+        if g.srcs.is_empty() {
+            return;
+        }
+        while g.srcs.front().is_some_and(|(id, _)| *id <= upto) {
+            g.srcs.pop_front();
+        }
+        if g.srcs.is_empty() {
+            let id = Arc::as_ptr(link) as usize;
+            PUSHERS
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(other, _)| *other != id);
+        }
+    }
+
+    /// Forgets transfer `transfer` alone as a source of pushes (an announcement that
+    /// failed to go out), as [`drop_push_sources`](Self::drop_push_sources) does.
+    pub(crate) fn drop_push_source(link: &Arc<Link<F>>, transfer: u64) {
+        let mut g = link.push.lock().unwrap_or_else(|p| p.into_inner());
+        g.srcs.retain(|(id, _)| *id != transfer);
+        if g.srcs.is_empty() {
+            let id = Arc::as_ptr(link) as usize;
+            PUSHERS
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(other, _)| *other != id);
+        }
     }
 
     /// True while this end's sender has an announced zero-copy transfer the peer has
@@ -207,8 +243,8 @@ impl<F: Fabric> Link<F> {
     /// after that.
     pub(crate) fn sending_zero_copy(&self) -> bool {
         match self.push.try_lock() {
-            Ok(g) => g.src.is_some(),
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().src.is_some(),
+            Ok(g) => !g.srcs.is_empty(),
+            Err(std::sync::TryLockError::Poisoned(p)) => !p.into_inner().srcs.is_empty(),
             // The other half is serving a lend: this end has a transfer announced.
             Err(std::sync::TryLockError::WouldBlock) => true,
         }
@@ -217,7 +253,7 @@ impl<F: Fabric> Link<F> {
     /// Writes `lend` into the peer's lend slot (one request, so its number, the last
     /// word, becomes visible last).
     pub(crate) fn post_lend(&self, lend: &Lend) -> io::Result<()> {
-        let mut bytes = [0u8; 32];
+        let mut bytes = [0u8; 8 * LEND_WORDS];
         for (chunk, w) in bytes.chunks_exact_mut(8).zip(lend.to_words()) {
             chunk.copy_from_slice(&w.to_le_bytes());
         }

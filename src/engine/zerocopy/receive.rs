@@ -191,11 +191,13 @@ impl<F: Fabric> Receiver<F> {
             Err(_) => return Ok(None),
         };
         let number = self.lends_sent + 1;
+        let transfer = self.zc.as_ref().map_or(0, |z| z.id);
         link.post_lend(&Lend {
             addr: at as u64,
             rkey: region.rkey(),
             len: len as u32,
             offset,
+            transfer,
             number,
         })?;
         self.lends_sent = number;

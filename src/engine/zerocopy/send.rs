@@ -3,7 +3,7 @@
 use std::io::{self, IoSlice};
 
 use super::{Lent, PushSource};
-use crate::engine::{Announce, Link, PendingZc, Sender};
+use crate::engine::{Announce, Lending, Link, PendingZc, Sender, ZeroCopy};
 use crate::fabric::{Access, Fabric};
 use crate::ring::wire::{PacketKind, Rendezvous, RndvSeg, MAX_RNDV_SEGS, RNDV_BY_ADVICE};
 
@@ -61,7 +61,13 @@ impl<F: Fabric> Sender<F> {
                 return r;
             }
         }
-        let r = self.put_inner(iov, Some(Lent(())));
+        let r = self.put_inner(iov, ZeroCopy::Hold(Lent(())));
+        self.after_put_nocopy(r)
+    }
+
+    /// After a put that may announce: revokes every transfer in flight if the
+    /// connection failed.
+    fn after_put_nocopy(&mut self, r: io::Result<usize>) -> io::Result<usize> {
         self.after_lane_put();
         if let Err(e) = &r {
             // A mismatched retry leaves the transfer in flight (the caller may retry
@@ -73,9 +79,72 @@ impl<F: Fabric> Sender<F> {
         r
     }
 
+    /// As [`put_nocopy`](Sender::put_nocopy), but a buffer announced for zero-copy
+    /// is counted at once, and the call goes on with the buffers after it: the
+    /// peer reads the announced ones in order, as their turn in the stream comes,
+    /// while this end sends more. A window of large nonblocking sends is then read
+    /// back to back instead of one announcement per round trip.
+    ///
+    /// The announced buffers are lent: they must stay mapped and unmodified until
+    /// [`lends_released`](Sender::lends_released) returns at least the call's
+    /// [`Lending::ticket`]. Tickets grow by one a transfer, and the peer releases
+    /// them in order. At most 64 transfers are lent at a time; a call that meets the
+    /// limit stops before the buffer it would lend (release some, then offer the
+    /// rest again).
+    ///
+    /// ```
+    /// use std::io::{IoSlice, IoSliceMut};
+    /// let (mut a, mut b) = rdma_channel::RdmaStream::pair()?;
+    /// let (x, y) = (a.alloc_mem(256 << 10)?, a.alloc_mem(256 << 10)?);
+    /// let tx = a.channel().sender();
+    /// // SAFETY: `x` and `y` stay untouched until lends_released passes their tickets.
+    /// let first = unsafe { tx.put_lending(&[IoSlice::new(b"one"), IoSlice::new(&x)]) }?;
+    /// let second = unsafe { tx.put_lending(&[IoSlice::new(&y)]) }?;
+    /// assert_eq!((first.bytes, second.bytes), (3 + (256 << 10), 256 << 10));
+    /// assert!(second.ticket > first.ticket);
+    /// let mut out = vec![1u8; 3 + (512 << 10)];
+    /// let mut got = 0;
+    /// while got < out.len() {
+    ///     got += b.get(&mut [IoSliceMut::new(&mut out[got..])])?;
+    /// }
+    /// while a.channel().sender().lends_released()? < second.ticket {}
+    /// assert!(out[3..].iter().all(|&v| v == 0));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Safety
+    ///
+    /// Every buffer the call lends (those it counts that go zero-copy) must stay
+    /// mapped and unmodified until `lends_released` returns its ticket or more, or
+    /// the sender is dropped. Dropping the sender with transfers in flight
+    /// deregisters their buffers, so the peer's reads fail instead of reading freed
+    /// memory.
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Sender::put); `InvalidInput` while a transfer `put_nocopy`
+    /// announced is not counted yet and `iov` does not start with its buffers.
+    pub unsafe fn put_lending(&mut self, iov: &[IoSlice<'_>]) -> io::Result<Lending> {
+        let before = self.zc_next_id;
+        let r = self.put_inner(iov, ZeroCopy::Lend(Lent(())));
+        let bytes = self.after_put_nocopy(r)?;
+        let ticket = if self.zc_next_id != before {
+            self.zc_next_id - 1
+        } else {
+            0
+        };
+        Ok(Lending { bytes, ticket })
+    }
+
     /// Announces a zero-copy transfer of the buffers at the start of `iov` (the first
-    /// is eligible; following eligible ones join it, up to the segment limit).
-    pub(crate) fn announce(&mut self, iov: &[IoSlice<'_>], _lent: Lent) -> io::Result<Announce> {
+    /// is eligible; following eligible ones join it, up to the segment limit), which
+    /// `put_nocopy`'s caller offers again until it is counted when `hold`.
+    pub(crate) fn announce(
+        &mut self,
+        iov: &[IoSlice<'_>],
+        _lent: Lent,
+        hold: bool,
+    ) -> io::Result<Announce> {
         let mut count = 1;
         while count < iov.len().min(self.max_rndv_segs) && self.zc_eligible(&iov[count]) {
             count += 1;
@@ -125,13 +194,10 @@ impl<F: Fabric> Sender<F> {
         {
             *k = h.lkey();
         }
-        Link::set_push_source(
+        Link::add_push_source(
             &link,
-            Some(PushSource::new(
-                &p.segs[..p.count],
-                &lkeys[..p.count],
-                _lent,
-            )),
+            p.id,
+            PushSource::new(&p.segs[..p.count], &lkeys[..p.count], _lent),
         );
         // The receiver splits a transfer it asked for the way it measured it.
         let flags = if self.zc_by_threshold(&iov[0]) {
@@ -145,13 +211,16 @@ impl<F: Fabric> Sender<F> {
             self.write_gathered(&[IoSlice::new(&desc[..n])], 0, n, PacketKind::Rendezvous);
         match written {
             Ok(_) => {
+                let (slices, bytes) = (p.count, p.total());
                 self.zc_next_id += 1;
                 self.zc_polls = 0;
-                self.pending = Some(p);
-                Ok(Announce::Sent)
+                self.in_flight.push_back(p);
+                self.held = hold;
+                Ok(Announce::Sent { slices, bytes })
             }
             Err(e) => {
-                Link::set_push_source(&link, None);
+                // The newest source is this one (ids only grow): drop it alone.
+                Link::drop_push_source(&link, p.id);
                 for h in p.handles.iter().take(p.count).flatten() {
                     link.rcache.release(*h);
                 }

@@ -32,24 +32,26 @@ AM_COND_IF([BUILD_CH3_RCH],[
     if test "$rch_found" = "no" ; then
         AC_MSG_ERROR([ch3:rch needs rdma-channel's rch.h and librdma_channel; install them with scripts/install-c PREFIX from rdma-channel and pass --with-rch=PREFIX])
     fi
-    AC_MSG_CHECKING([whether rch.h has rch_copy_lent (interface 1.11)])
+    AC_MSG_CHECKING([whether rch.h has rch_put_lend (interface 1.12)])
     AC_COMPILE_IFELSE([AC_LANG_PROGRAM([[#include <rch.h>]],
-        [[#if RCH_VERSION_MAJOR != 1 || RCH_VERSION_MINOR < 11
+        [[#if RCH_VERSION_MAJOR != 1 || RCH_VERSION_MINOR < 12
           #error too old
           #endif
           int r, n;
           const void *b;
           size_t l;
+          uint64_t t;
           rch_lane w;
           rch_send_lane *s = 0;
           return rch_wakeup() + rch_poll_ready(&r, 1, &n) + rch_peek(0, &b, &l, 0) +
                  rch_consume(0, 0) + rch_consume_peek_lane(0, 0, &b, &l, 0, &w) +
                  rch_lane_packet(&w, &b, &l) + rch_vc_send_lane(0, &s) + rch_lane_ring(0) +
                  rch_lane_send(s, b, l, 0, 0) + rch_wait_spins(&r) +
-                 rch_copy_lent(0, &r, b, l);]])],
+                 rch_copy_lent(0, &r, b, l) + rch_put_lend(0, 0, 0, &l, &t) +
+                 rch_lends_released(0, &t);]])],
         [AC_MSG_RESULT([yes])],
         [AC_MSG_RESULT([no])
-         AC_MSG_ERROR([ch3:rch needs rdma-channel's C interface 1.11 or later])])
+         AC_MSG_ERROR([ch3:rch needs rdma-channel's C interface 1.12 or later])])
     PAC_LIBS_ADD([-lrdma_channel])
 ])dnl end AM_COND_IF(BUILD_CH3_RCH,...)
 ])dnl end _BODY

@@ -157,6 +157,49 @@ static inline void MPIDI_CH3I_SendQ_dequeue(MPIDI_CH3I_VC * vcch)
     MPIR_Request_free(req);
 }
 
+/* The queue of sends whose buffers are lent (a request leaves the send queue for
+ * it): as the send queue, a reference to each request, through the same `next`
+ * field (a request is on one queue at a time). */
+static inline void MPIDI_CH3I_LentQ_enqueue(MPIDI_CH3I_VC * vcch, MPIR_Request * req)
+{
+    MPIR_Request_add_ref(req);
+    req->next = NULL;
+    if (vcch->lentq_tail != NULL)
+        vcch->lentq_tail->next = req;
+    else
+        vcch->lentq_head = req;
+    vcch->lentq_tail = req;
+}
+
+static inline void MPIDI_CH3I_LentQ_dequeue(MPIDI_CH3I_VC * vcch)
+{
+    MPIR_Request *req = vcch->lentq_head;
+    vcch->lentq_head = req->next;
+    if (vcch->lentq_head == NULL)
+        vcch->lentq_tail = NULL;
+    MPIR_Request_free(req);
+}
+
+#define MPIDI_CH3I_LentQ_empty(vcch) ((vcch)->lentq_head == NULL)
+
+/* Moves the send queue's head to the lent queue: it was wholly put, with buffers
+ * lent (the queue's reference moves with it; its rest copy, if any, is done with). */
+static inline void MPIDI_CH3I_SendQ_to_lent(MPIDI_CH3I_VC * vcch)
+{
+    MPIR_Request *req = vcch->sendq_head;
+    vcch->sendq_head = req->next;
+    if (vcch->sendq_head == NULL)
+        vcch->sendq_tail = NULL;
+    MPL_free(req->ch.rest_copy);
+    req->ch.rest_copy = NULL;
+    req->next = NULL;
+    if (vcch->lentq_tail != NULL)
+        vcch->lentq_tail->next = req;
+    else
+        vcch->lentq_head = req;
+    vcch->lentq_tail = req;
+}
+
 /* Moves an iov past `nb` bytes that a put or read counted; a partly done entry keeps
  * its rest. */
 static inline void MPIDI_CH3I_Advance_iov(struct iovec **iovp, int *np, size_t nb)
@@ -198,10 +241,17 @@ int MPIDI_CH3I_Rch_error(int rc, const char *what, int rank);
 int MPIDI_CH3I_VC_fail(MPIDI_VC_t * vc, int err);
 
 /* ch3_send.c: put as much of iov[0..n) as the connection takes now; *done is set when
- * all of it went (the iov is advanced in place past what was put). */
-int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iov, int *n, int *done);
-/* Pushes the VC's send queue as far as the connection takes it. */
+ * all of it went (the iov is advanced in place past what was put). With `ticket` not
+ * NULL large buffers may be lent (rch_put_lend): *ticket is raised to the ticket of
+ * the last one lent. */
+int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iov, int *n, int *done,
+                       unsigned long long *ticket);
+/* Pushes the VC's send queue as far as the connection takes it, and completes the
+ * sends whose lent buffers the connection released. */
 int MPIDI_CH3I_Send_progress(MPIDI_VC_t * vc, int *made_progress);
+/* True while the VC has sends to push or lent buffers to wait for. */
+#define MPIDI_CH3I_VC_send_busy(vcch) \
+    (!MPIDI_CH3I_SendQ_empty(vcch) || !MPIDI_CH3I_LentQ_empty(vcch))
 
 /* No shared-memory windows in this channel: the mutex hooks are empty. */
 #define MPIDI_CH3I_SHM_MUTEX_LOCK(win_ptr)

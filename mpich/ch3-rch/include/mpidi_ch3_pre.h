@@ -43,6 +43,10 @@ struct MPIDI_CH3I_Rch_recv;
 typedef struct MPIDI_CH3I_VC {
     struct MPIR_Request *sendq_head;
     struct MPIR_Request *sendq_tail;
+    /* Sends wholly put whose data rdma-channel holds lent (rch_put_lend): each
+     * completes once rch_lends_released reports its ticket. */
+    struct MPIR_Request *lentq_head;
+    struct MPIR_Request *lentq_tail;
     MPIDI_CH3I_VC_state_t state;
     struct rch_vc *rvc;
     /* The connection's send lane (rch_vc_send_lane), once a put went through: small
@@ -66,13 +70,15 @@ typedef struct MPIDI_CH3I_VC {
 #define MPIDI_CH3_VC_DECL struct MPIDI_CH3I_VC ch;
 
 /* Channel fields of a request: the buffer holding a copy of a queued send's small
- * rest (ch3_send.c, copy_rest), freed when the send leaves the VC's queue. */
+ * rest (ch3_send.c, copy_rest), freed when the send leaves the VC's queue, and the
+ * ticket of the last of its buffers rdma-channel holds lent (0: none). */
 typedef struct MPIDI_CH3I_Request {
     void *rest_copy;
+    unsigned long long lent_ticket;
 } MPIDI_CH3I_Request;
 
 #define MPIDI_CH3_REQUEST_DECL MPIDI_CH3I_Request ch;
-#define MPIDI_CH3_REQUEST_INIT(req_) ((req_)->ch.rest_copy = NULL)
+#define MPIDI_CH3_REQUEST_INIT(req_) ((req_)->ch.rest_copy = NULL, (req_)->ch.lent_ticket = 0)
 
 /* Progress state between MPID_Progress_start / wait / end. */
 typedef struct MPIDI_CH3I_Progress_state {

@@ -191,6 +191,8 @@ int MPIDI_CH3_VC_Init(MPIDI_VC_t * vc)
 
     vcch->sendq_head = NULL;
     vcch->sendq_tail = NULL;
+    vcch->lentq_head = NULL;
+    vcch->lentq_tail = NULL;
     vcch->state = MPIDI_CH3I_VC_STATE_UNCONNECTED;
     vcch->rvc = NULL;
     vcch->send_lane = NULL;

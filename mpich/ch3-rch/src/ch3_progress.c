@@ -706,13 +706,14 @@ int MPIDI_CH3_Connection_terminate(MPIDI_VC_t * vc)
     if (vcch->state == MPIDI_CH3I_VC_STATE_FAILED)
         return MPIDI_CH3U_Handle_connection(vc, MPIDI_VC_EVENT_TERMINATED);
     vcch->state = MPIDI_CH3I_VC_STATE_TERMINATED;
-    if (MPIDI_CH3I_SendQ_empty(vcch))
+    if (!MPIDI_CH3I_VC_send_busy(vcch))
         return finish_terminate(vc);
     MPIDI_CH3I_VC_make_active(vc);
     return MPI_SUCCESS;
 }
 
-/* Pushes the send queues of the active VCs; drops the ones that drained. */
+/* Pushes the send queues of the active VCs and completes their sends whose lent
+ * buffers came back; drops the VCs with neither left. */
 static int send_pass(int *made_progress)
 {
     int mpi_errno = MPI_SUCCESS;
@@ -730,7 +731,7 @@ static int send_pass(int *made_progress)
             if (mpi_errno == MPI_SUCCESS)
                 mpi_errno = err;
         }
-        if (MPIDI_CH3I_SendQ_empty(vcch)) {
+        if (!MPIDI_CH3I_VC_send_busy(vcch)) {
             *link = vcch->active_next;
             vcch->in_active_list = 0;
             vcch->active_next = NULL;

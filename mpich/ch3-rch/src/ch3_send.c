@@ -11,6 +11,13 @@
  * waits in the VC's send queue, with the header copied into the request, and the
  * progress engine offers it again. Packets never interleave: while the queue is not
  * empty, new sends go behind it.
+ *
+ * A send's large buffers are lent (rch_put_lend): counted at once, they stay where
+ * they are until the peer has read them, and the send waits for that in the VC's
+ * lent queue while the sends behind it go out. A window of large MPI_Isends is then
+ * read back to back by the peer, not one per round trip. Sends that load their data
+ * piece by piece (OnDataAvail: a packed datatype, RMA responses) reuse their buffer
+ * for the next piece, so they are not lent. RCH_CH3_LEND=0 turns lending off.
  */
 
 #include "mpidi_ch3_impl.h"
@@ -68,7 +75,19 @@ static RCH_SEND_INLINE int lane_put(MPIDI_CH3I_VC * vcch, const struct iovec *io
                          iov[1].iov_len);
 }
 
-int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iovp, int *np, int *done)
+/* Whether sends may lend their buffers (RCH_CH3_LEND, read once: 1 unless "0"). */
+static int lend_ok(void)
+{
+    static int ok = -1;
+    if (ok < 0) {
+        const char *v = getenv("RCH_CH3_LEND");
+        ok = !(v != NULL && strcmp(v, "0") == 0);
+    }
+    return ok;
+}
+
+int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iovp, int *np, int *done,
+                       unsigned long long *ticket)
 {
     struct rch_vc *rvc;
     struct iovec *iov = *iovp;
@@ -87,7 +106,14 @@ int MPIDI_CH3I_Put_iov(MPIDI_VC_t * vc, struct iovec **iovp, int *np, int *done)
         *done = 1;
         return MPI_SUCCESS;
     }
-    rc = rch_put_datav(rvc, iov, n, &nb);
+    if (ticket != NULL && lend_ok()) {
+        uint64_t lent = 0;
+        rc = rch_put_lend(rvc, iov, n, &nb, &lent);
+        if (lent != 0)
+            *ticket = lent;
+    } else {
+        rc = rch_put_datav(rvc, iov, n, &nb);
+    }
     if (rc != RCH_SUCCESS)
         return MPIDI_CH3I_Rch_error(rc, "put", vc->pg_rank);
     if (nb != 0)
@@ -212,6 +238,36 @@ static void enqueue(MPIDI_VC_t * vc, MPIR_Request * sreq)
     MPIDI_CH3I_VC_make_active(vc);
 }
 
+/* A request wholly put with buffers lent: it waits in the lent queue, and the
+ * progress engine completes it once they are released. */
+static void enqueue_lent(MPIDI_VC_t * vc, MPIR_Request * sreq)
+{
+    MPIDI_CH3I_LentQ_enqueue(&vc->ch, sreq);
+    MPIDI_CH3I_VC_make_active(vc);
+}
+
+/* Completes the lent queue's requests whose buffers the connection released. */
+static int reap_lent(MPIDI_VC_t * vc, int *made_progress)
+{
+    MPIDI_CH3I_VC *vcch = &vc->ch;
+    uint64_t released = 0;
+    int mpi_errno = MPI_SUCCESS;
+    int rc = rch_lends_released(vcch->rvc, &released);
+    if (rc != RCH_SUCCESS)
+        return MPIDI_CH3I_Rch_error(rc, "put", vc->pg_rank);
+    while (!MPIDI_CH3I_LentQ_empty(vcch) && vcch->lentq_head->ch.lent_ticket <= released) {
+        MPIR_Request *sreq = vcch->lentq_head;
+        sreq->ch.lent_ticket = 0;
+        *made_progress = 1;
+        /* Lent requests have no OnDataAvail (lendable): completion is all. */
+        mpi_errno = MPID_Request_complete(sreq);
+        MPIDI_CH3I_LentQ_dequeue(vcch);
+        if (mpi_errno != MPI_SUCCESS)
+            break;
+    }
+    return mpi_errno;
+}
+
 /* Runs a send request's completion action once its iov has gone: complete it, or
  * let OnDataAvail load the next part (then *more is set and the request's iov is
  * fresh, to be sent from offset 0). */
@@ -246,6 +302,9 @@ static int send_common(MPIDI_VC_t * vc, MPIR_Request * sreq, struct iovec *iov, 
     struct iovec *cur = iov;
     int left = n;
     int done = 0;
+    unsigned long long ticket = 0;
+    /* A send that loads its data piece by piece reuses the buffer: not lent. */
+    int lendable = sreq == NULL || sreq->dev.OnDataAvail == NULL;
 
     MPIR_Assert(n >= 1 && n <= MPL_IOV_LIMIT);
     MPIR_Assert(iov[0].iov_len <= sizeof(MPIDI_CH3_Pkt_t));
@@ -260,7 +319,7 @@ static int send_common(MPIDI_VC_t * vc, MPIR_Request * sreq, struct iovec *iov, 
     }
 
     if (MPIDI_CH3I_SendQ_empty(vcch)) {
-        mpi_errno = MPIDI_CH3I_Put_iov(vc, &cur, &left, &done);
+        mpi_errno = MPIDI_CH3I_Put_iov(vc, &cur, &left, &done, lendable ? &ticket : NULL);
         if (mpi_errno != MPI_SUCCESS) {
             /* The connection broke: everything queued on it fails with this error. */
             MPIDI_CH3I_VC_fail(vc, mpi_errno);
@@ -268,7 +327,16 @@ static int send_common(MPIDI_VC_t * vc, MPIR_Request * sreq, struct iovec *iov, 
         }
     }
 
-    if (done) {
+    if (done && ticket != 0) {
+        /* All went, with buffers lent: complete once they are released. */
+        if (sreq == NULL) {
+            sreq = new_send_request();
+            MPIR_ERR_CHKANDJUMP(sreq == NULL, mpi_errno, MPI_ERR_OTHER, "**nomem");
+            *sreq_out = sreq;
+        }
+        sreq->ch.lent_ticket = ticket;
+        enqueue_lent(vc, sreq);
+    } else if (done) {
         if (sreq == NULL) {
             *sreq_out = NULL;
         } else {
@@ -288,6 +356,7 @@ static int send_common(MPIDI_VC_t * vc, MPIR_Request * sreq, struct iovec *iov, 
             *sreq_out = sreq;
         }
         save_rest(sreq, cur, left, hdr_left, hdr, hdr_len, sent_hdr);
+        sreq->ch.lent_ticket = ticket;
         enqueue(vc, sreq);
         /* At the head of the queue the connection was offered its buffers. */
         mpi_errno = copy_rest(vc, sreq, hdr_left, MPIDI_CH3I_SendQ_head(vcch) == sreq);
@@ -397,16 +466,22 @@ int MPIDI_CH3I_Send_progress(MPIDI_VC_t * vc, int *made_progress)
     int mpi_errno = MPI_SUCCESS;
     MPIDI_CH3I_VC *vcch = &vc->ch;
 
+    if (!MPIDI_CH3I_LentQ_empty(vcch)) {
+        mpi_errno = reap_lent(vc, made_progress);
+        MPIR_ERR_CHECK(mpi_errno);
+    }
     while (!MPIDI_CH3I_SendQ_empty(vcch)) {
         MPIR_Request *sreq = MPIDI_CH3I_SendQ_head(vcch);
         struct iovec *cur = sreq->dev.iov + sreq->dev.iov_offset;
         int left = sreq->dev.iov_count - (int) sreq->dev.iov_offset;
         int done = 0;
         int more = 0;
+        int lendable = sreq->dev.OnDataAvail == NULL;
 
         if (left > 0) {
             size_t before = left > 0 ? cur->iov_len : 0;
-            mpi_errno = MPIDI_CH3I_Put_iov(vc, &cur, &left, &done);
+            mpi_errno = MPIDI_CH3I_Put_iov(vc, &cur, &left, &done,
+                                           lendable ? &sreq->ch.lent_ticket : NULL);
             MPIR_ERR_CHECK(mpi_errno);
             if (cur != sreq->dev.iov + sreq->dev.iov_offset || (left > 0 && cur->iov_len != before))
                 *made_progress = 1;
@@ -415,6 +490,12 @@ int MPIDI_CH3I_Send_progress(MPIDI_VC_t * vc, int *made_progress)
                 break;
         }
         *made_progress = 1;
+        if (sreq->ch.lent_ticket != 0) {
+            /* All went, with buffers lent: it moves to the lent queue (its
+             * reference with it), and the next send goes out now. */
+            MPIDI_CH3I_SendQ_to_lent(vcch);
+            continue;
+        }
         mpi_errno = send_iov_done(vc, sreq, &more);
         MPIR_ERR_CHECK(mpi_errno);
         if (!more)

@@ -50,7 +50,7 @@ void MPIDI_CH3I_VC_make_active(MPIDI_VC_t * vc)
     }
 }
 
-/* Completes every queued send and the receive in progress with `err`, then tells
+/* Completes every queued or lent send and the receive in progress with `err`, then tells
  * CH3 the connection is gone (it fails the receives posted for this rank). */
 int MPIDI_CH3I_VC_fail(MPIDI_VC_t * vc, int err)
 {
@@ -65,6 +65,15 @@ int MPIDI_CH3I_VC_fail(MPIDI_VC_t * vc, int err)
         sreq->status.MPI_ERROR = err;
         MPID_Request_complete(sreq);
         MPIDI_CH3I_SendQ_dequeue(vcch);
+    }
+    /* Lent buffers are revoked with the connection (rch_vc_close below, or the
+     * library did on the error): the sends that lent them complete with it too. */
+    while (!MPIDI_CH3I_LentQ_empty(vcch)) {
+        MPIR_Request *sreq = vcch->lentq_head;
+        sreq->ch.lent_ticket = 0;
+        sreq->status.MPI_ERROR = err;
+        MPID_Request_complete(sreq);
+        MPIDI_CH3I_LentQ_dequeue(vcch);
     }
     if (vcch->recv->active != NULL) {
         MPIR_Request *rreq = vcch->recv->active;

@@ -120,7 +120,7 @@ pub struct Lending {
     pub ticket: u64,
 }
 
-/// A zero-copy transfer the peer has been told about and has not confirmed.
+/// A zero-copy transfer the peer has been told about, not yet released.
 pub(crate) struct PendingZc {
     pub(crate) id: u64,
     pub(crate) count: usize,

@@ -1339,8 +1339,8 @@ pub(crate) enum Announce {
 
 impl<F: Fabric> Drop for Sender<F> {
     fn drop(&mut self) {
-        // A transfer still unconfirmed is revoked: the peer must not wait for a lend
-        // of it to be pushed (a sender that only closed keeps serving them).
+        // Transfers still unreleased are revoked: the peer must not wait for a lend
+        // of one to be pushed (a sender that only closed keeps serving them).
         let flags = if self.abort_pending() { EOS_ABORTED } else { 0 };
         let _ = self.close_with(flags);
         // The end of stream and the last packets may not have been sent yet: their

@@ -35,9 +35,9 @@ use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use crate::engine::Lending;
 use crate::group::exchange::{Exchange, Pmi, Singleton};
 use crate::group::Group;
-use crate::Lending;
 use error::{report, Error};
 use exchange::Callbacks;
 use state::{lock, Phase};

@@ -62,12 +62,12 @@ impl<F: Fabric> Sender<F> {
             }
         }
         let r = self.put_inner(iov, ZeroCopy::Hold(Lent(())));
-        self.after_put_nocopy(r)
+        self.after_zero_copy_put(r)
     }
 
     /// After a put that may announce: revokes every transfer in flight if the
     /// connection failed.
-    fn after_put_nocopy(&mut self, r: io::Result<usize>) -> io::Result<usize> {
+    fn after_zero_copy_put(&mut self, r: io::Result<usize>) -> io::Result<usize> {
         self.after_lane_put();
         if let Err(e) = &r {
             // A mismatched retry leaves the transfer in flight (the caller may retry
@@ -127,7 +127,7 @@ impl<F: Fabric> Sender<F> {
     pub unsafe fn put_lending(&mut self, iov: &[IoSlice<'_>]) -> io::Result<Lending> {
         let before = self.zc_next_id;
         let r = self.put_inner(iov, ZeroCopy::Lend(Lent(())));
-        let bytes = self.after_put_nocopy(r)?;
+        let bytes = self.after_zero_copy_put(r)?;
         let ticket = if self.zc_next_id != before {
             self.zc_next_id - 1
         } else {

@@ -131,73 +131,72 @@ static inline void MPIDI_CH3I_Rch_unwatch(MPIDI_CH3I_Rch_recv * rs)
     rs->lane.lent = 0;
 }
 
-/* The send queue holds a reference to each request so that its `next` field stays
- * valid until it is dequeued. Not thread-safe by itself: callers hold CH3's global
- * critical section, as for every channel call. */
+/* A VC's request queues (the send queue, the lent queue) are lists through the
+ * requests' `next` field, a request on one queue at a time; each queue holds a
+ * reference to its requests so that `next` stays valid until it leaves. Not
+ * thread-safe by themselves: callers hold CH3's global critical section, as for
+ * every channel call. */
+static inline void MPIDI_CH3I_Queue_append(MPIR_Request ** head, MPIR_Request ** tail,
+                                           MPIR_Request * req)
+{
+    req->next = NULL;
+    if (*tail != NULL)
+        (*tail)->next = req;
+    else
+        *head = req;
+    *tail = req;
+}
+
+/* Takes the head off a queue (with the queue's reference, for the caller). */
+static inline MPIR_Request *MPIDI_CH3I_Queue_pop(MPIR_Request ** head, MPIR_Request ** tail)
+{
+    MPIR_Request *req = *head;
+    *head = req->next;
+    if (*head == NULL)
+        *tail = NULL;
+    return req;
+}
+
 static inline void MPIDI_CH3I_SendQ_enqueue(MPIDI_CH3I_VC * vcch, MPIR_Request * req)
 {
     MPIR_Request_add_ref(req);
-    req->next = NULL;
-    if (vcch->sendq_tail != NULL)
-        vcch->sendq_tail->next = req;
-    else
-        vcch->sendq_head = req;
-    vcch->sendq_tail = req;
+    MPIDI_CH3I_Queue_append(&vcch->sendq_head, &vcch->sendq_tail, req);
+}
+
+/* Takes the send queue's head off, its iov gone (or failed): nothing points into
+ * the copy of its rest now. Returns it with the queue's reference. */
+static inline MPIR_Request *MPIDI_CH3I_SendQ_pop(MPIDI_CH3I_VC * vcch)
+{
+    MPIR_Request *req = MPIDI_CH3I_Queue_pop(&vcch->sendq_head, &vcch->sendq_tail);
+    MPL_free(req->ch.rest_copy);
+    req->ch.rest_copy = NULL;
+    return req;
 }
 
 static inline void MPIDI_CH3I_SendQ_dequeue(MPIDI_CH3I_VC * vcch)
 {
-    MPIR_Request *req = vcch->sendq_head;
-    vcch->sendq_head = req->next;
-    if (vcch->sendq_head == NULL)
-        vcch->sendq_tail = NULL;
-    /* Its iov has gone (or failed): nothing points into the copy of its rest now. */
-    MPL_free(req->ch.rest_copy);
-    req->ch.rest_copy = NULL;
-    MPIR_Request_free(req);
+    MPIR_Request_free(MPIDI_CH3I_SendQ_pop(vcch));
 }
 
-/* The queue of sends whose buffers are lent (a request leaves the send queue for
- * it): as the send queue, a reference to each request, through the same `next`
- * field (a request is on one queue at a time). */
+/* The queue of sends whose buffers are lent: a send wholly put leaves the send
+ * queue for it (MPIDI_CH3I_SendQ_to_lent) or goes there at once. */
 static inline void MPIDI_CH3I_LentQ_enqueue(MPIDI_CH3I_VC * vcch, MPIR_Request * req)
 {
     MPIR_Request_add_ref(req);
-    req->next = NULL;
-    if (vcch->lentq_tail != NULL)
-        vcch->lentq_tail->next = req;
-    else
-        vcch->lentq_head = req;
-    vcch->lentq_tail = req;
+    MPIDI_CH3I_Queue_append(&vcch->lentq_head, &vcch->lentq_tail, req);
 }
 
 static inline void MPIDI_CH3I_LentQ_dequeue(MPIDI_CH3I_VC * vcch)
 {
-    MPIR_Request *req = vcch->lentq_head;
-    vcch->lentq_head = req->next;
-    if (vcch->lentq_head == NULL)
-        vcch->lentq_tail = NULL;
-    MPIR_Request_free(req);
+    MPIR_Request_free(MPIDI_CH3I_Queue_pop(&vcch->lentq_head, &vcch->lentq_tail));
 }
 
 #define MPIDI_CH3I_LentQ_empty(vcch) ((vcch)->lentq_head == NULL)
 
-/* Moves the send queue's head to the lent queue: it was wholly put, with buffers
- * lent (the queue's reference moves with it; its rest copy, if any, is done with). */
+/* Moves the send queue's head to the lent queue, the queue's reference with it. */
 static inline void MPIDI_CH3I_SendQ_to_lent(MPIDI_CH3I_VC * vcch)
 {
-    MPIR_Request *req = vcch->sendq_head;
-    vcch->sendq_head = req->next;
-    if (vcch->sendq_head == NULL)
-        vcch->sendq_tail = NULL;
-    MPL_free(req->ch.rest_copy);
-    req->ch.rest_copy = NULL;
-    req->next = NULL;
-    if (vcch->lentq_tail != NULL)
-        vcch->lentq_tail->next = req;
-    else
-        vcch->lentq_head = req;
-    vcch->lentq_tail = req;
+    MPIDI_CH3I_Queue_append(&vcch->lentq_head, &vcch->lentq_tail, MPIDI_CH3I_SendQ_pop(vcch));
 }
 
 /* Moves an iov past `nb` bytes that a put or read counted; a partly done entry keeps

@@ -215,13 +215,7 @@ impl<F: Fabric> Link<F> {
         while g.srcs.front().is_some_and(|(id, _)| *id <= upto) {
             g.srcs.pop_front();
         }
-        if g.srcs.is_empty() {
-            let id = Arc::as_ptr(link) as usize;
-            PUSHERS
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .retain(|(other, _)| *other != id);
-        }
+        leave_pushers_if_idle(link, &g);
     }
 
     /// Forgets transfer `transfer` alone as a source of pushes (an announcement that
@@ -229,13 +223,7 @@ impl<F: Fabric> Link<F> {
     pub(crate) fn drop_push_source(link: &Arc<Link<F>>, transfer: u64) {
         let mut g = link.push.lock().unwrap_or_else(|p| p.into_inner());
         g.srcs.retain(|(id, _)| *id != transfer);
-        if g.srcs.is_empty() {
-            let id = Arc::as_ptr(link) as usize;
-            PUSHERS
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .retain(|(other, _)| *other != id);
-        }
+        leave_pushers_if_idle(link, &g);
     }
 
     /// True while this end's sender has an announced zero-copy transfer the peer has
@@ -260,5 +248,17 @@ impl<F: Fabric> Link<F> {
         let mut list = GatherList::<1>::new();
         list.push(&bytes);
         self.post_inline(&list, self.peer_ctrl.addr + LEND_SLOT, self.peer_ctrl.rkey)
+    }
+}
+
+/// Removes `link` from the list of [`serve_all_lends`] once it has no transfer to
+/// push from (`g`, its push state, held locked).
+fn leave_pushers_if_idle<F: Fabric>(link: &Arc<Link<F>>, g: &PushState) {
+    if g.srcs.is_empty() {
+        let id = Arc::as_ptr(link) as usize;
+        PUSHERS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(other, _)| *other != id);
     }
 }

@@ -440,7 +440,7 @@ fn alltoall_and_pingpong_under_hydra() {
 /// `RCH_TEST_HYDRA_HOSTS` names the hosts (`scripts/softroce-cluster-test` sets it
 /// to the two Soft-RoCE VMs, with Hydra's launcher variables): two ranks per host,
 /// so pairs on one host use shared memory and the others rdma_cm and verbs; the
-/// ping-pong with one rank on each host. (A rank's death is tested across hosts by
+/// ping-pong and the lent sends (`t_lend`) with one rank on each host. (A rank's death is tested across hosts by
 /// the inet suite: Hydra itself ends a job whose rank exits without finalizing.)
 /// Skipped otherwise.
 #[test]
@@ -475,6 +475,10 @@ fn c_tests_across_hosts_under_hydra() {
     across("t_alltoall", &n4, "2", &["2"], &[], "alltoall ok");
     across("t_unexpected", &n4, "2", &[], &[], "unexpected ok");
     across("t_large", &n4, "2", &[], &zcopy, "large ok");
+    // Lent buffers between hosts, where the receiver lends all of each transfer
+    // back for the sender to push (verbs' default between hosts).
+    let lend = [("RCH_ZCOPY_PRIVATE_THRESHOLD", "32k")];
+    across("t_lend", "2", "1", &[], &lend, "lend ok");
 }
 
 #[test]

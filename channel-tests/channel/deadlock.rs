@@ -165,6 +165,7 @@ pub(crate) fn exchange_side(
 }
 
 pub(crate) fn run_exchange(t: &Tun, total: u64, style_a: Style, style_b: Style) {
+    let total = scaled_bytes(total, EXCHANGE_FLOOR);
     let (a, b) = t.pair();
     let abort = Arc::new(AtomicBool::new(false));
     let deadline = Deadline::after(limit(90));
@@ -201,7 +202,12 @@ pub(crate) fn run_exchange(t: &Tun, total: u64, style_a: Style, style_b: Style) 
     );
 }
 
+/// Bytes each way of an exchange at `RCH_TEST_CASE_SCALE` 1 (scaled by it, down to
+/// [`EXCHANGE_FLOOR`]: each byte past the first laps only repeats them, and on verbs
+/// in a VM these exchanges were half the channel suite's time).
 pub(crate) const EXCHANGE_BYTES: u64 = 8 << 20;
+/// The least an exchange moves each way at any scale: 256 laps of a 4 KiB ring.
+const EXCHANGE_FLOOR: u64 = 1 << 20;
 
 #[test]
 fn both_rings_full_nonblocking_interleaved() {
@@ -302,6 +308,7 @@ fn both_rings_full_nibbling() {
 /// Blocking variant: each side splits its stream; a writer thread `write_all`s (some
 /// vectored) while a reader thread reads and checks. Four threads in all.
 pub(crate) fn run_blocking_exchange(t: &Tun, total: u64) {
+    let total = scaled_bytes(total, EXCHANGE_FLOOR);
     let (a, b) = t.pair();
     let t2 = t.clone();
     with_watchdog("blocking exchange", limit(120), move || {
@@ -389,8 +396,9 @@ fn both_rings_full_blocking_large_threshold_staging() {
 fn blocking_exchange_default_config() {
     bounded("blocking_exchange_default_config", || {
         let (a, b) = RdmaStream::pair_with(Config::default()).unwrap();
-        // Default wait policy (long spins) with four threads.
-        let total = 32u64 << 20;
+        // Default wait policy (long spins) with four threads; at least two laps of
+        // the default 4 MiB ring each way.
+        let total = scaled_bytes(32 << 20, 8 << 20);
         with_watchdog("default-config exchange", limit(120), move || {
             let (mut ra, mut wa) = a.split();
             let (mut rb, mut wb) = b.split();

@@ -75,14 +75,25 @@ pub fn limit(secs: u64) -> Duration {
 /// 1: for proptest configurations, so that slow fabrics (rxe under emulation moves
 /// ~40 MB/s) run the same properties with fewer cases.
 pub fn scaled(cases: u32) -> u32 {
-    let scale = match std::env::var("RCH_TEST_CASE_SCALE") {
+    ((f64::from(cases) * case_scale()).round() as u32).max(1)
+}
+
+/// `bytes` scaled by `RCH_TEST_CASE_SCALE` as [`scaled`], but never below `floor` nor
+/// above `bytes`: for exchanges whose length only buys more laps of the same ring
+/// (the deadlock exchanges run 8 MiB through 4 KiB rings: 2,048 laps; on verbs in the
+/// CI's VM, at scale 0.1, 1 MiB, still 256).
+pub fn scaled_bytes(bytes: u64, floor: u64) -> u64 {
+    ((bytes as f64 * case_scale()).round() as u64).clamp(floor.min(bytes), bytes)
+}
+
+fn case_scale() -> f64 {
+    match std::env::var("RCH_TEST_CASE_SCALE") {
         Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
             Ok(x) if x.is_finite() && x > 0.0 => x,
             _ => panic!("RCH_TEST_CASE_SCALE={v:?}: expected a positive number such as 0.1"),
         },
         _ => 1.0,
-    };
-    ((f64::from(cases) * scale).round() as u32).max(1)
+    }
 }
 
 /// Notices that a loop stopped making progress: after `sync_limit` idle rounds on a

@@ -25,8 +25,9 @@
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 static uint64_t rng(void) { return stream_rng(&rng_state); }
 
-/* Mostly what the lane takes (a few bytes to a few hundred), some longer than it
- * takes, now and then 96 KiB (a zero-copy transfer from 64 KiB, or ring packets). */
+/* Mostly small pieces (a few bytes to a few hundred), some of 0.5-17 KiB (the lane
+ * takes up to 16 KiB of ring, where its lap leaves room: around that edge), now and
+ * then 96 KiB (a zero-copy transfer from 64 KiB, or ring packets). */
 static size_t piece_len(void)
 {
     uint64_t r = rng();
@@ -39,7 +40,7 @@ static size_t piece_len(void)
     case 4:
         return 41 + (r >> 8) % 500;
     case 5:
-        return 541 + (r >> 8) % 4000;
+        return (r >> 8) % 2 == 0 ? 541 + (r >> 9) % 4000 : 4541 + (r >> 9) % 12800;
     default:
         return (r >> 8) % 32 == 0 ? 96 * 1024 : 1 + (r >> 8) % 100;
     }

@@ -1,6 +1,7 @@
-//! The send lane: where a C caller writes a small packet into the peer's ring itself,
-//! without a call into the library (`rch_lane_send` in `ffi/rch.h`), on a fabric that
-//! maps the peer's ring into this process (the emulated one; [`DirectTarget`]).
+//! The send lane: where a C caller writes a packet (up to 16 KiB of ring) into the
+//! peer's ring itself, without a call into the library (`rch_lane_send` in
+//! `ffi/rch.h`), on a fabric that maps the peer's ring into this process (the
+//! emulated one; [`DirectTarget`]).
 //!
 //! The lane is the sender's own state, not a copy of it: the [`Sender`](super::Sender)
 //! keeps its head (the next packet's position) and the doorbell count it answered in

@@ -39,6 +39,13 @@ const STACKED_CELLS: usize = 9;
 const MID_CELLS: usize = 4;
 /// Largest payload of such a packet.
 const STACKED_PAYLOAD: usize = STACKED_CELLS * CELL - OVERHEAD;
+/// Largest payload of a packet the C caller writes through the lane (besides the
+/// limits of [`Sender::lane_payload`]): 16 KiB of ring. Up to 552 bytes (the stacked
+/// size) the library's own put was already short; from there to 4 KiB its general
+/// path (gather list, work request, piecewise copy: ~900 instructions a round trip
+/// more at 2 KiB) took 0.3-0.6 us of a one-way that the lane's one copy does not
+/// (MPICH `osu_latency` at 2 KiB, 2.37 against 1.72 us; bench/notebook/2026-12.md).
+const LANE_PAYLOAD: usize = 256 * CELL - OVERHEAD;
 /// Most buffers a small message may come in and still take the stacked path
 /// ([`Sender::put_small_now`]): summing their lengths costs less than the general
 /// path's cursor.
@@ -212,12 +219,19 @@ impl<F: Fabric> Sender<F> {
         }
     }
 
-    /// Largest payload of a lane packet: a stacked packet's (one inline write of
-    /// whole cells, one chunk at most).
+    /// Largest payload of a lane packet: [`LANE_PAYLOAD`], one inline write of whole
+    /// cells and one chunk at most, and below every zero-copy threshold, so that the
+    /// lane copies only what [`put`](Self::put) would have copied too.
     fn lane_payload(&self) -> usize {
         let by_inline = (self.inline_limit / CELL * CELL).saturating_sub(OVERHEAD);
         let by_chunk = (self.chunk as usize).saturating_sub(OVERHEAD);
-        STACKED_PAYLOAD.min(by_inline).min(by_chunk)
+        let t = self.link.zc_thresholds;
+        let by_zero_copy = t
+            .alloc_mem
+            .min(t.other)
+            .min(self.link.zc_adaptive_min)
+            .saturating_sub(1);
+        LANE_PAYLOAD.min(by_inline).min(by_chunk).min(by_zero_copy)
     }
 
     /// Publishes what the lane may write now: nothing while a `put_nocopy` transfer

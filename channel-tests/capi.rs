@@ -379,6 +379,24 @@ fn send_lane_external_small_ring() {
     );
 }
 
+/// A zero-copy threshold below the lane's 16 KiB: pieces from 4 KiB go zero-copy
+/// through the library, and the lane never takes one (`check_lane_limit`). Not on
+/// verbs, where the lane stays closed (the other runs check that).
+#[test]
+fn send_lane_external_low_zero_copy_threshold() {
+    if on_verbs() {
+        eprintln!("skipped: no send lane on verbs");
+        return;
+    }
+    external(
+        "t_send_lane",
+        2,
+        &[],
+        &[("RCH_ZCOPY_PRIVATE_THRESHOLD", "4096")],
+        "send lane ok",
+    );
+}
+
 #[test]
 fn send_lane_pmi_with_an_idle_rank() {
     pmi("t_send_lane", 3, &[], &[], "send lane ok");

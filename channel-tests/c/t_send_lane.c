@@ -63,12 +63,35 @@ static void pause_a_while(void)
 
 static uint64_t lane_writes, library_puts;
 
+/* The lane copies only what rch_put_datav would have copied too: its packets stay
+ * within 16 KiB of ring and below the zero-copy threshold the test sets
+ * (RCH_ZCOPY_PRIVATE_THRESHOLD, when given: bytes, or with k, m or g). */
+static void check_lane_limit(const rch_send_lane *lane)
+{
+    const char *t = getenv("RCH_ZCOPY_PRIVATE_THRESHOLD");
+    uint64_t limit = 16 * 1024 - 24;
+    if (t != NULL && *t >= '1' && *t <= '9') {
+        char *end;
+        uint64_t bytes = strtoull(t, &end, 10);
+        int shift = *end == 'k' ? 10 : *end == 'm' ? 20 : *end == 'g' ? 30 : 0;
+        if ((bytes << shift) - 1 < limit)
+            limit = (bytes << shift) - 1;
+    }
+    if (lane->ring != NULL && lane->max_payload > limit) {
+        fprintf(stderr, "lane takes %llu bytes, more than %llu\n",
+                (unsigned long long)lane->max_payload, (unsigned long long)limit);
+        mm_fatal("the lane takes a packet a put would send zero-copy or past 16 KiB");
+    }
+}
+
 /* Sends a + b whole: through the lane if it takes them, else with rch_put_datav. */
 static void send_two(rch_vc *vc, rch_send_lane **lane, const unsigned char *a, size_t alen,
                      const unsigned char *b, size_t blen)
 {
     if (*lane == NULL)
         stream_check(rch_vc_send_lane(vc, lane), "rch_vc_send_lane");
+    if (*lane != NULL)
+        check_lane_limit(*lane);
     if (*lane != NULL && rch_lane_send(*lane, alen ? a : NULL, alen, blen ? b : NULL, blen) == 1) {
         lane_writes++;
         return;

@@ -27,7 +27,8 @@ pub(crate) use push::{serve_all_lends, PushSource, PushState};
 
 /// Proof that the caller of `put_nocopy`, `put_lending` or `get_nowait` made its
 /// promise: the buffers it names stay mapped and untouched until the transfer is
-/// counted (lent ones: released). Only those three functions make one (the field is private to this module); the engine
-/// carries it to the code here that relies on it.
+/// counted (lent ones: released). Only those three functions make one (the field
+/// is private to this module); the engine carries it to the code here that relies
+/// on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Lent(());

@@ -7,12 +7,17 @@
  * byte, so a buffer released before the peer read it shows as wrong bytes. Fails
  * also if tickets do not grow by one a transfer, if fewer than two transfers were
  * ever lent at a time (then lending is not being tested), if a release runs ahead of
- * what was lent, or if anything is left lent at the end. The other ranks (if any)
- * only take part in the barriers. */
+ * what was lent, or if anything is left lent at the end. Rank 1 pauses before every
+ * PAUSE_EVERY-th message so that rank 0 (which never waits for it) lends the next
+ * ones meanwhile: without the pauses, a busy host that ran rank 1 right after each
+ * lend would leave one transfer lent at a time and fail the window check by
+ * scheduling alone. The other ranks (if any) only take part in the barriers. */
+#define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "mm.h"
 #include "rch.h"
@@ -21,6 +26,10 @@
 #define MSGS 300
 #define LEN (48 * 1024)
 #define HDR 16
+/* Rank 1 sleeps PAUSE_MS before messages 0, PAUSE_EVERY, 2 * PAUSE_EVERY, ...: for the
+ * window check to fail, rank 0 must get no CPU for PAUSE_MS every time. */
+#define PAUSE_EVERY 50
+#define PAUSE_MS 20
 
 /* The byte at position i of message k's buffer (the header's bytes are k's). */
 static unsigned char msg_byte(int k, size_t i)
@@ -126,6 +135,10 @@ int main(void)
         if (!in)
             mm_fatal("oom");
         for (int k = 0; k < MSGS; k++) {
+            if (k % PAUSE_EVERY == 0) {
+                struct timespec pause = {0, PAUSE_MS * 1000000L};
+                nanosleep(&pause, NULL);
+            }
             size_t done = 0;
             while (done < HDR + LEN) {
                 struct iovec v = {in + done, HDR + LEN - done};

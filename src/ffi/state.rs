@@ -86,6 +86,24 @@ pub(crate) fn wake_waiters() {
 /// quiet peers took 2.4 us against 1.6 us alone (bench/scale.sh, quiet pattern).
 const FULL_LOOK_EVERY: u32 = 1024;
 
+/// What poll `i` of a wait in phase `b` looks at: (every connection, the sockets).
+///
+/// Every connection every [`FULL_LOOK_EVERY`] polls and before each sleep; the
+/// sockets (system calls, one per connection for its liveness) then only as often
+/// as rch_poll_ready looks at them (`sockets_due`), and before each sleep. A wait
+/// past its spins (yielding, as outnumbered ranks do at once) also asks at every
+/// poll whether the sockets are due: a yield on a loaded host can take a time
+/// slice, so 1024 of them outlast rch_wait(10), and counting alone left a rank
+/// that called it in a loop blind to the listener, a peer's HELLO unanswered for
+/// seconds (up to 47 s, t_lend at 3 ranks beside two busy loops on 2 CPUs).
+fn looks(i: u32, b: &Backoff, mut sockets_due: impl FnMut() -> bool) -> (bool, bool) {
+    let counted = i % FULL_LOOK_EVERY == 0;
+    let due = (counted || b.is_past_spinning()) && sockets_due();
+    let full = counted || b.is_sleeping() || due;
+    let sockets = b.is_sleeping() || i == 0 || due;
+    (full, sockets)
+}
+
 /// rch_wait and the per-connection waits: polls under the lock, snoozes without it.
 pub(crate) fn wait(
     timeout_ms: i32,
@@ -117,11 +135,7 @@ pub(crate) fn wait(
             }
             let b = backoff
                 .get_or_insert_with(|| g.idle_backoff.take().unwrap_or_else(|| g.wait_policy()));
-            // Every connection every FULL_LOOK_EVERY polls and before each sleep;
-            // the sockets (system calls, one per connection for its liveness) then
-            // only as often as rch_poll_ready looks at them, and before each sleep.
-            let full = i % FULL_LOOK_EVERY == 0 || b.is_sleeping();
-            let sockets = b.is_sleeping() || i == 0 || (full && g.sockets_due());
+            let (full, sockets) = looks(i, b, || g.sockets_due());
             let (ready, looked) = g.poll(only, read, write, full, sockets);
             if ready {
                 return Ok(());
@@ -158,5 +172,44 @@ pub(crate) fn wait(
         }
         spent = 0;
         backoff.as_mut().expect("set above").snooze();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wait that yields from its first poll (an outnumbered rank's) looks at the
+    /// listener whenever a look is due, whatever its poll count; a spinning one
+    /// only on its counted full looks, without reading the clock in between.
+    #[test]
+    fn a_yielding_wait_looks_at_the_sockets_when_due_a_spinning_one_when_counted() {
+        let yielding = Backoff::new(0, 50_000, Duration::from_millis(1));
+        assert_eq!(looks(5, &yielding, || true), (true, true));
+        assert_eq!(looks(5, &yielding, || false), (false, false));
+
+        let spinning = Backoff::new(2_000, 0, Duration::from_millis(1));
+        let mut asked = 0;
+        assert_eq!(
+            looks(5, &spinning, || {
+                asked += 1;
+                true
+            }),
+            (false, false)
+        );
+        assert_eq!(
+            asked, 0,
+            "a spinning poll between full looks reads no clock"
+        );
+        assert_eq!(looks(FULL_LOOK_EVERY, &spinning, || true), (true, true));
+        assert_eq!(looks(FULL_LOOK_EVERY, &spinning, || false), (true, false));
+        // A single poll (rch_wait(0)) looks at the sockets.
+        assert_eq!(looks(0, &spinning, || false), (true, true));
+
+        let mut sleeping = Backoff::new(0, 0, Duration::from_micros(1));
+        sleeping.snooze();
+        sleeping.snooze();
+        assert!(sleeping.is_sleeping());
+        assert_eq!(looks(5, &sleeping, || false), (true, true));
     }
 }

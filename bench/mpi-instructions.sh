@@ -19,9 +19,14 @@
 # With --bandwidth it counts osu_mpi's bandwidth loop instead (a window of 64
 # MPI_Isend, MPI_Waitall, a 4-byte ack back), per message, on the rank --rank names
 # (0 sends, 1 receives). With --pingping it counts IMB's PingPing (both ranks
-# MPI_Isend, MPI_Recv, MPI_Wait), per exchange.
+# MPI_Isend, MPI_Recv, MPI_Wait), per exchange. With --preposted it counts the
+# ping-pong with each receive posted before the send (MPI_Irecv, MPI_Send,
+# MPI_Wait): from the zero-copy sizes up, the counted rank is so slow that in the
+# plain ping-pong most replies arrive before their MPI_Recv and are copied twice
+# (95% of a 16 KiB round trip's instructions, 2026-12-03); posted first, they never
+# are.
 #
-# usage: bench/mpi-instructions.sh [--size N] [--top K] [--bandwidth [--rank R] | --pingping] MPI...
+# usage: bench/mpi-instructions.sh [--size N] [--top K] [--bandwidth [--rank R] | --pingping | --preposted] MPI...
 #   MPI is PREFIX (an MPICH install: PREFIX/bin/mpicc and mpiexec, e.g. one built by
 #   scripts/mpich-rch), or LABEL=PREFIX to name its column, or the words "debian"
 #   (Debian's mpich package) and "openmpi" (Debian's openmpi-bin).
@@ -29,6 +34,7 @@
 #   --top K    how many functions to list per MPI, by their own cost (default 12)
 #   --bandwidth  count the bandwidth loop, per message (default: the ping-pong)
 #   --pingping   count the PingPing loop, per exchange
+#   --preposted  count the ping-pong with its receives posted first, per round trip
 #   --rank R   the rank counted (default 0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,8 +49,9 @@ while [ $# -gt 0 ]; do
         --top) top=$2; shift 2 ;;
         --bandwidth) mode=bandwidth; shift ;;
         --pingping) mode=pingping; shift ;;
+        --preposted) mode=preposted; shift ;;
         --rank) counted=$2; shift 2 ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
         -*) echo "mpi-instructions: unknown option '$1'" >&2; exit 2 ;;
         *) mpis+=("$1"); shift ;;
     esac
@@ -52,9 +59,10 @@ done
 [ ${#mpis[@]} -gt 0 ] || { echo "mpi-instructions: name at least one MPI (see --help)" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-if [ "$mode" = latency ] || [ "$mode" = pingping ]; then
+if [ "$mode" != bandwidth ]; then
     lo=20000 hi=60000 unit="round trip" flag=--latency
-    [ "$mode" = latency ] || unit=exchange flag=--pingping
+    [ "$mode" != pingping ] || unit=exchange flag=--pingping
+    [ "$mode" != preposted ] || flag=--preposted
     # osu_mpi's latency and PingPing loops add iters/10 + 10 warm-up rounds to the timed ones.
     round_trips() { echo $(($1 + $1 / 10 + 10)); }
     per_rt=$(($(round_trips $hi) - $(round_trips $lo)))

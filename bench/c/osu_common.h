@@ -35,11 +35,13 @@ struct osu_args {
     int latency_only;  /* --latency */
     int bandwidth_only; /* --bandwidth */
     int pingping_only;  /* --pingping */
+    int preposted;      /* --preposted: the latency loop posts its receive first */
 };
 
 /* --sizes a,b,c (default 1 B .. 4 MiB in powers of 2), --iters N, --latency (only
  * latency), --bandwidth (only bandwidth), --pingping (only IMB's PingPing, where a
- * program reads it). */
+ * program reads it), --preposted (latency with each receive posted before the send
+ * it answers, where a program reads it). */
 static inline void osu_parse(int argc, char **argv, struct osu_args *a)
 {
     memset(a, 0, sizeof *a);
@@ -57,6 +59,9 @@ static inline void osu_parse(int argc, char **argv, struct osu_args *a)
             a->bandwidth_only = 1;
         } else if (strcmp(argv[i], "--pingping") == 0) {
             a->pingping_only = 1;
+        } else if (strcmp(argv[i], "--preposted") == 0) {
+            a->preposted = 1;
+            a->latency_only = 1;
         } else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
             a->fixed_iters = atol(argv[++i]);
         }

@@ -8,8 +8,12 @@
  *   bandwidth: 64 messages in flight (MPI_Isend / MPI_Irecv), then a 4-byte ack
  *   pingping:  both ranks MPI_Isend, MPI_Recv, MPI_Wait at once (IMB's PingPing);
  *              the time of one exchange (run only with --pingping)
+ *   preposted: the latency loop with every receive posted (MPI_Irecv) before the
+ *              send it answers, so that no reply arrives unexpected however slow
+ *              a rank runs (under callgrind, say); run only with --preposted
  *
- *   mpiexec -n 2 ./osu_mpi [--sizes 8,65536] [--iters N] [--latency | --bandwidth | --pingping]
+ *   mpiexec -n 2 ./osu_mpi [--sizes 8,65536] [--iters N]
+ *                          [--latency | --bandwidth | --pingping | --preposted]
  *
  * Rank r is pinned to CPU r unless OSU_NO_PIN is set. Heap buffers (malloc), as an
  * MPI application's are; separate send and receive buffers.
@@ -22,7 +26,7 @@
 #include <string.h>
 
 
-static double latency(int rank, char *sbuf, char *rbuf, size_t s, size_t iters)
+static double latency(int rank, char *sbuf, char *rbuf, size_t s, size_t iters, int preposted)
 {
     size_t warm = iters / 10 + 10;
     double t0 = 0;
@@ -30,6 +34,19 @@ static double latency(int rank, char *sbuf, char *rbuf, size_t s, size_t iters)
         if (i == warm) {
             MPI_Barrier(MPI_COMM_WORLD);
             t0 = MPI_Wtime();
+        }
+        if (preposted) {
+            MPI_Request req;
+            int peer = 1 - rank;
+            MPI_Irecv(rbuf, (int)s, MPI_CHAR, peer, 1, MPI_COMM_WORLD, &req);
+            if (rank == 0) {
+                MPI_Send(sbuf, (int)s, MPI_CHAR, peer, 1, MPI_COMM_WORLD);
+                MPI_Wait(&req, MPI_STATUS_IGNORE);
+            } else {
+                MPI_Wait(&req, MPI_STATUS_IGNORE);
+                MPI_Send(sbuf, (int)s, MPI_CHAR, peer, 1, MPI_COMM_WORLD);
+            }
+            continue;
         }
         if (rank == 0) {
             MPI_Send(sbuf, (int)s, MPI_CHAR, 1, 1, MPI_COMM_WORLD);
@@ -137,7 +154,7 @@ int main(int argc, char **argv)
             continue;
         }
         double lat = a.bandwidth_only ? 0
-                                      : latency(rank, sbuf, lbuf, s, a.fixed_iters ? (size_t)a.fixed_iters : lat_iters(s));
+                                      : latency(rank, sbuf, lbuf, s, a.fixed_iters ? (size_t)a.fixed_iters : lat_iters(s), a.preposted);
         double bw = a.latency_only ? 0
                                    : bandwidth(rank, sbuf, rbuf, s, a.fixed_iters ? (size_t)a.fixed_iters : bw_iters(s));
         if (rank == 0) {

@@ -61,7 +61,7 @@ pub(crate) use receiver::{
     GetMode, LentPart, QuietWatch, ReadsInFlight, QUIET_WATCH_WORDS, READ_PIECE,
 };
 pub use receiver::{Peeked, Receiver};
-pub(crate) use sender::{Announce, PendingZc, ZeroCopy};
+pub(crate) use sender::{Announce, InFlightSeg, PendingZc, ZeroCopy};
 pub use sender::{Lending, Sender};
 pub use wait::Backoff;
 pub(crate) use wait::{available_cpus, CONTENDED_SPIN};

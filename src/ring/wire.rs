@@ -468,20 +468,41 @@ impl Rendezvous<&[u8]> {
     /// ```
     pub fn encode_with_flags(out: &mut [u8], id: u64, segs: &[RndvSeg], flags: u32) -> usize {
         assert!(!segs.is_empty() && segs.len() <= MAX_RNDV_SEGS);
-        let n = Self::encoded_len(segs.len());
-        let out = &mut out[..n];
+        for (i, s) in segs.iter().enumerate() {
+            Self::encode_seg(out, i, s);
+        }
         let total: u64 = segs.iter().map(|s| s.len).sum();
+        Self::encode_fixed(out, id, total, segs.len(), flags)
+    }
+
+    /// Writes segment `i` of an announcement into `out`, for a sender that encodes
+    /// its segments as it registers them and then calls
+    /// [`encode_fixed`](Self::encode_fixed). Panics if `out` is too short for it.
+    pub(crate) fn encode_seg(out: &mut [u8], i: usize, s: &RndvSeg) {
+        let b = &mut out[RNDV_FIXED + i * RNDV_SEG..][..RNDV_SEG];
+        b[0..8].copy_from_slice(&s.addr.to_le_bytes());
+        b[8..16].copy_from_slice(&s.len.to_le_bytes());
+        b[16..20].copy_from_slice(&s.rkey.to_le_bytes());
+        b[20..24].fill(0);
+    }
+
+    /// Writes the fixed part of an announcement of `count` segments (written by
+    /// [`encode_seg`](Self::encode_seg)) and `total` bytes; returns its length.
+    /// Panics if `count` is 0 or above [`MAX_RNDV_SEGS`], or `out` is too short.
+    pub(crate) fn encode_fixed(
+        out: &mut [u8],
+        id: u64,
+        total: u64,
+        count: usize,
+        flags: u32,
+    ) -> usize {
+        assert!(count > 0 && count <= MAX_RNDV_SEGS);
+        let n = Self::encoded_len(count);
+        let out = &mut out[..n];
         out[0..8].copy_from_slice(&id.to_le_bytes());
         out[8..16].copy_from_slice(&total.to_le_bytes());
-        out[16..20].copy_from_slice(&(segs.len() as u32).to_le_bytes());
+        out[16..20].copy_from_slice(&(count as u32).to_le_bytes());
         out[20..24].copy_from_slice(&flags.to_le_bytes());
-        for (i, s) in segs.iter().enumerate() {
-            let b = &mut out[RNDV_FIXED + i * RNDV_SEG..][..RNDV_SEG];
-            b[0..8].copy_from_slice(&s.addr.to_le_bytes());
-            b[8..16].copy_from_slice(&s.len.to_le_bytes());
-            b[16..20].copy_from_slice(&s.rkey.to_le_bytes());
-            b[20..24].fill(0);
-        }
         n
     }
 }

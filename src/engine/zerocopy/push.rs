@@ -60,15 +60,18 @@ pub(crate) struct PushSource {
 }
 
 impl PushSource {
-    /// The announced segments `segs` with their local keys `lkeys`.
-    pub(crate) fn new(segs: &[RndvSeg], lkeys: &[u32], _lent: Lent) -> PushSource {
+    /// The announced segments with their local keys (at most [`MAX_RNDV_SEGS`]).
+    pub(crate) fn new(segs: impl Iterator<Item = (RndvSeg, u32)>, _lent: Lent) -> PushSource {
         let mut s = PushSource {
             segs: [RndvSeg::default(); MAX_RNDV_SEGS],
             lkeys: [0; MAX_RNDV_SEGS],
-            total: segs.iter().map(|s| s.len).sum(),
+            total: 0,
         };
-        s.segs[..segs.len()].copy_from_slice(segs);
-        s.lkeys[..segs.len()].copy_from_slice(lkeys);
+        for (i, (seg, lkey)) in segs.take(MAX_RNDV_SEGS).enumerate() {
+            s.segs[i] = seg;
+            s.lkeys[i] = lkey;
+            s.total += seg.len;
+        }
         s
     }
 }

@@ -3,7 +3,7 @@
 use std::io::{self, IoSlice};
 
 use super::{Lent, PushSource};
-use crate::engine::{Announce, Lending, Link, PendingZc, Sender, ZeroCopy};
+use crate::engine::{Announce, InFlightSeg, Lending, Link, PendingZc, Sender, ZeroCopy};
 use crate::fabric::{Access, Fabric};
 use crate::ring::wire::{PacketKind, Rendezvous, RndvSeg, MAX_RNDV_SEGS, RNDV_BY_ADVICE};
 
@@ -154,12 +154,12 @@ impl<F: Fabric> Sender<F> {
             return Ok(Announce::NoRoom);
         }
         let link = self.link.clone();
-        let mut p = PendingZc {
-            id: self.zc_next_id,
-            count: 0,
-            segs: [RndvSeg::default(); MAX_RNDV_SEGS],
-            handles: [None; MAX_RNDV_SEGS],
-        };
+        let id = self.zc_next_id;
+        // The segments go straight into the queue of those in flight and into the
+        // announcement, no array of them made and moved on the way.
+        let first = self.in_flight_segs.len();
+        let mut desc = [0u8; Rendezvous::encoded_len(MAX_RNDV_SEGS)];
+        let mut total = 0u64;
         for buf in &iov[..count] {
             // SAFETY: `_lent` proves the caller of put_nocopy promised to keep these
             // buffers mapped until the transfer is counted (then the sender releases
@@ -168,36 +168,36 @@ impl<F: Fabric> Sender<F> {
                 link.rcache
                     .acquire(&link.fabric, buf.as_ptr(), buf.len(), Access::REMOTE_READ)
             } {
-                Ok(h) => {
-                    p.segs[p.count] = RndvSeg {
+                Ok(handle) => {
+                    let seg = RndvSeg {
                         addr: buf.as_ptr() as u64,
                         len: buf.len() as u64,
-                        rkey: h.rkey(),
+                        rkey: handle.rkey(),
                     };
-                    p.handles[p.count] = Some(h);
-                    p.count += 1;
+                    Rendezvous::encode_seg(&mut desc, self.in_flight_segs.len() - first, &seg);
+                    total += seg.len;
+                    self.in_flight_segs.push_back(InFlightSeg { seg, handle });
                 }
                 // Memory the fabric cannot register (read-only pages on verbs, say)
                 // simply goes through the ring.
                 Err(_) => break,
             }
         }
-        if p.count == 0 {
+        let count = self.in_flight_segs.len() - first;
+        if count == 0 {
             return Ok(Announce::Refused);
         }
         // Recorded before the announcement goes out: the peer may lend part of its
         // buffer for us to push as soon as it has read it.
-        let mut lkeys = [0u32; MAX_RNDV_SEGS];
-        for (k, h) in lkeys
-            .iter_mut()
-            .zip(p.handles.iter().take(p.count).flatten())
-        {
-            *k = h.lkey();
-        }
         Link::add_push_source(
             &link,
-            p.id,
-            PushSource::new(&p.segs[..p.count], &lkeys[..p.count], _lent),
+            id,
+            PushSource::new(
+                self.in_flight_segs
+                    .range(first..)
+                    .map(|s| (s.seg, s.handle.lkey())),
+                _lent,
+            ),
         );
         // The receiver splits a transfer it asked for the way it measured it.
         let flags = if self.zc_by_threshold(&iov[0]) {
@@ -205,24 +205,25 @@ impl<F: Fabric> Sender<F> {
         } else {
             RNDV_BY_ADVICE
         };
-        let mut desc = [0u8; Rendezvous::encoded_len(MAX_RNDV_SEGS)];
-        let n = Rendezvous::encode_with_flags(&mut desc, p.id, &p.segs[..p.count], flags);
+        let n = Rendezvous::encode_fixed(&mut desc, id, total, count, flags);
         let written =
             self.write_gathered(&[IoSlice::new(&desc[..n])], 0, n, PacketKind::Rendezvous);
         match written {
             Ok(_) => {
-                let (slices, bytes) = (p.count, p.total());
                 self.zc_next_id += 1;
                 self.zc_polls = 0;
-                self.in_flight.push_back(p);
+                self.in_flight.push_back(PendingZc { id, count });
                 self.held = hold;
-                Ok(Announce::Sent { slices, bytes })
+                Ok(Announce::Sent {
+                    slices: count,
+                    bytes: total as usize,
+                })
             }
             Err(e) => {
                 // The newest source is this one (ids only grow): drop it alone.
-                Link::drop_push_source(&link, p.id);
-                for h in p.handles.iter().take(p.count).flatten() {
-                    link.rcache.release(*h);
+                Link::drop_push_source(&link, id);
+                for s in self.in_flight_segs.drain(first..) {
+                    link.rcache.release(s.handle);
                 }
                 Err(e)
             }

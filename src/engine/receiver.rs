@@ -100,6 +100,9 @@ pub struct Receiver<F: Fabric> {
     quiet_polls: u32,
     /// The zero-copy transfer being read, if the stream is at one.
     pub(crate) zc: Option<ZcRecv>,
+    /// The segments of `zc` (its `count` first): decoded in place, so that taking
+    /// an announcement moves no 16-segment array.
+    pub(crate) zc_segs: [RndvSeg; MAX_RNDV_SEGS],
     /// Number the next announcement must carry.
     zc_expected_id: u64,
     /// Most RDMA READs in flight (the fabric's `max_rd_atomic`, capped).
@@ -201,9 +204,7 @@ pub(crate) struct ZcRecv {
     pub(crate) id: u64,
     pub(crate) total: u64,
     pub(crate) done: u64,
-    count: usize,
-    pub(crate) segs: [RndvSeg; MAX_RNDV_SEGS],
-    /// Segment and offset in it of the next byte to read.
+    /// Segment (of [`Receiver::zc_segs`]) and offset in it of the next byte to read.
     pub(crate) seg: usize,
     pub(crate) seg_off: u64,
     /// The sender chose zero-copy on this end's advice ([`RNDV_BY_ADVICE`]).
@@ -244,6 +245,7 @@ impl<F: Fabric> Receiver<F> {
             empty_polls: 0,
             quiet_polls: 0,
             zc: None,
+            zc_segs: [RndvSeg::default(); MAX_RNDV_SEGS],
             zc_expected_id: 1,
             max_reads: max_rd_atomic.clamp(1, MAX_READS_IN_FLIGHT),
             reads: None,
@@ -660,21 +662,18 @@ impl<F: Fabric> Receiver<F> {
                 ),
             ));
         }
-        let mut z = ZcRecv {
+        for i in 0..r.count() {
+            self.zc_segs[i] = r.seg(i);
+        }
+        self.zc = Some(ZcRecv {
             id: r.id(),
             total: r.total(),
             done: 0,
-            count: r.count(),
-            segs: [RndvSeg::default(); MAX_RNDV_SEGS],
             seg: 0,
             seg_off: 0,
             by_advice: r.flags() & RNDV_BY_ADVICE != 0,
-        };
-        for i in 0..z.count {
-            z.segs[i] = r.seg(i);
-        }
+        });
         self.zc_expected_id += 1;
-        self.zc = Some(z);
         Ok(())
     }
 

@@ -154,10 +154,10 @@ impl<F: Fabric> Receiver<F> {
         let z = self.zc.as_mut().expect("checked above");
         let mut left = n as u64;
         while left > 0 {
-            let here = (z.segs[z.seg].len - z.seg_off).min(left);
+            let here = (self.zc_segs[z.seg].len - z.seg_off).min(left);
             left -= here;
             z.seg_off += here;
-            if z.seg_off == z.segs[z.seg].len {
+            if z.seg_off == self.zc_segs[z.seg].len {
                 z.seg += 1;
                 z.seg_off = 0;
             }
@@ -232,7 +232,7 @@ impl<F: Fabric> Receiver<F> {
         let mut seg = z.seg;
         let mut seg_off = z.seg_off;
         while posted < n {
-            let s = z.segs[seg];
+            let s = self.zc_segs[seg];
             let piece = ((s.len - seg_off) as usize).min(n - posted).min(READ_PIECE);
             let sge = [Sge {
                 // SAFETY: posted + piece <= n, inside dst..dst + n.

@@ -206,8 +206,12 @@ impl<F: Fabric> Sender<F> {
             RNDV_BY_ADVICE
         };
         let n = Rendezvous::encode_fixed(&mut desc, id, total, count, flags);
-        let written =
-            self.write_gathered(&[IoSlice::new(&desc[..n])], 0, n, PacketKind::Rendezvous);
+        let announcement = [IoSlice::new(&desc[..n])];
+        let written = if self.stackable(n) {
+            self.write_small_as(&announcement, 0, n, PacketKind::Rendezvous)
+        } else {
+            self.write_gathered(&announcement, 0, n, PacketKind::Rendezvous)
+        };
         match written {
             Ok(_) => {
                 self.zc_next_id += 1;

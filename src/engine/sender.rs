@@ -84,6 +84,10 @@ pub struct Sender<F: Fabric> {
     offers_taken: u64,
     /// A bigger ring was asked for since the last switch.
     growth_asked: bool,
+    /// The last early wrap: where its wrap packet ended, and the bytes of the lap it
+    /// skipped (to the next lap's start). Until the receiver is known to be past it,
+    /// `head - tail` counts those bytes, which hold nothing.
+    last_wrap: (u64, u64),
     /// Ring offset past which the sender starts over at offset 0 when it can
     /// ([`wrap_early`]), for the largest packets; smaller ones start over sooner
     /// where the fabric shares caches ([`lap_for`](Self::lap_for)).
@@ -169,6 +173,7 @@ impl<F: Fabric> Sender<F> {
             retired_staging: Vec::new(),
             offers_taken: 0,
             growth_asked: false,
+            last_wrap: (0, 0),
             short_laps,
             link,
             lane: Arc::new(LaneCell::new()),
@@ -1085,8 +1090,10 @@ impl<F: Fabric> Sender<F> {
         }
         self.write_gathered(&[], 0, 0, PacketKind::Wrap)?;
         // The receiver skips to the same place when it meets the wrap packet.
-        self.lane
-            .set_head(self.head().next_multiple_of(self.ring_size));
+        let end = self.head();
+        let next_lap = end.next_multiple_of(self.ring_size);
+        self.last_wrap = (end, next_lap - end);
+        self.lane.set_head(next_lap);
         Ok(())
     }
 
@@ -1121,14 +1128,31 @@ impl<F: Fabric> Sender<F> {
         Ok(())
     }
 
+    /// Bytes written that the receiver is not known to have consumed, less the part
+    /// of a lap that the last early wrap skipped: what the ring really holds for it.
+    fn unconsumed(&self) -> u64 {
+        let (wrap_end, skipped) = self.last_wrap;
+        let outstanding = self.head() - self.tail;
+        if self.tail <= wrap_end {
+            outstanding.saturating_sub(skipped)
+        } else {
+            outstanding
+        }
+    }
+
     /// Asks the receiver for an explicit tail update beyond the tail we know; once per
     /// known tail, since the answer necessarily moves it. A full ring is also the
-    /// traffic asking for a bigger one: the first stall in each ring asks for it
-    /// (the receiver offers one unless its ring is at the configured size already).
+    /// traffic asking for a bigger one: the first stall in each ring that holds at
+    /// least half the ring unconsumed asks for it (the receiver offers one unless its
+    /// ring is at the configured size already). A stall with less is a tail that
+    /// lags a packet or two just after an early wrap (a lap is a few packets long):
+    /// a 16 KiB two-way exchange stalled so once in every ring, and the rings grew
+    /// to 4 MiB, milliseconds of page faults inside the exchange, while a bigger ring
+    /// would only have made the next stall wait for the same tail.
     fn request_credit(&mut self) -> io::Result<()> {
         // Growth first: the receiver looks at the growth words when it sees the
         // credit request (Receiver::maintain), and the two writes land in order.
-        if !self.growth_asked {
+        if !self.growth_asked && self.unconsumed() >= self.ring_size / 2 {
             self.link
                 .post_ctrl(CtrlWord::RingWanted, self.offers_taken + 1)?;
             self.growth_asked = true;

@@ -563,12 +563,14 @@ RCH_INLINE int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *len)
  * their ring space back to the sender, so a burst does not hold the ring long. */
 #define RCH_LANE_PASS_MAX 64
 
-/* Largest packet payload rch_lane_next passes. A passed packet's space goes back to
- * the sender only at the next library call, so 64 passed packets of 16 KiB held
- * 1 MiB of ring in a 16 KiB two-way exchange, the sender found the ring full, and
- * the ring grew to 4 MiB, milliseconds of page faults inside the exchange. A large
- * packet's library call costs little beside its copy. Since interface 1.13. */
-#define RCH_LANE_PASS_LEN_MAX 1024u
+/* Most ring bytes a burst of packets of one size may hold once passed: a passed
+ * packet's space goes back to the sender only at the next library call, and 64
+ * passed packets of 16 KiB held 1 MiB of ring in a 16 KiB two-way exchange (the
+ * sender found the ring full, and it grew to 4 MiB, milliseconds of page faults
+ * inside the exchange). rch_lane_next passes a packet while the packets passed and
+ * it, counted at its size, fit in this (a burst of mixed sizes may hold up to ~5
+ * times as much). Since interface 1.13. */
+#define RCH_LANE_PASS_BYTES_MAX 65536u
 
 /* After rch_lane_packet lent a packet of `len` bytes and the caller read `n` of them:
  * when that is all of it, moves the lane on to the cell after the packet, so that
@@ -576,20 +578,20 @@ RCH_INLINE int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *len)
  * rch_consume_peek_lane consumes every packet passed so, in one call (with `n` 0, or
  * the bytes read of a packet lent after them). Returns 1 when the lane moved on (the
  * packet now counts in lane->passed); 0 when it did not: `n` is not all of the
- * packet, the packet is larger than RCH_LANE_PASS_LEN_MAX (since 1.13), the ring's
- * end comes next, RCH_LANE_PASS_MAX packets were passed, or no packet is lent. Then pass `n` to rch_consume_peek_lane as before. The lane keeps
+ * packet, the ring's end comes next, RCH_LANE_PASS_MAX packets were passed or
+ * RCH_LANE_PASS_BYTES_MAX would be passed (since 1.13), or no packet is lent.
+ * Then pass `n` to rch_consume_peek_lane as before. The lane keeps
  * only a few tests, so a connection that goes quiet after a burst calls the library
  * soon. No call. Since interface 1.8. */
 RCH_INLINE int rch_lane_next(rch_lane *lane, size_t n, size_t len)
 {
     uint64_t step;
 
-    if (lane->lent <= 0 || n != len || len > RCH_LANE_PASS_LEN_MAX ||
-        lane->passed >= RCH_LANE_PASS_MAX ||
+    if (lane->lent <= 0 || n != len || lane->passed >= RCH_LANE_PASS_MAX ||
         lane->watch.count < 2)
         return 0;
     step = (uint64_t) lane->lent * RCH_LANE_CELL;
-    if (step >= lane->room)
+    if (step >= lane->room || (uint64_t) (lane->passed + 1) * step > RCH_LANE_PASS_BYTES_MAX)
         return 0;
     lane->cell += step / sizeof(uint64_t);
     lane->pos += step;

@@ -6,13 +6,17 @@
  * consuming each packet in one or more parts (a third of them also copied out with
  * rch_copy_lent), and passes packets read whole with
  * rch_lane_next (the library consumes them later, together), and checks every byte.
+ * The stream ends with a burst of 16 KiB pieces that land while rank 1 sleeps.
  * Fails if the lane never lent a packet or never passed one (then they are not being
- * tested) or if a byte is wrong, lost or repeated. The other ranks (if any) only take
+ * tested), if passed packets hold more ring than rch.h allows, or if a byte is
+ * wrong, lost or repeated. The other ranks (if any) only take
  * part in the barriers. */
+#define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "mm.h"
 #include "rch.h"
@@ -48,6 +52,17 @@ static size_t piece_len(void)
 #define PIECES 20000
 #define MIN_PIECES 1000
 #define ANSWER_EVERY 3
+/* The last pieces: a burst of BURST pieces of BURST_LEN bytes, put while rank 1
+ * sleeps, so that it finds them landed back to back and the lane passes them. */
+#define BURST 64
+#define BURST_LEN 16000
+
+/* Whether rank 1 answers after piece k (both ranks use this rule): every few
+ * pieces, not within the burst, and not after the last (the last word answers it). */
+static int answered_after(int k, int pieces)
+{
+    return k % ANSWER_EVERY == ANSWER_EVERY - 1 && k < pieces - 1 - BURST;
+}
 
 static void put_all(rch_vc *vc, const unsigned char *buf, size_t len)
 {
@@ -97,7 +112,7 @@ int main(void)
         mm_fatal("oom");
     uint64_t total = 0;
     for (int k = 0; k < pieces; k++) {
-        lens[k] = piece_len();
+        lens[k] = k < pieces - BURST ? piece_len() : BURST_LEN;
         total += lens[k];
     }
     /* Ranks 0 and 1 use their connection directly, not through mm, until the last
@@ -127,7 +142,7 @@ int main(void)
                 done += nb;
             }
             at += lens[k];
-            if (k % ANSWER_EVERY == ANSWER_EVERY - 1 && k < pieces - 1) {
+            if (answered_after(k, pieces)) {
                 read_all(vc, answer, sizeof answer);
                 uint64_t seen;
                 memcpy(&seen, answer, 8);
@@ -152,11 +167,16 @@ int main(void)
         rch_lane lane;
         memset(&lane, 0, sizeof lane);
         uint64_t got = 0, lane_packets = 0, lane_parts = 0, calls = 0, passed = 0;
+        /* Ring bytes of the packets passed since the last consume, and the most. */
+        uint64_t held = 0, held_max = 0, held_burst = 0;
+        const uint64_t burst_at = total - (uint64_t)BURST * BURST_LEN;
         uint64_t next_answer_at = 0; /* the stream's length after the next answered piece */
         int k = 0;
         size_t pending = 0; /* bytes of the last lent packet read, to consume */
-        for (int j = 0; j < ANSWER_EVERY && k < pieces; j++)
+        /* The stream's length after the next answered piece (none: past the end). */
+        while (k < pieces && !answered_after(k, pieces))
             next_answer_at += lens[k++];
+        next_answer_at = k < pieces ? next_answer_at + lens[k++] : total;
         while (got < total) {
             const void *bytes;
             size_t len = 0, zc = 0;
@@ -169,6 +189,7 @@ int main(void)
                 calls++;
                 stream_check(rch_consume_peek_lane(vc, pending, &bytes, &len, &zc, &lane), "rch_consume_peek_lane");
                 pending = 0;
+                held = held_burst = 0;
                 if (len == 0 && zc != 0) {
                     /* A zero-copy transfer: only a read takes it. */
                     size_t n = zc < 96 * 1024 ? zc : 96 * 1024;
@@ -195,9 +216,22 @@ int main(void)
                 got += take;
                 pending = take;
                 /* All of it: go on past it without a call when the lane can. */
+                uint64_t step = (uint64_t)lane.lent * RCH_LANE_CELL;
                 if (rch_lane_next(&lane, take, len)) {
                     pending = 0;
                     passed++;
+                    held += step;
+                    if (got - take >= burst_at)
+                        held_burst += step;
+                    if (held > held_max)
+                        held_max = held;
+                    /* Passed packets hold their ring space until the next call: a
+                     * burst of one size at most 64 KiB, of mixed sizes at most ~5
+                     * times that (rch.h, RCH_LANE_PASS_BYTES_MAX). Without the
+                     * bound, the burst's packets held 192 KiB. */
+                    if (held_burst > 64 * 1024 || held > 5 * 64 * 1024)
+                        mm_fatal("passed packets hold %llu ring bytes (%llu of the burst)",
+                                 (unsigned long long)held, (unsigned long long)held_burst);
                 }
             }
             if (got >= next_answer_at && got < total) {
@@ -207,12 +241,21 @@ int main(void)
                     stream_check(rch_consume_peek_lane(vc, pending, &bytes, &len, NULL, &lane),
                           "rch_consume_peek_lane");
                     pending = 0;
+                    held = held_burst = 0;
                 }
                 unsigned char answer[8];
                 memcpy(answer, &got, 8);
                 put_all(vc, answer, 8);
-                for (int j = 0; j < ANSWER_EVERY && k < pieces; j++)
+                while (k < pieces && !answered_after(k, pieces))
                     next_answer_at += lens[k++];
+                if (k < pieces) {
+                    next_answer_at += lens[k++];
+                } else {
+                    /* The last answer before the burst: let it land whole. */
+                    next_answer_at = total;
+                    struct timespec pause = {0, 20 * 1000 * 1000};
+                    nanosleep(&pause, NULL);
+                }
             }
         }
         if (pending != 0 || lane.passed != 0) {
@@ -231,10 +274,10 @@ int main(void)
         if (passed == 0)
             mm_fatal("the lane passed no packet in %d pieces (%llu library calls)", pieces,
                      (unsigned long long)calls);
-        printf("lane: %llu bytes, %llu packets lent by the lane (%llu read in parts), %llu passed, "
-               "%llu library calls\n",
+        printf("lane: %llu bytes, %llu packets lent by the lane (%llu read in parts), %llu passed "
+               "(holding at most %llu ring bytes), %llu library calls\n",
                (unsigned long long)total, (unsigned long long)lane_packets, (unsigned long long)lane_parts,
-               (unsigned long long)passed, (unsigned long long)calls);
+               (unsigned long long)passed, (unsigned long long)held_max, (unsigned long long)calls);
         free(scratch);
     }
     free(lens);

@@ -706,12 +706,12 @@ fn stream_backoff_only_for_a_receiver_that_only_receives_and_once_per_message() 
 }
 
 /// A ping-pong keeps each ring's traffic in a lap sized to its messages
-/// (`ring::lap_end`) where the fabric shares caches (the emulated fabric): past room
-/// for two of its packets, at least 8 KiB, and at most the working set, the sender
-/// starts over at offset 0 as soon as it knows the receiver caught up (in a
-/// ping-pong, within a packet or two). On other fabrics the lap is the working set.
-/// Every byte arrives in order across the wraps, and a working set of the whole ring
-/// turns them off.
+/// (`ring::lap_end`) where the fabric shares caches (the emulated fabric): for
+/// packets under 4 KiB, past room for two of them, at least 8 KiB, the sender starts
+/// over at offset 0 as soon as it knows the receiver caught up (in a ping-pong,
+/// within a packet or two); packets of 4 KiB and more, and every packet on other
+/// fabrics, lap the working set. Every byte arrives in order across the wraps, and a
+/// working set of the whole ring turns them off.
 #[test]
 fn a_ping_pong_stays_in_a_lap_sized_to_its_messages() {
     bounded("a_ping_pong_stays_in_a_lap_sized_to_its_messages", || {
@@ -722,13 +722,15 @@ fn a_ping_pong_stays_in_a_lap_sized_to_its_messages() {
         type Expect = (u64, u64);
         // (message bytes, working set, round trips, then what to expect with shared
         // caches and without)
-        let cases: [(usize, usize, usize, Expect, Expect); 4] = [
+        let cases: [(usize, usize, usize, Expect, Expect); 5] = [
             // 8 B: one cell each, an 8 KiB lap, so 2000 messages wrap 15 times; the
             // 256 KiB working set holds them all.
             (8, 256 << 10, 2000, (8 << 10, 14), (256 << 10, 0)),
-            // 4 KiB: 4160-byte packets, a lap of two or three; or about three laps
-            // of the working set.
-            (4096, 256 << 10, 200, (2 * 4160, 45), (256 << 10, 2)),
+            // 2 KiB: 2112-byte packets, four to an 8 KiB lap, so 400 messages wrap
+            // about 100 times; or about three laps of the working set.
+            (2048, 256 << 10, 400, (8 << 10, 80), (256 << 10, 2)),
+            // 4 KiB: 4160-byte packets lap the working set, about three times.
+            (4096, 256 << 10, 200, (256 << 10, 2), (256 << 10, 2)),
             // A working set smaller than the shortest lap is the lap.
             (8, 4 << 10, 1000, (4 << 10, 15), (4 << 10, 15)),
             // Working set off: one pass through the ring, no wrap.
@@ -743,6 +745,7 @@ fn a_ping_pong_stays_in_a_lap_sized_to_its_messages() {
             let (mut a, mut b) = RdmaStream::pair_with(cfg).unwrap();
             let packet = (size + 24).next_multiple_of(64) as u64;
             let (mut got, mut back) = (vec![0u8; size], vec![0u8; size]);
+            let mut furthest = 0;
             for i in 0..trips {
                 let msg: Vec<u8> = (0..size).map(|k| (i * 31 + k) as u8).collect();
                 a.write_all(&msg).unwrap();
@@ -753,11 +756,20 @@ fn a_ping_pong_stays_in_a_lap_sized_to_its_messages() {
                 assert_eq!(back, msg, "{size} B reply {i}");
                 for end in [&mut a, &mut b] {
                     let offset = end.channel().sender().position() % RING;
+                    furthest = furthest.max(offset);
                     assert!(
                         offset < lap + 3 * packet,
                         "{size} B, working set {ws}: offset {offset} after message {i} is past the lap ({lap}) and a packet in flight"
                     );
                 }
+            }
+            // Traffic enough to fill a lap goes all the way through it (a long lap
+            // is not cut short).
+            if trips as u64 * packet >= lap {
+                assert!(
+                    furthest + 3 * packet >= lap,
+                    "{size} B, working set {ws}: no further than offset {furthest} in a lap of {lap}"
+                );
             }
             for end in [&mut a, &mut b] {
                 let laps = end.channel().sender().position() / RING;

@@ -115,34 +115,46 @@ pub const SHORT_LAP: u64 = 8 << 10;
 /// A lap holds at least this many packets of the size being sent.
 pub const LAP_PACKETS: u64 = 2;
 
+/// Packets of this many ring bytes or more (a 4 KiB message's and up) get laps of the
+/// whole working set.
+pub const LONG_LAP_PACKET: u64 = 4 << 10;
+
 /// The ring offset past which a sender about to write a packet of `packet` bytes
 /// (cells included) ends the lap early when it can ([`wrap_early`]), on a fabric
 /// that shares caches ([`Fabric::shares_caches`](crate::fabric::Fabric::shares_caches);
-/// on others the lap is the working set): room for [`LAP_PACKETS`] such packets, at
-/// least [`SHORT_LAP`], at most `working_set`. A working set of the whole ring turns
-/// early wraps off.
+/// on others the lap is the working set): for packets under [`LONG_LAP_PACKET`],
+/// room for [`LAP_PACKETS`] such packets, at least [`SHORT_LAP`]; for larger ones,
+/// and at most, `working_set`. A working set of the whole ring turns early wraps off.
 ///
-/// Why it scales with the packet: a ping-pong of 512 B to 4 KiB messages kept in a
+/// Why short laps for small packets: a ping-pong of 512 B to 2 KiB messages kept in a
 /// few packets' room reuses lines both cores touched a moment ago, and on the
-/// machine this was measured on its latency drops 8-33% against the same traffic
+/// machine this was measured on its latency dropped 12-23% against the same traffic
 /// spread over 256 KiB (bench/notebook/2026-11.md, "Laps that fit the messages").
-/// Streams of small messages gain too (a window of them lands in the same 8 KiB),
-/// and so do large messages in 64 KiB packets, with laps of 128 KiB. Laps much
-/// shorter cost more in wrap packets than they save.
+/// Streams of small messages gain too (a window of them lands in the same 8 KiB).
+/// Laps much shorter cost more in wrap packets than they save.
+///
+/// Why not for 4 KiB packets and more: on a host whose cores hand lines over slowly
+/// (probe 65-95 ns), a writer that finds its lines in the reader's cache waits for
+/// each, and a window of messages waits for the wrap. There MPI `osu_bw` 4 KiB went
+/// from 5.1-6.0 GB/s with two-packet laps to 7.3-9.2 with laps of the working set,
+/// 8 KiB from 6.2-7.1 to 8.4-10.2, `osu_latency` 8 KiB from 2.41-2.62 us to
+/// 2.06-2.24 and 16 KiB from 4.02-4.24 to 3.39-3.64; 4 KiB latency stayed level
+/// (bench/notebook/2026-12.md, "Long laps from 4 KiB packets"). The machine of the
+/// short laps measured 4 KiB latency 0.68x with them, and 16 KiB bandwidth 0.81x.
 ///
 /// ```
 /// use rdma_channel::ring::lap_end;
 /// let ring = 4 << 20;
 /// assert_eq!(lap_end(ring, 256 << 10, 64), 8 << 10); // small packets: the shortest lap
-/// assert_eq!(lap_end(ring, 256 << 10, 4160), 2 * 4160); // two 4 KiB packets
-/// assert_eq!(lap_end(ring, 256 << 10, 65600), 2 * 65600); // two 64 KiB packets
+/// assert_eq!(lap_end(ring, 256 << 10, 3072), 8 << 10); // 3 KiB packets: still the shortest
+/// assert_eq!(lap_end(ring, 256 << 10, 4160), 256 << 10); // 4 KiB packets: the working set
 /// assert_eq!(lap_end(ring, 64 << 10, 65600), 64 << 10); // at most the working set
 /// assert_eq!(lap_end(ring, ring, 64), ring); // working set off: never early
 /// ```
 #[inline]
 pub fn lap_end(ring_size: u64, working_set: u64, packet: u64) -> u64 {
-    if working_set >= ring_size {
-        return ring_size;
+    if working_set >= ring_size || packet >= LONG_LAP_PACKET {
+        return working_set.min(ring_size);
     }
     packet
         .saturating_mul(LAP_PACKETS)

@@ -112,7 +112,13 @@ pub fn wrap_early(size: u64, head: u64, tail: u64, next: u64, working_set: u64) 
 /// many bytes into it.
 pub const SHORT_LAP: u64 = 8 << 10;
 
-/// A lap holds at least this many packets of the size being sent.
+/// A lap held at least this many packets of the size being sent. Laps no longer
+/// scale with the packet: under [`LONG_LAP_PACKET`] two packets never reach
+/// [`SHORT_LAP`], and from it the lap is the working set.
+#[deprecated(
+    since = "0.1.0",
+    note = "laps no longer scale with the packet; see `lap_end`"
+)]
 pub const LAP_PACKETS: u64 = 2;
 
 /// Packets of this many ring bytes or more (a 4 KiB message's and up) get laps of the
@@ -122,9 +128,9 @@ pub const LONG_LAP_PACKET: u64 = 4 << 10;
 /// The ring offset past which a sender about to write a packet of `packet` bytes
 /// (cells included) ends the lap early when it can ([`wrap_early`]), on a fabric
 /// that shares caches ([`Fabric::shares_caches`](crate::fabric::Fabric::shares_caches);
-/// on others the lap is the working set): for packets under [`LONG_LAP_PACKET`],
-/// room for [`LAP_PACKETS`] such packets, at least [`SHORT_LAP`]; for larger ones,
-/// and at most, `working_set`. A working set of the whole ring turns early wraps off.
+/// on others the lap is the working set): [`SHORT_LAP`] for packets under
+/// [`LONG_LAP_PACKET`], `working_set` for larger ones, and at most `working_set`. A
+/// working set of the whole ring turns early wraps off.
 ///
 /// Why short laps for small packets: a ping-pong of 512 B to 2 KiB messages kept in a
 /// few packets' room reuses lines both cores touched a moment ago, and on the
@@ -139,7 +145,7 @@ pub const LONG_LAP_PACKET: u64 = 4 << 10;
 /// from 5.1-6.0 GB/s with two-packet laps to 7.3-9.2 with laps of the working set,
 /// 8 KiB from 6.2-7.1 to 8.4-10.2, `osu_latency` 8 KiB from 2.41-2.62 us to
 /// 2.06-2.24 and 16 KiB from 4.02-4.24 to 3.39-3.64; 4 KiB latency stayed level
-/// (bench/notebook/2026-12.md, "Long laps from 4 KiB packets"). The machine of the
+/// (bench/notebook/2026-12.md, "... long laps from 4 KiB packets"). The machine of the
 /// short laps measured 4 KiB latency 0.68x with them, and 16 KiB bandwidth 0.81x.
 ///
 /// ```
@@ -154,12 +160,10 @@ pub const LONG_LAP_PACKET: u64 = 4 << 10;
 #[inline]
 pub fn lap_end(ring_size: u64, working_set: u64, packet: u64) -> u64 {
     if working_set >= ring_size || packet >= LONG_LAP_PACKET {
-        return working_set.min(ring_size);
+        working_set.min(ring_size)
+    } else {
+        SHORT_LAP.min(working_set)
     }
-    packet
-        .saturating_mul(LAP_PACKETS)
-        .max(SHORT_LAP)
-        .min(working_set)
 }
 
 /// Where a [`Wrap`](wire::PacketKind::Wrap) packet at `pos` sends the reader and

@@ -5,7 +5,7 @@
 # this host.
 #
 # usage: bench/mpi-level.sh [--sizes 8,64,...] [--rounds 3] [--probe-max NS]
-#                           [--before PREFIX [--before-label L]] [--csv FILE]
+#                           [--before PREFIX [--before-label L]] [--floor] [--csv FILE]
 #
 # Every MPI builds IMB-MPI1 (no -DCHECK: a timing build; -O2) and OSU 7.4's
 # point-to-point programs with its own mpicc, from the sources scripts/mpi-programs
@@ -23,8 +23,12 @@
 # ch3:rch over the better peer (latency: below 1 is ahead; bandwidth: above 1 is
 # ahead). --before PREFIX adds an MPICH with ch3:rch installed at PREFIX from an
 # earlier commit, run in the same rounds (--before-label names its column, e.g.
-# "ch3:nemesis" for an install of `scripts/mpich-rch --device ch3:nemesis`). --csv
-# FILE writes every kept figure.
+# "ch3:nemesis" for an install of `scripts/mpich-rch --device ch3:nemesis`). --floor
+# adds a column of what each pattern costs with only its copies and a flag per message
+# (bench/c/copy_floor.c: one process_vm_readv, or a copy in and out of shared memory,
+# whichever is faster), run in the same rounds: how far above the host's floor each
+# MPI is, and whether a gap between them is protocol or copying. --csv FILE writes
+# every kept figure.
 # It is a benchmark, never a test: nothing here asserts.
 set -euo pipefail
 here=$(pwd)
@@ -34,6 +38,7 @@ cd "$(dirname "$0")/.."
 
 before=
 before_label="ch3:rch before"
+floor=
 csv=
 rest=()
 while [ $# -gt 0 ]; do
@@ -43,6 +48,7 @@ while [ $# -gt 0 ]; do
             [ -x "$before/bin/mpicc" ] && [ -x "$before/bin/mpiexec" ] ||
                 { echo "mpi-level: --before holds no bin/mpicc and bin/mpiexec" >&2; exit 2; } ;;
         --before-label) before_label=$2; shift 2 ;;
+        --floor) floor=1; shift ;;
         --csv) csv=$(cd "$here" && realpath -m "$2"); shift 2 ;;
         *) rest+=("$1"); shift ;;
     esac
@@ -61,8 +67,9 @@ for p in imb osu; do
 done
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-systems=(rch ${before:+before} deb ompi)
-declare -A label=([rch]="ch3:rch" [before]="$before_label" [deb]="Debian MPICH" [ompi]="Open MPI")
+systems=(rch ${before:+before} deb ompi ${floor:+floor})
+declare -A label=([rch]="ch3:rch" [before]="$before_label" [deb]="Debian MPICH" [ompi]="Open MPI"
+    [floor]="floor (copies only)")
 declare -A mpicc=([rch]="$rch_prefix/bin/mpicc" [before]="$before/bin/mpicc" [deb]=mpicc.mpich [ompi]=mpicc.openmpi)
 declare -A launch=(
     [rch]="$rch_prefix/bin/mpiexec -bind-to core -n 2"
@@ -95,17 +102,23 @@ build() {
     } >"$dir/build.log" 2>&1 || { echo "mpi-level: build failed, see $dir/build.log" >&2; exit 1; }
     echo "$id" > "$dir/.built"
 }
-for s in "${systems[@]}"; do build "$s"; done
+for s in "${systems[@]}"; do [ "$s" = floor ] || build "$s"; done
 osu_bin() { find "$programs/build/perf-$1/osu/c/mpi/pt2pt" -type f -name "$2" -perm -u+x | head -1; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 max=$(tr , '\n' <<<"$sizes" | sort -n | tail -1)
 log2max=$(awk -v m="$max" 'BEGIN { l = 0; while (2 ^ l < m) l++; print l }')
+# The floor measures the table's sizes, all four patterns in one run.
+[ -z "$floor" ] || cc -O2 -o "$work/copy_floor" bench/c/copy_floor.c
 
 # run SYSTEM PROGRAM: one program of a system's turn; prints "metric size value" lines.
 run() {
     local s=$1 dir=$programs/build/perf-$1
+    if [ "$s" = floor ]; then
+        [ "$2" = PingPong ] && "$work/copy_floor" "$sizes"
+        return 0
+    fi
     case "$2" in
         PingPong|PingPing)
             # shellcheck disable=SC2086 # launch[] holds the launcher and its options

@@ -17,8 +17,10 @@
  * 64 messages, then a 4-byte answer (MB/s). Each metric takes the faster transport
  * (single-copy only from 4 KiB, where any peer would use it), so a line is the least
  * the pattern costs on this host now: a floor for comparing MPIs measured beside it.
- * The double transport keeps two slots per direction and copies whole messages (no
- * pipelining), so above 64 KiB only the single transport is run.
+ * The double transport copies whole messages (no pipelining) through a ring of
+ * message-sized slots per direction, RING_BYTES long (at least two slots, at most
+ * WINDOW, so that osu_bw's window never waits for room), so above 64 KiB only the
+ * single transport is run.
  *
  * usage: copy_floor SIZE[,SIZE...]   (bench/mpi-level.sh --floor runs it)
  * It is a benchmark, never a test: nothing here asserts.
@@ -39,6 +41,7 @@
 
 #define WINDOW 64
 #define DOUBLE_MAX (64 << 10)
+#define RING_BYTES (256 << 10)
 #define LINE 64
 
 /* One direction's flags, each on its own cache line: `sent` counts messages
@@ -54,11 +57,19 @@ struct shared {
     _Alignas(LINE) _Atomic int ready;
     pid_t pid[2];
     char *src[2];               /* each rank's heap send buffer */
-    _Alignas(LINE) char slot[2][2][DOUBLE_MAX];     /* slot[r][k]: rank r's incoming slots */
+    _Alignas(LINE) char ring[2][RING_BYTES];        /* ring[r]: rank r's incoming slots */
 };
 
 static struct shared *sh;
 static int me;
+static size_t slot_len;         /* the double transport's slots: bytes each, ... */
+static uint64_t slots;          /* ... and how many per direction */
+
+/* The slot of message i in rank r's incoming ring. */
+static char *slot(int r, uint64_t i)
+{
+    return sh->ring[r] + (i % slots) * slot_len;
+}
 
 static double now(void)
 {
@@ -98,9 +109,9 @@ static void send_msg(int single, const char *src, size_t n, uint64_t i)
 {
     struct dir *d = &sh->to[!me];
     if (!single) {
-        if (i > 2)
-            wait_at_least(&d->done, i - 2);
-        memcpy(sh->slot[!me][i & 1], src, n);
+        if (i > slots)
+            wait_at_least(&d->done, i - slots);
+        memcpy(slot(!me, i), src, n);
     }
     atomic_store_explicit(&d->sent, i, memory_order_release);
 }
@@ -113,7 +124,7 @@ static void recv_msg(int single, char *dst, size_t n, uint64_t i)
     if (single)
         cma_read(dst, n);
     else
-        memcpy(dst, sh->slot[me][i & 1], n);
+        memcpy(dst, slot(me, i), n);
     atomic_store_explicit(&d->done, i, memory_order_release);
 }
 
@@ -225,6 +236,10 @@ int main(int argc, char **argv)
         char *end;
         size_t n = strtoul(p, &end, 10);
         p = *end ? end + 1 : end;
+        slot_len = (n + LINE - 1) / LINE * LINE;
+        slots = RING_BYTES / slot_len;
+        if (slots > WINDOW)
+            slots = WINDOW;
         double best[3] = { 0, 0, 0 };
         for (int pattern = 0; pattern < 3; pattern++) {
             for (int single = 0; single < 2; single++) {

@@ -27,8 +27,9 @@
 # adds a column of what each pattern costs with only its copies and a flag per message
 # (bench/c/copy_floor.c: one process_vm_readv, or a copy in and out of shared memory,
 # whichever is faster), run in the same rounds: how far above the host's floor each
-# MPI is, and whether a gap between them is protocol or copying. --csv FILE writes
-# every kept figure.
+# MPI is, and whether a gap between them is protocol or copying (from 256 KiB it is
+# one core's copy, which a transfer split between both cores beats). --csv FILE
+# writes every kept figure.
 # It is a benchmark, never a test: nothing here asserts.
 set -euo pipefail
 here=$(pwd)

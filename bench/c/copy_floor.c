@@ -16,7 +16,9 @@
  * (imb_pingping_lat, us), their bandwidths (MB/s), and osu_bw's pattern: a window of
  * 64 messages, then a 4-byte answer (MB/s). Each metric takes the faster transport
  * (single-copy only from 4 KiB, where any peer would use it), so a line is the least
- * the pattern costs on this host now: a floor for comparing MPIs measured beside it.
+ * the pattern costs on this host now: a floor for comparing MPIs measured beside it
+ * (for one core's copy: a transport that splits a large message between both cores,
+ * as rdma-channel's push does, can run below it).
  * The double transport copies whole messages (no pipelining) through a ring of
  * message-sized slots per direction, RING_BYTES long (at least two slots, at most
  * WINDOW, so that osu_bw's window never waits for room), so above 64 KiB only the

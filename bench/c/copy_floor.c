@@ -24,7 +24,10 @@
  * WINDOW, so that osu_bw's window never waits for room), so above 64 KiB only the
  * single transport is run.
  *
- * usage: copy_floor SIZE[,SIZE...]   (bench/mpi-level.sh --floor runs it)
+ * usage: copy_floor [--each] SIZE[,SIZE...]   (bench/mpi-level.sh --floor runs it)
+ * --each also prints each transport's own figures first, as lines
+ * "single|double pingpong|pingping|window size us" (one-way, exchange, window),
+ * which is how to see where the ring's two copies stand against one read.
  * It is a benchmark, never a test: nothing here asserts.
  */
 #define _GNU_SOURCE
@@ -208,16 +211,18 @@ static double run(int pattern, int single, char *src, char *dst, size_t n)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: copy_floor SIZE[,SIZE...]\n");
+    int each = argc == 3 && strcmp(argv[1], "--each") == 0;
+    if (argc != 2 + each) {
+        fprintf(stderr, "usage: copy_floor [--each] SIZE[,SIZE...]\n");
         return 2;
     }
+    char *list = argv[1 + each];
     size_t max = 0;
-    for (char *p = argv[1]; *p;) {
+    for (char *p = list; *p;) {
         char *end;
         unsigned long v = strtoul(p, &end, 10);
         if (end == p || v == 0 || (*end != ',' && *end != 0)) {
-            fprintf(stderr, "copy_floor: bad size list '%s'\n", argv[1]);
+            fprintf(stderr, "copy_floor: bad size list '%s'\n", list);
             return 2;
         }
         if (v > max)
@@ -254,7 +259,7 @@ int main(int argc, char **argv)
     sh->src[me] = src;
     barrier();
 
-    for (char *p = argv[1]; *p;) {
+    for (char *p = list; *p;) {
         char *end;
         size_t n = strtoul(p, &end, 10);
         p = *end ? end + 1 : end;
@@ -269,6 +274,10 @@ int main(int argc, char **argv)
                 if ((single && n < 4096) || (!single && n > DOUBLE_MAX))
                     continue;
                 double t = run(pattern, single, src, dst, n);
+                if (each && me == 0)
+                    printf("%s %s %zu %.3f\n", single ? "single" : "double",
+                           pattern == 0 ? "pingpong" : pattern == 1 ? "pingping" : "window", n,
+                           (pattern == 0 ? t / 2 : t) * 1e6);
                 if (best[pattern] == 0 || t < best[pattern])
                     best[pattern] = t;
             }

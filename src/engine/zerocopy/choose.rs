@@ -130,7 +130,10 @@ struct Cost {
     median: Option<u64>,
     /// Where the next sample goes.
     next: usize,
-    at: Option<Instant>,
+    /// When the figure goes stale ([`PROBE_AFTER`] after its last sample): kept as a
+    /// deadline so that the advice's checks of every class after each sample are
+    /// comparisons, not clock arithmetic.
+    fresh_until: Option<Instant>,
     /// Bytes seen by the probe under way on this path, if one is.
     probe: Option<u64>,
     /// Samples seen by the probe under way.
@@ -165,7 +168,7 @@ impl Cost {
 
     fn add(&mut self, bytes: usize, took: Duration, now: Instant) {
         self.record(bytes, took);
-        self.at = Some(now);
+        self.fresh_until = Some(now + PROBE_AFTER);
     }
 
     fn record(&mut self, bytes: usize, took: Duration) {
@@ -185,8 +188,7 @@ impl Cost {
     }
 
     fn stale(&self, now: Instant) -> bool {
-        self.at
-            .is_none_or(|at| now.saturating_duration_since(at) >= PROBE_AFTER)
+        self.fresh_until.is_none_or(|until| now >= until)
     }
 }
 
@@ -501,7 +503,7 @@ mod tests {
         assert!(m.advises_zero_copy());
         // The ring's figure ages: the next zero-copy sample asks for a ring probe,
         // and the ring, still slow, hands back to zero-copy when it is done.
-        m.ring.at = Some(Instant::now() - PROBE_AFTER);
+        m.ring.fresh_until = Some(Instant::now());
         let w = m.feed(true, 12, 1).expect("a ring probe is due");
         assert_eq!(w & advice_bit(MIB), 0);
         let w = m.feed(false, 6, PROBE).expect("zero-copy again");
@@ -769,8 +771,8 @@ mod tests {
             "its own figure says ring"
         );
         assert!(m.posted & advice_bit(big) != 0, "carried from 1 MiB");
-        m.zero_copy[class_of(MIB)].at = Some(Instant::now() - PROBE_AFTER);
-        m.ring.at = Some(Instant::now());
+        m.zero_copy[class_of(MIB)].fresh_until = Some(Instant::now());
+        m.ring.fresh_until = Some(Instant::now() + PROBE_AFTER);
         m.sample(true, big, at(4, big));
         assert_eq!(m.posted & advice_bit(big), 0, "the 1 MiB figure went stale");
     }

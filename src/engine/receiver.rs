@@ -702,17 +702,19 @@ impl<F: Fabric> Receiver<F> {
         // Drops the lent part's registration: the peer can no longer write there.
         drop(r.lent);
         result?;
-        if let Some(t0) = r.started {
-            let put_at = link.own_puts().large_at;
-            let transfer = self.zc.as_ref().map_or(r.len, |z| z.total as usize);
-            self.advise_path(|m| m.zero_copy_read(r.len, transfer, t0, put_at))?;
-        }
         let z = self.zc.as_mut().expect("reads belong to a transfer");
+        let transfer = z.total as usize;
         z.done += r.len as u64;
         if z.done == z.total {
             let id = z.id;
             self.zc = None;
+            // First: the peer's sender waits for this to complete its send (a
+            // two-way exchange's critical path); the meter's sample can come after.
             link.post_ctrl(CtrlWord::ZeroCopyDone, id)?;
+        }
+        if let Some(t0) = r.started {
+            let put_at = link.own_puts().large_at;
+            self.advise_path(|m| m.zero_copy_read(r.len, transfer, t0, put_at))?;
         }
         Ok(Some(r.len))
     }

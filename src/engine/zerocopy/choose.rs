@@ -180,7 +180,8 @@ impl Cost {
         if self.held == SAMPLES {
             // The oldest sample leaves the ordered copy.
             let oldest = self.recent[self.next];
-            let i = self.sorted[..SAMPLES]
+            let i = self
+                .sorted
                 .iter()
                 .position(|&x| x == oldest)
                 .expect("every sample held is in the ordered copy");
@@ -470,9 +471,6 @@ mod tests {
             };
             c.record(1000, Duration::from_nanos(ps));
             let mut held = c.recent[..c.held].to_vec();
-            if c.held == SAMPLES {
-                held = c.recent.to_vec();
-            }
             held.sort_unstable();
             assert_eq!(
                 c.ps_per_byte(),

@@ -425,7 +425,9 @@ typedef struct rch_lane {
     rch_watch watch;               /* word[0] and word[1] are the cell's first two words */
     const volatile uint64_t *cell; /* the cell where the next packet starts; NULL: none */
     uint64_t pos;                  /* its position in the connection's stream of cells */
-    uint64_t room;                 /* bytes from it to the end of the ring */
+    uint64_t room;                 /* bytes it may move over: to the ring's end, and
+                                      since 1.13 at most RCH_LANE_PASS_BYTES_MAX + one
+                                      cell from where the library filled it */
     int lent;                      /* the cells of the packet rch_lane_packet lent; 0: none */
     int passed;                    /* packets rch_lane_next passed since the lane was filled */
 } rch_lane;
@@ -568,8 +570,8 @@ RCH_INLINE int rch_lane_packet(rch_lane *lane, const void **bytes, size_t *len)
  * passed packets of 16 KiB held 1 MiB of ring in a 16 KiB two-way exchange (the
  * sender found the ring full, and it grew to 4 MiB, milliseconds of page faults
  * inside the exchange). rch_lane_next passes a packet while the packets passed and
- * it, counted at its size, fit in this (a burst of mixed sizes may hold up to ~5
- * times as much). Since interface 1.13. */
+ * it fit in this, whatever their sizes; a packet bigger than this is left to the
+ * library (rch_lane_packet says -1). Since interface 1.13. */
 #define RCH_LANE_PASS_BYTES_MAX 65536u
 
 /* After rch_lane_packet lent a packet of `len` bytes and the caller read `n` of them:
@@ -591,7 +593,9 @@ RCH_INLINE int rch_lane_next(rch_lane *lane, size_t n, size_t len)
         lane->watch.count < 2)
         return 0;
     step = (uint64_t) lane->lent * RCH_LANE_CELL;
-    if (step >= lane->room || (uint64_t) (lane->passed + 1) * step > RCH_LANE_PASS_BYTES_MAX)
+    /* The library bounds the room to RCH_LANE_PASS_BYTES_MAX and a cell: a step that
+     * leaves none would end at the ring's end or pass more than that. */
+    if (step >= lane->room)
         return 0;
     lane->cell += step / sizeof(uint64_t);
     lane->pos += step;

@@ -49,6 +49,12 @@ use sys::{
 /// Most iovec entries per data call (`RCH_IOV_MAX`).
 pub(crate) const IOV_MAX: usize = 1024;
 
+/// Most ring bytes an `rch_lane` moves over from where the library filled it (its
+/// `room`, when the ring's end is farther): `rch_lane_next` refuses a step that
+/// leaves no room, so the packets it passes hold at most `RCH_LANE_PASS_BYTES_MAX`
+/// of ring, in any mix of sizes, and a packet bigger than that is read by the library.
+const LANE_ROOM_MAX: u64 = sys::RCH_LANE_PASS_BYTES_MAX as u64 + sys::RCH_LANE_CELL as u64;
+
 /// Low byte of every connection handle: handles are not addresses but tagged ranks,
 /// so that a stale or made-up pointer is recognised without being dereferenced.
 const VC_TAG: usize = 0xc5;
@@ -916,7 +922,11 @@ unsafe fn consume_peek_watching(
                     unsafe {
                         (*lane).cell = w.words[0].0.as_ptr().cast_const();
                         (*lane).pos = w.pos;
-                        (*lane).room = w.room;
+                        // The lane moves over at most this much before the next
+                        // call: passed packets hold their ring space until then, and
+                        // this bounds them to RCH_LANE_PASS_BYTES_MAX whatever their
+                        // sizes (rch_lane_next refuses a step that leaves no room).
+                        (*lane).room = w.room.min(LANE_ROOM_MAX);
                         // At most one packet's cells, which fit a ring.
                         (*lane).lent = c_int::try_from(w.lent_cells).unwrap_or(0);
                     }

@@ -8,8 +8,8 @@
 //! | offset | size | field |
 //! | --- | --- | --- |
 //! | 0 | 4 | magic `RCHC` |
-//! | 4 | 1 | version (6: a dropped sender's aborted bit in the end of stream) |
-//! | 5 | 1 | bits 0-5: log2 of the ring size (12 ..= 30: 4 KiB ..= 1 GiB); bit 6: 0; bit 7: *wakes*, this end wants every write of the peer's to wake it ([`QueuePair::send_wakes`](crate::fabric::QueuePair::send_wakes)) |
+//! | 4 | 1 | version (7: the *lends* flag) |
+//! | 5 | 1 | bits 0-5: log2 of the ring size (12 ..= 30: 4 KiB ..= 1 GiB); bit 6: *lends*, this end may lend part of a transfer sent by threshold for the peer to push (its `RCH_ZCOPY_PUSH` share is not 0), so the peer keeps what a push needs for such a transfer; bit 7: *wakes*, this end wants every write of the peer's to wake it ([`QueuePair::send_wakes`](crate::fabric::QueuePair::send_wakes)) |
 //! | 6 | 2 | length of the fabric card |
 //! | 8 | 8 | ring address (64-byte aligned) |
 //! | 16 | 4 | ring remote key |
@@ -28,18 +28,30 @@ use crate::wire::{card_fields, CardFormat};
 
 pub use crate::ring::memory::CTRL_SIZE;
 
-/// Magic `RCHC`, version 6 (version 5 peers fail a receive on a closed sender's
+/// Magic `RCHC`, version 7 (version 6 peers do not say whether they lend, version 5
+/// ones fail a receive on a closed sender's
 /// unlanded lend and do not know the end of stream's aborted bit, version 4 ones do
 /// not know the wakes flag, version 3 ones do not serve lends, version 2 ones do not
 /// know wrap packets).
 pub const FORMAT: CardFormat = CardFormat {
     name: "connection card",
     magic: b"RCHC",
-    version: 6,
+    version: 7,
 };
-/// Byte 5: the ring size's log2 in the low bits, the wakes flag on top.
+/// Byte 5: the ring size's log2 in the low bits, the lends and wakes flags on top.
 const RING_LOG2_MASK: u8 = 0x3f;
+const LENDS_FLAG: u8 = 0x40;
 const WAKES_FLAG: u8 = 0x80;
+
+/// The flags a card carries besides its regions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CardFlags {
+    /// This end wants every write of the peer's to wake it.
+    pub wakes: bool,
+    /// This end may lend part of a transfer the peer sends by threshold for the
+    /// peer to push.
+    pub lends: bool,
+}
 /// Bytes before the fabric card.
 pub const HEADER_LEN: usize = 32;
 const MIN_RING_LOG2: u8 = 12;
@@ -81,9 +93,6 @@ impl<T: AsRef<[u8]>> ConnCard<T> {
         let len = buf.as_ref().len();
         FORMAT.check(buf.as_ref(), HEADER_LEN)?;
         let card = ConnCard { buf };
-        if card.size_flags() & !(RING_LOG2_MASK | WAKES_FLAG) != 0 {
-            return Err(FORMAT.invalid("reserved bit 6 of byte 5 set"));
-        }
         let log2 = card.ring_log2();
         if !(MIN_RING_LOG2..=MAX_RING_LOG2).contains(&log2) {
             return Err(FORMAT.invalid(format_args!("ring size 2^{log2} outside 4 KiB ..= 1 GiB")));
@@ -109,6 +118,13 @@ impl<T: AsRef<[u8]>> ConnCard<T> {
     /// ([`QueuePair::send_wakes`](crate::fabric::QueuePair::send_wakes)).
     pub fn wakes(&self) -> bool {
         self.size_flags() & WAKES_FLAG != 0
+    }
+
+    /// Whether the sender of this card may lend part of a transfer the reader sends
+    /// by threshold for the reader to push (then the reader keeps, for each such
+    /// transfer, what a push needs).
+    pub fn lends(&self) -> bool {
+        self.size_flags() & LENDS_FLAG != 0
     }
 
     /// The peer's incoming ring (we write into it).
@@ -146,7 +162,8 @@ impl ConnCard<&[u8]> {
         Self::encode_with(ring, ctrl, false, fabric)
     }
 
-    /// Encodes a card, with the wakes flag set as `wakes` says.
+    /// Encodes a card, with the wakes flag set as `wakes` says and the lends flag
+    /// set (the peer keeps what a push needs for every transfer).
     ///
     /// # Errors
     ///
@@ -155,6 +172,33 @@ impl ConnCard<&[u8]> {
         ring: RemoteRegion,
         ctrl: RemoteRegion,
         wakes: bool,
+        fabric: &[u8],
+    ) -> io::Result<Vec<u8>> {
+        let flags = CardFlags { wakes, lends: true };
+        Self::encode_with_flags(ring, ctrl, flags, fabric)
+    }
+
+    /// Encodes a card with `flags`.
+    ///
+    /// ```
+    /// use rdma_channel::engine::card::{CardFlags, ConnCard};
+    /// use rdma_channel::fabric::RemoteRegion;
+    /// let ring = RemoteRegion { addr: 0x10000, len: 1 << 20, rkey: 7 };
+    /// let ctrl = RemoteRegion { addr: 0x20000, len: 4096, rkey: 8 };
+    /// let flags = CardFlags { wakes: false, lends: false };
+    /// let bytes = ConnCard::encode_with_flags(ring, ctrl, flags, b"fabric")?;
+    /// let card = ConnCard::new_checked(&bytes[..])?;
+    /// assert!(!card.lends() && !card.wakes());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`encode`](Self::encode).
+    pub fn encode_with_flags(
+        ring: RemoteRegion,
+        ctrl: RemoteRegion,
+        flags: CardFlags,
         fabric: &[u8],
     ) -> io::Result<Vec<u8>> {
         let log2 = ring.len.trailing_zeros() as u8;
@@ -176,7 +220,9 @@ impl ConnCard<&[u8]> {
             buf: vec![0u8; HEADER_LEN + fabric.len()],
         };
         FORMAT.emit(&mut card.buf);
-        card.set_size_flags(log2 | if wakes { WAKES_FLAG } else { 0 });
+        let wakes = if flags.wakes { WAKES_FLAG } else { 0 };
+        let lends = if flags.lends { LENDS_FLAG } else { 0 };
+        card.set_size_flags(log2 | wakes | lends);
         card.set_fabric_len(flen);
         card.set_ring_addr(ring.addr);
         card.set_ring_rkey(ring.rkey);
@@ -229,7 +275,20 @@ mod tests {
         let b = ConnCard::encode_with(ring, ctrl, true, b"x").unwrap();
         let c = ConnCard::new_checked(&b[..]).unwrap();
         assert!(c.wakes());
+        assert!(c.lends(), "encode_with says the end may lend");
         assert_eq!((c.ring(), c.ctrl()), (ring, ctrl));
+    }
+
+    #[test]
+    fn carries_each_flag_apart() {
+        let (ring, ctrl) = regions();
+        for (wakes, lends) in [(false, false), (false, true), (true, false), (true, true)] {
+            let b =
+                ConnCard::encode_with_flags(ring, ctrl, CardFlags { wakes, lends }, b"x").unwrap();
+            let c = ConnCard::new_checked(&b[..]).unwrap();
+            assert_eq!((c.wakes(), c.lends()), (wakes, lends));
+            assert_eq!(c.ring().len, ring.len);
+        }
     }
 
     #[test]
@@ -248,7 +307,7 @@ mod tests {
             (5, 11, "ring size"),
             (5, 31, "ring size"),
             (5, 0x80 | 11, "ring size"),
-            (5, 0x40 | 16, "reserved bit"),
+            (5, 0x40 | 31, "ring size"),
             (8, 1, "aligned"),
             (24, 8, "aligned"),
         ] {

@@ -5,7 +5,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
-use super::card::{ConnCard, CTRL_SIZE};
+use super::card::{CardFlags, ConnCard, CTRL_SIZE};
 use super::link::{IncomingRings, Link, SendQueue};
 use super::receiver::Receiver;
 use super::sender::{Sender, MAX_SGE};
@@ -95,10 +95,23 @@ impl<F: Fabric> Prepared<F> {
     /// A fabric failure.
     pub fn card(&self) -> io::Result<Card> {
         let fabric_card = self.pending.card()?;
-        let bytes = ConnCard::encode_with(
+        // Whether this end may lend part of a transfer sent by threshold: its push
+        // share (`start_reads`), the fabric's for either kind of peer unless set.
+        let lends = self.cfg.zero_copy_push().map_or_else(
+            || {
+                self.fabric.zero_copy_push_default(false) > 0
+                    || self.fabric.zero_copy_push_default(true) > 0
+            },
+            |share| share > 0,
+        );
+        let flags = CardFlags {
+            wakes: self.wakes,
+            lends,
+        };
+        let bytes = ConnCard::encode_with_flags(
             self.ring.region().remote(),
             self.ctrl.region().remote(),
-            self.wakes,
+            flags,
             &fabric_card.bytes,
         )?;
         Ok(Card {
@@ -176,6 +189,8 @@ impl<F: Fabric> Prepared<F> {
                 .unwrap_or_else(|| self.fabric.zero_copy_adaptive_push_default(loopback))
                 .min(100),
             push: Mutex::new(PushState::default()),
+            peer_lends: card.lends(),
+            zc_unconfirmed: AtomicU64::new(0),
             lends_served: AtomicU64::new(0),
             rcache: registration_cache(&self.fabric, &self.cfg),
             wait: wait_policy_for(&self.fabric, &self.cfg),

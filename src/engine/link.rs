@@ -75,6 +75,13 @@ pub(crate) struct Link<F: Fabric> {
     pub(crate) zc_adaptive_push: u8,
     /// The announced transfer lends are served from, and the last lend served.
     pub(crate) push: Mutex<PushState>,
+    /// The peer may lend part of a transfer we send by threshold (its card's lends
+    /// flag): only then, or for a transfer sent on its advice that it may split,
+    /// does an announcement record what a push needs.
+    pub(crate) peer_lends: bool,
+    /// Zero-copy transfers this end's sender announced that the peer has not
+    /// confirmed yet (the sender stores it; the receiving half reads it as a hint).
+    pub(crate) zc_unconfirmed: AtomicU64,
     /// Copy of the last lend served, read without the lock to see there is no news.
     pub(crate) lends_served: AtomicU64,
     /// Registrations of user buffers for the zero-copy path (dropped before the fabric).

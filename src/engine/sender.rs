@@ -142,6 +142,8 @@ pub struct Lending {
 pub(crate) struct PendingZc {
     pub(crate) id: u64,
     pub(crate) count: usize,
+    /// Whether it was recorded as a source of pushes (`Link::add_push_source`).
+    pub(crate) pushable: bool,
 }
 
 /// One announced buffer of a transfer in flight, with the registration that keeps
@@ -593,6 +595,7 @@ impl<F: Fabric> Sender<F> {
         Link::drop_push_sources(&self.link, u64::MAX);
         self.held = false;
         self.in_flight.clear();
+        self.publish_unconfirmed();
         for s in self.in_flight_segs.drain(..) {
             self.link.rcache.release(s.handle);
             if !s.handle.is_owned() {
@@ -614,18 +617,31 @@ impl<F: Fabric> Sender<F> {
         };
         if self.in_flight.front().is_some_and(|p| p.id <= upto) {
             // Their push sources go before their registrations.
-            Link::drop_push_sources(&self.link, upto);
+            let mut released = self.in_flight.iter().take_while(|p| p.id <= upto);
+            if released.any(|p| p.pushable) {
+                Link::drop_push_sources(&self.link, upto);
+            }
             while let Some(&p) = self.in_flight.front().filter(|p| p.id <= upto) {
                 self.in_flight.pop_front();
                 for s in self.in_flight_segs.drain(..p.count) {
                     self.link.rcache.release(s.handle);
                 }
             }
+            self.publish_unconfirmed();
             if self.in_flight.is_empty() {
                 self.held = false;
             }
         }
         self.released_through()
+    }
+
+    /// Tells the receiving half how many announced transfers are unconfirmed
+    /// (`Link::sending_zero_copy`).
+    pub(crate) fn publish_unconfirmed(&self) {
+        // Relaxed: a hint for the receiver's choice to split a transfer.
+        self.link
+            .zc_unconfirmed
+            .store(self.in_flight.len() as u64, Ordering::Relaxed);
     }
 
     /// The number of the last transfer whose buffers are the caller's again.

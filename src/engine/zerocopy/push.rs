@@ -261,12 +261,8 @@ impl<F: Fabric> Link<F> {
     /// not confirmed: the peer is reading it, and would serve a lend of ours only
     /// after that.
     pub(crate) fn sending_zero_copy(&self) -> bool {
-        match self.push.try_lock() {
-            Ok(g) => !g.srcs.is_empty(),
-            Err(std::sync::TryLockError::Poisoned(p)) => !p.into_inner().srcs.is_empty(),
-            // The other half is serving a lend: this end has a transfer announced.
-            Err(std::sync::TryLockError::WouldBlock) => true,
-        }
+        // Relaxed: a hint (see `Sender::publish_unconfirmed`).
+        self.zc_unconfirmed.load(Ordering::Relaxed) != 0
     }
 
     /// Writes `lend` into the peer's lend slot (one request, so its number, the last
@@ -346,5 +342,42 @@ mod tests {
         assert!(listed(id));
         drop(a);
         assert!(!listed_after_a_look(id));
+    }
+
+    /// A peer that never lends (the emulated fabric's default push share, 0) gets
+    /// transfers by threshold with no push source kept for them, and a transfer on
+    /// its advice below the size it splits neither; the sender still counts as
+    /// sending zero-copy while one is unconfirmed.
+    #[test]
+    fn no_push_source_where_the_peer_cannot_lend() {
+        let cfg = Config::default().with_zero_copy_private_threshold(Some(16 << 10));
+        let (mut a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+        let link = Arc::clone(&a.channel().sender().link);
+        assert!(!link.peer_lends);
+        let id = Arc::as_ptr(&link) as usize;
+        let msg = vec![3u8; 64 << 10];
+        let mut out = vec![0u8; msg.len()];
+        // SAFETY: `msg` is untouched until put_nocopy counts it.
+        let announce =
+            |a: &mut RdmaStream| unsafe { a.channel().sender().put_nocopy(&[IoSlice::new(&msg)]) };
+        assert_eq!(announce(&mut a).unwrap(), 0);
+        assert!(!listed(id), "a push source for a peer that cannot lend");
+        assert!(link.sending_zero_copy());
+        let mut got = 0;
+        while got < out.len() {
+            got += b.get(&mut [IoSliceMut::new(&mut out[got..])]).unwrap();
+        }
+        while announce(&mut a).unwrap() == 0 {}
+        assert!(out == msg);
+        assert!(!link.sending_zero_copy());
+        assert!(super::super::send::peer_may_lend(false, 128 << 10, true));
+        assert!(!super::super::send::peer_may_lend(
+            false,
+            (128 << 10) - 1,
+            true
+        ));
+        assert!(!super::super::send::peer_may_lend(false, 1 << 20, false));
+        assert!(super::super::send::peer_may_lend(true, 4096, false));
+        assert!(!super::super::send::peer_may_lend(true, 4095, false));
     }
 }

@@ -279,10 +279,10 @@ fn push_share(n: usize, percent: u8) -> usize {
 /// Smallest transfer sent on the receiver's advice that it splits with the sender
 /// (osu_latency, slow hand-off phase: 16-64 KiB read 4.4-8.5 us, split 7.3-11.4;
 /// from 128 KiB split ahead).
-const SPLIT_BY_ADVICE_MIN: usize = 128 << 10;
+pub(super) const SPLIT_BY_ADVICE_MIN: usize = 128 << 10;
 
 /// Smallest part of a step lent to the peer to push.
-const MIN_PUSH: usize = 4096;
+pub(super) const MIN_PUSH: usize = 4096;
 
 /// Posts a signalled RDMA READ on the link and returns its sequence number.
 ///

@@ -2,6 +2,7 @@
 
 use std::io::{self, IoSlice};
 
+use super::receive::{MIN_PUSH, SPLIT_BY_ADVICE_MIN};
 use super::{Lent, PushSource};
 use crate::engine::{Announce, InFlightSeg, Lending, Link, PendingZc, Sender, ZeroCopy};
 use crate::fabric::{Access, Fabric};
@@ -187,24 +188,25 @@ impl<F: Fabric> Sender<F> {
         if count == 0 {
             return Ok(Announce::Refused);
         }
-        // Recorded before the announcement goes out: the peer may lend part of its
-        // buffer for us to push as soon as it has read it.
-        Link::add_push_source(
-            &link,
-            id,
-            PushSource::new(
-                self.in_flight_segs
-                    .range(first..)
-                    .map(|s| (s.seg, s.handle.lkey())),
-                _lent,
-            ),
-        );
         // The receiver splits a transfer it asked for the way it measured it.
-        let flags = if self.zc_by_threshold(&iov[0]) {
-            0
-        } else {
-            RNDV_BY_ADVICE
-        };
+        let by_advice = !self.zc_by_threshold(&iov[0]);
+        let flags = if by_advice { RNDV_BY_ADVICE } else { 0 };
+        // Recorded before the announcement goes out: the peer may lend part of its
+        // buffer for us to push as soon as it has read it. Only where it may: the
+        // record and its removal cost more than the rest of the announcement.
+        let pushable = peer_may_lend(link.peer_lends, total, by_advice);
+        if pushable {
+            Link::add_push_source(
+                &link,
+                id,
+                PushSource::new(
+                    self.in_flight_segs
+                        .range(first..)
+                        .map(|s| (s.seg, s.handle.lkey())),
+                    _lent,
+                ),
+            );
+        }
         let n = Rendezvous::encode_fixed(&mut desc, id, total, count, flags);
         let announcement = [IoSlice::new(&desc[..n])];
         let written = if self.stackable(n) {
@@ -216,7 +218,12 @@ impl<F: Fabric> Sender<F> {
             Ok(_) => {
                 self.zc_next_id += 1;
                 self.zc_polls = 0;
-                self.in_flight.push_back(PendingZc { id, count });
+                self.in_flight.push_back(PendingZc {
+                    id,
+                    count,
+                    pushable,
+                });
+                self.publish_unconfirmed();
                 self.held = hold;
                 Ok(Announce::Sent {
                     slices: count,
@@ -225,12 +232,26 @@ impl<F: Fabric> Sender<F> {
             }
             Err(e) => {
                 // The newest source is this one (ids only grow): drop it alone.
-                Link::drop_push_source(&link, id);
+                if pushable {
+                    Link::drop_push_source(&link, id);
+                }
                 for s in self.in_flight_segs.drain(first..) {
                     link.rcache.release(s.handle);
                 }
                 Err(e)
             }
         }
+    }
+}
+
+/// Whether the receiver of a transfer of `total` bytes may lend part of it for the
+/// sender to push (`Receiver::start_reads`' rule, from what the sender knows): one
+/// sent on its advice from [`SPLIT_BY_ADVICE_MIN`], one sent by threshold of at
+/// least [`MIN_PUSH`] when its card says it lends (`peer_lends`).
+pub(super) fn peer_may_lend(peer_lends: bool, total: u64, by_advice: bool) -> bool {
+    if by_advice {
+        total >= SPLIT_BY_ADVICE_MIN as u64
+    } else {
+        peer_lends && total >= MIN_PUSH as u64
     }
 }

@@ -335,10 +335,8 @@ mod tests {
         // Listed again, then gone with its stream: its drop takes the entry, or
         // the next look at the list does.
         // SAFETY: `msg` outlives `a`, whose drop revokes the transfer.
-        assert_eq!(
-            unsafe { a.channel().sender().put_nocopy(&[IoSlice::new(&msg)]) }.unwrap(),
-            0
-        );
+        let announced = unsafe { a.channel().sender().put_nocopy(&[IoSlice::new(&msg)]) };
+        assert_eq!(announced.unwrap(), 0);
         assert!(listed(id));
         drop(a);
         assert!(!listed_after_a_look(id));

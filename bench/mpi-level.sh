@@ -6,6 +6,7 @@
 #
 # usage: bench/mpi-level.sh [--sizes 8,64,...] [--rounds 3] [--probe-max NS]
 #                           [--before PREFIX [--before-label L]] [--floor] [--csv FILE]
+#                           [--variant 'LABEL:VAR=VALUE ...']... [--programs P,...]
 #
 # Every MPI builds IMB-MPI1 (no -DCHECK: a timing build; -O2) and OSU 7.4's
 # point-to-point programs with its own mpicc, from the sources scripts/mpi-programs
@@ -29,7 +30,13 @@
 # whichever is faster), run in the same rounds: how far above the host's floor each
 # MPI is, and whether a gap between them is protocol or copying (from 256 KiB it is
 # one core's copy, which a transfer split between both cores beats). --csv FILE
-# writes every kept figure.
+# writes every kept figure. --variant 'LABEL:VAR=VALUE ...' (repeatable) adds a
+# column of ch3:rch with those environment variables set for the run, in the same
+# rounds (e.g. 'zc:RCH_ZCOPY_PRIVATE_THRESHOLD=16k', or
+# 'old:LD_LIBRARY_PATH=/tmp/old-lib' for another build of the channel's library,
+# which overrides libmpi's RUNPATH). --programs limits each turn to some of
+# PingPong, PingPing, osu_latency and osu_bw: an IMB run of a few sizes takes under
+# a second, so a targeted comparison can afford 20-30 rounds.
 # It is a benchmark, never a test: nothing here asserts.
 set -euo pipefail
 here=$(pwd)
@@ -41,6 +48,8 @@ before=
 before_label="ch3:rch before"
 floor=
 csv=
+variants=()
+programs_run=PingPong,PingPing,osu_latency,osu_bw
 rest=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -51,6 +60,14 @@ while [ $# -gt 0 ]; do
         --before-label) before_label=$2; shift 2 ;;
         --floor) floor=1; shift ;;
         --csv) csv=$(cd "$here" && realpath -m "$2"); shift 2 ;;
+        --variant)
+            [[ "$2" =~ ^[A-Za-z0-9_.+-]+:([A-Za-z_][A-Za-z0-9_]*=[^ ]*( |$))+$ ]] ||
+                { echo "mpi-level: --variant wants 'LABEL:VAR=VALUE ...', not '$2'" >&2; exit 2; }
+            variants+=("$2"); shift 2 ;;
+        --programs)
+            [[ "$2" =~ ^((PingPong|PingPing|osu_latency|osu_bw)(,|$))+$ ]] ||
+                { echo "mpi-level: --programs takes PingPong, PingPing, osu_latency, osu_bw" >&2; exit 2; }
+            programs_run=$2; shift 2 ;;
         *) rest+=("$1"); shift ;;
     esac
 done
@@ -79,6 +96,16 @@ declare -A launch=(
     [deb]="mpiexec.mpich -bind-to core -n 2"
     [ompi]="mpiexec.openmpi --bind-to core -n 2"
 )
+# Variants run ch3:rch's own programs (built[] names whose) with their environment;
+# Hydra hands the launching environment to the ranks.
+declare -A built=()
+for ((i = 0; i < ${#variants[@]}; i++)); do
+    v=variant$i
+    systems=("${systems[@]:0:1}" "$v" "${systems[@]:1}")
+    label[$v]="ch3:rch ${variants[$i]%%:*}"
+    built[$v]=rch
+    launch[$v]="env ${variants[$i]#*:} $rch_prefix/bin/mpiexec -bind-to core -n 2"
+done
 
 # build SYSTEM: IMB-MPI1 and OSU's pt2pt programs under $programs/build/perf-SYSTEM,
 # rebuilt when the source or the compiler wrapper changes.
@@ -103,8 +130,8 @@ build() {
     } >"$dir/build.log" 2>&1 || { echo "mpi-level: build failed, see $dir/build.log" >&2; exit 1; }
     echo "$id" > "$dir/.built"
 }
-for s in "${systems[@]}"; do [ "$s" = floor ] || build "$s"; done
-osu_bin() { find "$programs/build/perf-$1/osu/c/mpi/pt2pt" -type f -name "$2" -perm -u+x | head -1; }
+for s in "${systems[@]}"; do [ "$s" = floor ] || [ -n "${built[$s]:-}" ] || build "$s"; done
+osu_bin() { find "$programs/build/perf-${built[$1]:-$1}/osu/c/mpi/pt2pt" -type f -name "$2" -perm -u+x | head -1; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -115,10 +142,10 @@ log2max=$(awk -v m="$max" 'BEGIN { l = 0; while (2 ^ l < m) l++; print l }')
 
 # run SYSTEM PROGRAM: one program of a system's turn; prints "metric size value" lines.
 run() {
-    local s=$1 dir=$programs/build/perf-$1
+    local s=$1 dir=$programs/build/perf-${built[$1]:-$1}
     if [ "$s" = floor ]; then
         # One run prints every metric; a failure fails the turn like an MPI's.
-        [ "$2" != PingPong ] || "$work/copy_floor" "$sizes"
+        [ "$2" != "${programs_run%%,*}" ] || "$work/copy_floor" "$sizes"
         return
     fi
     case "$2" in
@@ -143,7 +170,7 @@ run_round() {
     local s p
     for s in "${order[@]}"; do
         : > "$work/$s.round$kept"
-        for p in PingPong PingPing osu_latency osu_bw; do
+        for p in ${programs_run//,/ }; do
             probed run "$s" "$p" >> "$work/$s.round$kept" || echo "mpi-level: $s $p failed" >&2
         done
     done
@@ -153,7 +180,15 @@ keep_rounds mpi-level
 # fig SYSTEM METRIC SIZE: the median over the kept rounds
 fig() { cat "$work/$1".round* 2>/dev/null | awk -v m="$2" -v z="$3" '$1 == m && $2 == z { print $3 }' | median; }
 
-metrics=(imb_pingpong_lat osu_latency imb_pingping_lat imb_pingpong_bw osu_bw imb_pingping_bw)
+metrics=()
+for m in imb_pingpong_lat osu_latency imb_pingping_lat imb_pingpong_bw osu_bw imb_pingping_bw; do
+    case "$m" in
+        imb_pingpong_*) p=PingPong ;;
+        imb_pingping_*) p=PingPing ;;
+        *) p=$m ;;
+    esac
+    [[ ",$programs_run," == *",$p,"* ]] && metrics+=("$m")
+done
 declare -A title=(
     [imb_pingpong_lat]="IMB PingPong, t[usec] (half a round trip)"
     [osu_latency]="OSU osu_latency, us (half a round trip)"

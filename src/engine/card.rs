@@ -29,10 +29,9 @@ use crate::wire::{card_fields, CardFormat};
 pub use crate::ring::memory::CTRL_SIZE;
 
 /// Magic `RCHC`, version 7 (version 6 peers do not say whether they lend, version 5
-/// ones fail a receive on a closed sender's
-/// unlanded lend and do not know the end of stream's aborted bit, version 4 ones do
-/// not know the wakes flag, version 3 ones do not serve lends, version 2 ones do not
-/// know wrap packets).
+/// ones fail a receive on a closed sender's unlanded lend and do not know the end of
+/// stream's aborted bit, version 4 ones do not know the wakes flag, version 3 ones do
+/// not serve lends, version 2 ones do not know wrap packets).
 pub const FORMAT: CardFormat = CardFormat {
     name: "connection card",
     magic: b"RCHC",
@@ -52,6 +51,7 @@ pub struct CardFlags {
     /// peer to push.
     pub lends: bool,
 }
+
 /// Bytes before the fabric card.
 pub const HEADER_LEN: usize = 32;
 const MIN_RING_LOG2: u8 = 12;

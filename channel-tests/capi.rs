@@ -555,6 +555,21 @@ fn large_messages_zero_copy() {
     );
 }
 
+/// Two ranks on one CPU (`taskset -c 0`): outnumbered, the group sends heap buffers
+/// from 1 MiB zero-copy by default (the emulated fabric's
+/// `zero_copy_outnumbered_default`); every byte of 1, 4 and 16 MiB still arrives.
+#[test]
+fn large_messages_outnumbered_by_default() {
+    let prog = mm_program("t_large");
+    let mut cmd = Command::new("taskset");
+    cmd.args(["-c", "0"])
+        .arg(rchx())
+        .args(["-n", "2"])
+        .arg(&prog);
+    let o = run(cmd, &[]);
+    check_ok(&o, "t_large -n 2 on one CPU (external)", "large ok");
+}
+
 #[test]
 fn large_messages_pmi() {
     pmi(

@@ -92,6 +92,10 @@ pub struct Config {
     /// Unset `zero_copy_adaptive` means the fabric's default (a process group's
     /// connections) rather than off.
     pub(crate) zero_copy_adaptive_by_default: bool,
+    /// A process group whose ranks on this host outnumber its CPUs, with no path
+    /// policy chosen: an unset private threshold means the fabric's
+    /// [`zero_copy_outnumbered_default`](crate::fabric::Fabric::zero_copy_outnumbered_default).
+    pub(crate) zero_copy_outnumbered: bool,
     rcache: CacheLimits,
     connect_timeout: Duration,
 }
@@ -184,6 +188,7 @@ impl Default for Config {
             zero_copy_push: None,
             zero_copy_adaptive: None,
             zero_copy_adaptive_by_default: false,
+            zero_copy_outnumbered: false,
             rcache: CacheLimits::default(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }

@@ -257,9 +257,13 @@ fn zero_copy_thresholds<F: Fabric>(fabric: &F, cfg: &Config, loopback: bool) -> 
         fabric.zero_copy_defaults()
     };
     let set = cfg.zero_copy_thresholds();
+    let other = match fabric.zero_copy_outnumbered_default() {
+        Some(n) if cfg.zero_copy_outnumbered => n.min(default.other),
+        _ => default.other,
+    };
     ZeroCopyThresholds {
         alloc_mem: set.alloc_mem.unwrap_or(default.alloc_mem).max(1),
-        other: set.other.unwrap_or(default.other).max(1),
+        other: set.other.unwrap_or(other).max(1),
     }
 }
 
@@ -279,4 +283,27 @@ fn zero_copy_adaptive_min<F: Fabric>(fabric: &F, cfg: &Config) -> usize {
 /// The domain's registration cache (shared with every connection of the domain).
 fn registration_cache<F: Fabric>(fabric: &F, cfg: &Config) -> Arc<RegCache<F>> {
     RegCache::for_domain(fabric, cfg.registration_cache())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::zero_copy_thresholds;
+    use crate::fabric::emulated::EmuFabric;
+    use crate::Config;
+
+    /// Heap buffers go zero-copy on the emulated fabric from 1 MiB in an outnumbered
+    /// group, never otherwise; a threshold the user set holds in both.
+    #[test]
+    fn an_outnumbered_group_sends_large_heap_buffers_zero_copy() {
+        let fabric = EmuFabric::new().unwrap();
+        let mut cfg = Config::default();
+        assert_eq!(zero_copy_thresholds(&fabric, &cfg, true).other, usize::MAX);
+        cfg.zero_copy_outnumbered = true;
+        assert_eq!(zero_copy_thresholds(&fabric, &cfg, true).other, 1 << 20);
+        assert_eq!(zero_copy_thresholds(&fabric, &cfg, false).other, 1 << 20);
+        let set = cfg.clone().with_zero_copy_private_threshold(Some(64 << 10));
+        assert_eq!(zero_copy_thresholds(&fabric, &set, true).other, 64 << 10);
+        let off = cfg.with_zero_copy_private_threshold(Some(usize::MAX));
+        assert_eq!(zero_copy_thresholds(&fabric, &off, true).other, usize::MAX);
+    }
 }

@@ -406,6 +406,10 @@ impl Fabric for AnyFabric {
         forward!(self, AnyFabric, f => f.zero_copy_adaptive_default())
     }
 
+    fn zero_copy_outnumbered_default(&self) -> Option<usize> {
+        forward!(self, AnyFabric, f => f.zero_copy_outnumbered_default())
+    }
+
     fn shares_caches(&self) -> bool {
         forward!(self, AnyFabric, f => f.shares_caches())
     }

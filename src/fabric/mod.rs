@@ -704,6 +704,19 @@ pub trait Fabric: Send + Sync + Sized + 'static {
         None
     }
 
+    /// The smallest heap buffer (memory not from `alloc_region`) sent zero-copy by
+    /// default where the adaptive choice is off because the process group's ranks on
+    /// this host outnumber its CPUs; `None` keeps [`zero_copy_defaults`](Self::zero_copy_defaults).
+    ///
+    /// ```
+    /// use rdma_channel::fabric::{emulated::EmuFabric, Fabric};
+    /// assert_eq!(EmuFabric::new()?.zero_copy_outnumbered_default(), Some(1 << 20));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    fn zero_copy_outnumbered_default(&self) -> Option<usize> {
+        None
+    }
+
     /// True when this fabric's protocol work (copies, checksums, retransmission) runs
     /// on this host's CPUs, as a software RDMA device's (Soft-RoCE, siw) does in the
     /// kernel: a waiter that spins takes those CPUs from it. False for adapters, and

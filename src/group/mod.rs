@@ -500,6 +500,9 @@ impl Group {
         // on the ring alone, bench/notebook/2026-11.md). Unless the user chose, the
         // connections of an outnumbered group keep the ring.
         self.cfg.zero_copy_adaptive_by_default &= self.contention.measures_paths();
+        self.cfg.zero_copy_outnumbered = self
+            .contention
+            .sends_large_heap_buffers_zero_copy(self.cfg.zero_copy_adaptive().is_some());
         Ok(())
     }
 
@@ -1856,6 +1859,14 @@ impl Contention {
         self == Contention::None
     }
 
+    /// Whether the group's large heap buffers go zero-copy by default (the
+    /// fabric's `zero_copy_outnumbered_default`): with more ranks than CPUs the
+    /// group is short of CPU time, which one copy spends half as much of as the
+    /// ring's two; not when the user chose a path policy (`policy_set`).
+    fn sends_large_heap_buffers_zero_copy(self, policy_set: bool) -> bool {
+        self == Contention::Ranks && !policy_set
+    }
+
     /// The backoff of a wait under this contention: `p` if the user set it
     /// (`policy_set`) or nothing contends.
     fn backoff(self, p: WaitPolicy, policy_set: bool) -> Backoff {
@@ -2032,6 +2043,14 @@ mod tests {
         assert!(Contention::of(2, 2, false).measures_paths());
         assert!(!Contention::of(4, 2, false).measures_paths());
         assert!(!Contention::of(2, 2, true).measures_paths());
+    }
+
+    #[test]
+    fn only_ranks_outnumbering_their_cpus_send_large_heap_buffers_zero_copy() {
+        assert!(Contention::of(4, 2, false).sends_large_heap_buffers_zero_copy(false));
+        assert!(!Contention::of(4, 2, false).sends_large_heap_buffers_zero_copy(true));
+        assert!(!Contention::of(2, 2, false).sends_large_heap_buffers_zero_copy(false));
+        assert!(!Contention::Device.sends_large_heap_buffers_zero_copy(false));
     }
 
     #[test]

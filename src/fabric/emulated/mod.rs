@@ -677,6 +677,15 @@ impl Fabric for EmuFabric {
         Some(ZERO_COPY_ADAPTIVE_DEFAULT)
     }
 
+    /// With more ranks than CPUs the CPUs are the limit, and `process_vm_readv`'s one
+    /// copy spends half the CPU time of the ring's two: NPB IS class A at 4 ranks on 2
+    /// CPUs 0.40-0.46 -> 0.38-0.43 s with heap buffers from 1 MiB zero-copy (Open MPI,
+    /// which reads them so, 0.38-0.44), FT, MG and CG level (bench/notebook/2026-12.md).
+    /// From 64 KiB, FT lost (1.11-1.16 s against 1.05-1.10, bench/notebook/2026-11.md).
+    fn zero_copy_outnumbered_default(&self) -> Option<usize> {
+        Some(ZERO_COPY_OUTNUMBERED_DEFAULT)
+    }
+
     /// Half pushed: the sender's core writes half of a heap message with
     /// `process_vm_writev` while ours reads the other half, each a single copy of
     /// lines its own cache holds. In the slow hand-off regime that ran 1 MiB
@@ -692,6 +701,8 @@ impl Fabric for EmuFabric {
 use crate::fabric::ZeroCopyThresholds;
 
 const ZERO_COPY_SHARED_DEFAULT: usize = 16 << 10;
+/// Smallest heap buffer sent zero-copy in a group outnumbering its CPUs.
+const ZERO_COPY_OUTNUMBERED_DEFAULT: usize = 1 << 20;
 
 /// Smallest heap buffer whose path follows the receiver's measurements by default.
 /// From 32 KiB: below, in the slow hand-off phase, a ping-pong gained nothing by

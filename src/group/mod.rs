@@ -498,7 +498,8 @@ impl Group {
         // a CPU it would time the scheduler, and its probes cost CPU time the ranks
         // are short of (NPB IS at 4 ranks on 2 CPUs: 0.51-0.58 s measuring, 0.47-0.48
         // on the ring alone, bench/notebook/2026-11.md). Unless the user chose, the
-        // connections of an outnumbered group keep the ring.
+        // connections of an outnumbered group do not measure: they keep the ring,
+        // but for heap buffers from the fabric's outnumbered threshold (next).
         self.cfg.zero_copy_adaptive_by_default &= self.contention.measures_paths();
         self.cfg.zero_copy_outnumbered = self
             .contention

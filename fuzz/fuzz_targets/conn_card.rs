@@ -11,7 +11,7 @@
 use std::io::ErrorKind;
 
 use libfuzzer_sys::fuzz_target;
-use rdma_channel::engine::card::{ConnCard, CTRL_SIZE, HEADER_LEN};
+use rdma_channel::engine::card::{CardFlags, ConnCard, CTRL_SIZE, HEADER_LEN};
 
 fuzz_target!(|data: &[u8]| {
     let card = match ConnCard::new_checked(data) {
@@ -30,7 +30,11 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(fabric.len(), usize::from(announced));
     assert_eq!(data.len(), HEADER_LEN + fabric.len());
     assert_eq!(fabric, &data[HEADER_LEN..]);
-    let again = ConnCard::encode_with(ring, ctrl, card.wakes(), fabric)
+    let flags = CardFlags {
+        wakes: card.wakes(),
+        lends: card.lends(),
+    };
+    let again = ConnCard::encode_with_flags(ring, ctrl, flags, fabric)
         .expect("an accepted card re-encodes");
     assert_eq!(again, data);
     assert!(ConnCard::new_checked(&data[..data.len() - 1]).is_err());

@@ -5,6 +5,7 @@
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_channel::{Config, RdmaListener, RdmaStream};
@@ -54,33 +55,82 @@ fn connect_to_a_server_that_stops_mid_frame_times_out() {
     connect_to_a_stalling_server("midframe", |s| s.write_all(&100u32.to_le_bytes()).unwrap());
 }
 
+/// Accepts one connection on `listener` while `client` connects; fails (instead of
+/// waiting forever in `accept`) if the client's connect fails. The accept runs on a
+/// thread of its own, left behind on failure.
+fn accept_while<T: Send + 'static>(
+    listener: &Arc<RdmaListener>,
+    client: std::thread::JoinHandle<std::io::Result<T>>,
+) -> (RdmaStream, T) {
+    let l = Arc::clone(listener);
+    let accepted = std::thread::spawn(move || l.accept());
+    let mut client = Some(client);
+    let mut connected = None;
+    while !accepted.is_finished() {
+        if client.as_ref().is_some_and(|c| c.is_finished()) {
+            match client.take().unwrap().join().unwrap() {
+                Ok(c) => connected = Some(c),
+                Err(e) => panic!("the client failed to connect: {e}"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let s = accepted.join().unwrap().unwrap();
+    let c = match connected {
+        Some(c) => c,
+        None => client.unwrap().join().unwrap().unwrap(),
+    };
+    (s, c)
+}
+
 #[test]
 fn a_silent_client_does_not_stop_the_listener_serving_a_good_one() {
     let dir = scratch("accept");
     let path = dir.join("sock");
-    let listener = RdmaListener::bind_with(&path, quick()).unwrap();
+    // 3 s each: long enough for a good client's handshake on a slow machine (a
+    // Soft-RoCE VM under TCG, the host busy), short enough that handshakes served one
+    // after another (two stalled ones first) would break the bound below.
+    let cfg = Config::default().with_connect_timeout(Duration::from_secs(3));
+    let listener = Arc::new(RdmaListener::bind_with(&path, cfg).unwrap());
     // First a client that connects and says nothing, then one that says half a frame.
     let _silent = UnixStream::connect(&path).unwrap();
     let mut half = UnixStream::connect(&path).unwrap();
     half.write_all(&64u32.to_le_bytes()).unwrap();
     let p = path.clone();
     let good = std::thread::spawn(move || {
-        let mut s = RdmaStream::connect_with(&p, Config::default()).unwrap();
-        s.write_all(b"served").unwrap();
+        let mut s = RdmaStream::connect_with(&p, Config::default())?;
+        s.write_all(b"served")?;
+        Ok(s)
     });
     let start = Instant::now();
-    let mut s = listener.accept().unwrap();
+    let (mut s, _client) = accept_while(&listener, good);
+    let took = start.elapsed();
     let mut got = [0u8; 6];
     s.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"served");
-    good.join().unwrap();
-    // Two stalled handshakes of at most 0.8 s each went first.
     assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        start.elapsed()
+        took < Duration::from_secs(5),
+        "the good client waited {took:?} behind two stalled ones"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_client_the_listener_drops_learns_why() {
+    // The listener's handshakes time out at once: the client, whether its HELLO got
+    // in before the drop or met a closed socket, hears the listener's reason.
+    let dir = scratch("dropped");
+    let path = dir.join("sock");
+    let cfg = Config::default().with_connect_timeout(Duration::from_micros(1));
+    let listener = Arc::new(RdmaListener::bind_with(&path, cfg).unwrap());
+    let l = Arc::clone(&listener);
+    // Serves (and drops) handshakes for the rest of the run; none succeeds.
+    std::thread::spawn(move || l.accept());
+    let e = RdmaStream::connect_with(&path, Config::default())
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}");
+    assert!(e.to_string().contains("handshake timed out"), "{e}");
 }
 
 #[test]
@@ -90,23 +140,23 @@ fn with_the_default_timeout_a_good_client_is_served_while_silent_ones_wait() {
     // 100 ms after them (served one after another, it would wait 10 s or more).
     let dir = scratch("accept-default");
     let path = dir.join("sock");
-    let listener = RdmaListener::bind_with(&path, Config::default()).unwrap();
+    let listener = Arc::new(RdmaListener::bind_with(&path, Config::default()).unwrap());
     let _silent = UnixStream::connect(&path).unwrap();
     let mut half = UnixStream::connect(&path).unwrap();
     half.write_all(&64u32.to_le_bytes()).unwrap();
     let p = path.clone();
     let good = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
-        let mut s = RdmaStream::connect_with(&p, Config::default()).unwrap();
-        s.write_all(b"served").unwrap();
+        let mut s = RdmaStream::connect_with(&p, Config::default())?;
+        s.write_all(b"served")?;
+        Ok(s)
     });
     let start = Instant::now();
-    let mut s = listener.accept().unwrap();
+    let (mut s, _client) = accept_while(&listener, good);
     let took = start.elapsed();
     let mut got = [0u8; 6];
     s.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"served");
-    good.join().unwrap();
     assert!(
         took < Duration::from_secs(5),
         "the good client waited {took:?} behind silent ones"
@@ -115,16 +165,14 @@ fn with_the_default_timeout_a_good_client_is_served_while_silent_ones_wait() {
     // second good client is served meanwhile too.
     let p = path.clone();
     let second = std::thread::spawn(move || {
-        RdmaStream::connect_with(&p, Config::default())
-            .unwrap()
-            .write_all(b"again")
-            .unwrap();
+        let mut s = RdmaStream::connect_with(&p, Config::default())?;
+        s.write_all(b"again")?;
+        Ok(s)
     });
-    let mut s = listener.accept().unwrap();
+    let (mut s, _client) = accept_while(&listener, second);
     let mut got = [0u8; 5];
     s.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"again");
-    second.join().unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -132,14 +180,13 @@ fn with_the_default_timeout_a_good_client_is_served_while_silent_ones_wait() {
 fn bind_refuses_a_live_listeners_path_and_replaces_a_stale_one() {
     let dir = scratch("bind");
     let path = dir.join("sock");
-    let first = RdmaListener::bind(&path).unwrap();
+    let first = Arc::new(RdmaListener::bind(&path).unwrap());
     let e = RdmaListener::bind(&path).map(|_| ()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::AddrInUse, "{e}");
     // The first listener still serves its path.
     let p = path.clone();
-    let c = std::thread::spawn(move || RdmaStream::connect(&p).map(|_| ()));
-    first.accept().unwrap();
-    c.join().unwrap().unwrap();
+    let c = std::thread::spawn(move || RdmaStream::connect(&p));
+    accept_while(&first, c);
     drop(first);
     // A socket file nobody listens on any more is stale: binding replaces it.
     let stale = UnixListener::bind(dir.join("stale")).unwrap();

@@ -230,7 +230,17 @@ pub(crate) fn initiate<F: Fabric>(
     prepared: Prepared<F>,
     deadline: Instant,
 ) -> io::Result<Channel<F>> {
-    send_hello(s, hello, prepared.card()?)?;
+    if let Err(e) = send_hello(s, hello, prepared.card()?) {
+        // A listener that dropped us (a handshake past its deadline, a refusal) may
+        // have said why before closing: report that rather than the broken pipe.
+        if e.kind() == io::ErrorKind::BrokenPipe {
+            let soon = Instant::now() + Duration::from_millis(100);
+            if let Ok((tag, body)) = recv_by(s, soon.min(deadline)) {
+                return Err(refused(&tag, &body));
+            }
+        }
+        return Err(e);
+    }
     let (tag, card) = recv_by(s, deadline)?;
     if &tag != TAG_ACCEPT {
         return Err(refused(&tag, &card));
@@ -261,12 +271,17 @@ pub(crate) fn accept_hello<F: Fabric>(
     check: impl FnOnce(&[u8]) -> Result<(), String>,
     deadline: Instant,
 ) -> io::Result<(Channel<F>, Vec<u8>)> {
-    let (tag, body) = recv_by(s, deadline)?;
+    // A client that is still there learns why it was dropped (a slow one: "timed
+    // out"), not only that the socket closed.
+    let tell = |e: &io::Error| {
+        let _ = send(s, TAG_CLOSED, format!("handshake: {e}").as_bytes(), None);
+    };
+    let (tag, body) = recv_by(s, deadline).inspect_err(tell)?;
     if &tag != TAG_HELLO {
         let _ = send(s, TAG_CLOSED, b"expected HELLO", None);
         return Err(refused(&tag, &body));
     }
-    let (hello, card) = parse_hello(body)?;
+    let (hello, card) = parse_hello(body).inspect_err(tell)?;
     if let Err(why) = check(&hello) {
         let _ = send(s, TAG_CLOSED, why.as_bytes(), None);
         return Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
@@ -335,6 +350,24 @@ pub(crate) fn symmetric<F: Fabric>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A listener that dropped the client before its `HELLO` (the handshake's
+    /// deadline passed) said why and closed: the client's write meets a closed
+    /// socket, and it reports the listener's reason, not the broken pipe.
+    #[test]
+    fn a_client_dropped_before_its_hello_reports_the_listeners_reason() {
+        let (client, listener) = UnixStream::pair().unwrap();
+        send(&listener, TAG_CLOSED, b"handshake timed out", None).unwrap();
+        drop(listener);
+        let fabric = crate::fabric::emulated::EmuFabric::new().unwrap();
+        let prepared = Prepared::new(fabric, crate::Config::default()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let e = initiate(&client, b"", prepared, deadline)
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+        assert_eq!(e.to_string(), "the peer answered RCHX handshake timed out");
+    }
 
     #[test]
     fn hellos_parse_and_reject_truncation() {

@@ -191,6 +191,8 @@ impl<F: Fabric> Prepared<F> {
             push: Mutex::new(PushState::default()),
             peer_lends: card.lends(),
             zc_unconfirmed: AtomicU64::new(0),
+            zc_receiving: AtomicBool::new(false),
+            zc_exchange_at: AtomicU64::new(0),
             lends_served: AtomicU64::new(0),
             rcache: registration_cache(&self.fabric, &self.cfg),
             wait: wait_policy_for(&self.fabric, &self.cfg),

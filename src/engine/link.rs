@@ -82,6 +82,13 @@ pub(crate) struct Link<F: Fabric> {
     /// Zero-copy transfers this end's sender announced that the peer has not
     /// confirmed yet (the sender stores it; the receiving half reads it as a hint).
     pub(crate) zc_unconfirmed: AtomicU64,
+    /// This end's receiver is taking a zero-copy transfer (from its announcement to
+    /// its confirmation; the sending half reads it as a hint).
+    pub(crate) zc_receiving: AtomicBool,
+    /// When ([`process_nanos`](super::zerocopy::process_nanos), 0: never) the two
+    /// ends' zero-copy transfers last overlapped: one of ours announced while one of
+    /// the peer's was being taken, or the other way round.
+    pub(crate) zc_exchange_at: AtomicU64,
     /// Copy of the last lend served, read without the lock to see there is no news.
     pub(crate) lends_served: AtomicU64,
     /// Registrations of user buffers for the zero-copy path (dropped before the fabric).

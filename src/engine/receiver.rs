@@ -674,6 +674,11 @@ impl<F: Fabric> Receiver<F> {
             by_advice: r.flags() & RNDV_BY_ADVICE != 0,
         });
         self.zc_expected_id += 1;
+        // Relaxed: hints for the sending half (`Link::exchanging`).
+        self.link.zc_receiving.store(true, Ordering::Relaxed);
+        if self.link.sending_zero_copy() {
+            self.link.note_exchange();
+        }
         Ok(())
     }
 
@@ -708,6 +713,8 @@ impl<F: Fabric> Receiver<F> {
         if z.done == z.total {
             let id = z.id;
             self.zc = None;
+            // Relaxed: as where it is set.
+            link.zc_receiving.store(false, Ordering::Relaxed);
             // First: the peer's sender waits for this to complete its send (a
             // two-way exchange's critical path); the meter's sample can come after.
             link.post_ctrl(CtrlWord::ZeroCopyDone, id)?;

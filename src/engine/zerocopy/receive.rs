@@ -103,14 +103,20 @@ impl<F: Fabric> Receiver<F> {
             .expect("called with a transfer in progress");
         // A transfer on our advice is split unless this end is sending zero-copy
         // too: the peer then reads our buffer first and would serve our lend only
-        // after it (IMB PingPing 4 MiB, split: 400 ps a byte a step; read: ~180).
+        // after it (IMB PingPing 4 MiB, split: 400 ps a byte a step; read: ~180);
+        // nor while the two ends exchange transfers, though ours of this round is
+        // not out yet (`Link::exchanging`). The sender records a push source
+        // without knowing either: an unused one costs it only the record.
         // One below SPLIT_BY_ADVICE_MIN is read whole too: the lend's registration and
         // the sender's extra system call cost more than half a read saves. The
         // sender keeps what a push needs by the same rule (`send::peer_may_lend`):
         // a change here goes there too.
         let share = if !z.by_advice {
             link.zc_push
-        } else if z.total < SPLIT_BY_ADVICE_MIN as u64 || link.sending_zero_copy() {
+        } else if z.total < SPLIT_BY_ADVICE_MIN as u64
+            || link.sending_zero_copy()
+            || link.exchanging()
+        {
             0
         } else {
             link.zc_adaptive_push

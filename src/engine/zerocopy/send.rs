@@ -1,6 +1,7 @@
 //! The sender's side of a zero-copy transfer: lending the caller's buffers.
 
 use std::io::{self, IoSlice};
+use std::sync::atomic::Ordering;
 
 use super::receive::{MIN_PUSH, SPLIT_BY_ADVICE_MIN};
 use super::{Lent, PushSource};
@@ -224,6 +225,10 @@ impl<F: Fabric> Sender<F> {
                     pushable,
                 });
                 self.publish_unconfirmed();
+                // Relaxed: a hint (see `Link::exchanging`).
+                if link.zc_receiving.load(Ordering::Relaxed) {
+                    link.note_exchange();
+                }
                 self.held = hold;
                 Ok(Announce::Sent {
                     slices: count,

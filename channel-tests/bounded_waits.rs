@@ -132,6 +132,7 @@ fn a_client_the_listener_drops_learns_why() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}");
     assert!(e.to_string().contains("handshake timed out"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

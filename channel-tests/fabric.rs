@@ -156,6 +156,66 @@ fn assert_fails(qp: &EmuQp, wr: &WorkRequest<'_>, status: CompletionStatus) {
     assert_eq!(again[0].status, CompletionStatus::Flushed);
 }
 
+/// `post_completing` of `wr`: the completion handed back, and what `poll` then finds.
+fn post_completing(qp: &EmuQp, wr: &WorkRequest<'_>) -> (Option<Completion>, usize) {
+    // SAFETY: as in `post`.
+    let handed = unsafe { qp.post_completing(wr).expect("post") };
+    let mut out = [no_completion(); 8];
+    (handed, qp.poll(&mut out))
+}
+
+#[test]
+fn an_unbounded_queue_hands_back_a_reads_completion_and_queues_none() {
+    let (a, b) = (fabric(), fabric());
+    let (qa, _qb) = connect(&a, &b);
+    let src = b.alloc_region(5000, Access::REMOTE_READ).unwrap();
+    fill(&src, |i| (i * 13 % 251) as u8);
+    let back = a.alloc_region(5000, Access::LOCAL_WRITE).unwrap();
+    let list = [sge_of(&back, 0, 1000), sge_of(&back, 1000, 3999)];
+    let (handed, queued) = post_completing(&qa, &read_wr(&list, src.addr() as u64 + 1, src.rkey()));
+    let c = handed.expect("the read was carried out in the call");
+    assert_eq!(
+        (c.status, c.op, c.byte_len, c.wr_id, queued),
+        (CompletionStatus::Success, CompletedOp::Read, 4999, 8, 0)
+    );
+    assert!(bytes(&back)[..4999] == bytes(&src)[1..]);
+
+    // An unsignalled success has no completion to hand back.
+    let one = [sge_of(&back, 0, 1)];
+    let mut wr = read_wr(&one, src.addr() as u64, src.rkey());
+    wr.signaled = false;
+    assert_eq!(post_completing(&qa, &wr).0.map(|c| c.status), None);
+
+    // A refused read is handed back too (signalled or not), the queue pair fails,
+    // and what follows is flushed the same way.
+    let bad = read_wr(&list, src.addr() as u64, src.rkey() ^ 0x100);
+    let (handed, queued) = post_completing(&qa, &bad);
+    assert_eq!(
+        handed.map(|c| c.status),
+        Some(CompletionStatus::RemoteAccessError)
+    );
+    assert_eq!((queued, qa.state()), (0, QpState::Error));
+    let (handed, queued) = post_completing(&qa, &read_wr(&list, src.addr() as u64, src.rkey()));
+    assert_eq!(
+        (handed.map(|c| c.status), queued),
+        (Some(CompletionStatus::Flushed), 0)
+    );
+}
+
+#[test]
+fn a_bounded_queue_reports_a_read_through_poll_as_ever() {
+    let (a, b) = (fabric().with_send_queue_depth(4), fabric());
+    let (qa, _qb) = connect(&a, &b);
+    let src = b.alloc_region(4096, Access::REMOTE_READ).unwrap();
+    fill(&src, |i| (i % 7) as u8);
+    let back = a.alloc_region(4096, Access::LOCAL_WRITE).unwrap();
+    let list = [sge_of(&back, 0, 4096)];
+    let (handed, queued) = post_completing(&qa, &read_wr(&list, src.addr() as u64, src.rkey()));
+    assert!(handed.is_none());
+    assert_eq!(queued, 1, "the completion is polled, and frees its slot");
+    assert!(bytes(&back) == bytes(&src));
+}
+
 #[test]
 fn write_and_read_round_trip_in_process() {
     let (a, b) = (fabric(), fabric());

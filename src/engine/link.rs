@@ -323,28 +323,36 @@ impl<F: Fabric> Link<F> {
         loop {
             let n = self.qp.poll(&mut wcs);
             for wc in &wcs[..n] {
-                let success = wc.status == CompletionStatus::Success;
-                self.sq.complete_with(wc.wr_id, success, || {
-                    // The peer's memory refusing us (RemoteAccessError) is what a
-                    // peer that exited or died looks like from here: its regions
-                    // are gone with it. Local errors are ours.
-                    let (kind, what) = match wc.status {
-                        CompletionStatus::TransportError
-                        | CompletionStatus::Flushed
-                        | CompletionStatus::RemoteAccessError => (
-                            io::ErrorKind::ConnectionReset,
-                            "connection broken: the peer is gone or the queue pair failed",
-                        ),
-                        _ => (io::ErrorKind::Other, "local RDMA error"),
-                    };
-                    let e = self.fail(kind, format!("{what} ({:?})", wc.status));
-                    failure.get_or_insert(e);
-                });
+                self.count_completion(wc, &mut failure);
             }
             if n < wcs.len() {
                 return failure.map_or(Ok(()), Err);
             }
         }
+    }
+
+    /// Counts one completion, polled or handed back by the fabric at post time
+    /// ([`QueuePair::post_completing`]); a failed one breaks the connection first and
+    /// leaves its error in `failure` unless one is there already.
+    #[inline]
+    pub(crate) fn count_completion(&self, wc: &Completion, failure: &mut Option<io::Error>) {
+        let success = wc.status == CompletionStatus::Success;
+        self.sq.complete_with(wc.wr_id, success, || {
+            // The peer's memory refusing us (RemoteAccessError) is what a peer that
+            // exited or died looks like from here: its regions are gone with it.
+            // Local errors are ours.
+            let (kind, what) = match wc.status {
+                CompletionStatus::TransportError
+                | CompletionStatus::Flushed
+                | CompletionStatus::RemoteAccessError => (
+                    io::ErrorKind::ConnectionReset,
+                    "connection broken: the peer is gone or the queue pair failed",
+                ),
+                _ => (io::ErrorKind::Other, "local RDMA error"),
+            };
+            let e = self.fail(kind, format!("{what} ({:?})", wc.status));
+            failure.get_or_insert(e);
+        });
     }
 
     /// Numbers and posts one request through `post(wr_id, signaled)`, keeping a

@@ -530,6 +530,20 @@ impl QueuePair for AnyQp {
     }
 
     #[inline]
+    unsafe fn post_completing(
+        &self,
+        wr: &WorkRequest<'_>,
+    ) -> Result<Option<Completion>, FabricError> {
+        match self {
+            // SAFETY: forwarded from this function's contract.
+            AnyQp::Emulated(q) => unsafe { q.post_completing(wr) },
+            #[cfg(feature = "verbs")]
+            // SAFETY: forwarded from this function's contract.
+            AnyQp::Verbs(q) => unsafe { q.post_completing(wr) },
+        }
+    }
+
+    #[inline]
     fn write_inline(&self, bytes: &[u8], remote_addr: u64, rkey: u32) -> Result<(), FabricError> {
         forward!(self, AnyQp, q => q.write_inline(bytes, remote_addr, rkey))
     }

@@ -444,6 +444,28 @@ pub trait QueuePair: Send + Sync {
     /// not reported here but as completions.
     unsafe fn post(&self, wr: &WorkRequest<'_>) -> Result<(), FabricError>;
 
+    /// Posts a work request as [`post`](Self::post) and, where the fabric carried it
+    /// out before returning, hands back its completion (if it has one: signalled, or
+    /// failed) instead of queueing it for [`poll`](Self::poll); the caller then
+    /// accounts for it as if polled. `Ok(None)`: any completion comes through `poll`.
+    /// The default posts and returns `None`, as an RDMA device must: only the
+    /// emulated fabric's unbounded queue finishes requests in the call.
+    ///
+    /// # Safety
+    ///
+    /// As [`post`](Self::post).
+    ///
+    /// # Errors
+    ///
+    /// As [`post`](Self::post).
+    unsafe fn post_completing(
+        &self,
+        wr: &WorkRequest<'_>,
+    ) -> Result<Option<Completion>, FabricError> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.post(wr) }.map(|()| None)
+    }
+
     /// Posts an inline RDMA WRITE of `list`: safe, because the fabric copies the
     /// gather list before returning and the list borrows every piece it names.
     ///

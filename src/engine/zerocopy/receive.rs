@@ -315,6 +315,13 @@ unsafe fn post_read<F: Fabric>(
             signaled,
         };
         // SAFETY: forwarded from this function's contract.
-        unsafe { link.qp.post(&wr) }
+        let handed_back = unsafe { link.qp.post_completing(&wr) }?;
+        // A read the fabric finished in the call (the emulated fabric) is counted
+        // here, as a polled one would be; a failure is the connection's error, which
+        // the wait for this read's number reports.
+        if let Some(wc) = handed_back {
+            link.count_completion(&wc, &mut None);
+        }
+        Ok(())
     })
 }

@@ -239,9 +239,19 @@ impl<F: Fabric> Receiver<F> {
         let (mut posted, mut last) = (0usize, None);
         let mut seg = z.seg;
         let mut seg_off = z.seg_off;
+        // Pieces let a NIC pipeline reads on the wire. A queue that carries each read
+        // out inside its post (the emulated fabric: one process_vm_readv) gains
+        // nothing from them, and one call per segment runs faster: 4 MiB read in one
+        // call 420-436 us, in four 1 MiB calls 486-522 (two pinned processes, this
+        // host; 1 MiB level either way), so IMB PingPing 4 MiB 522 -> 453 us.
+        let max_piece = if link.sq.is_unbounded() {
+            n
+        } else {
+            READ_PIECE
+        };
         while posted < n {
             let s = self.zc_segs[seg];
-            let piece = ((s.len - seg_off) as usize).min(n - posted).min(READ_PIECE);
+            let piece = ((s.len - seg_off) as usize).min(n - posted).min(max_piece);
             let sge = [Sge {
                 // SAFETY: posted + piece <= n, inside dst..dst + n.
                 addr: unsafe { dst.add(posted) },
@@ -324,4 +334,38 @@ unsafe fn post_read<F: Fabric>(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{IoSlice, IoSliceMut};
+
+    use super::READ_PIECE;
+    use crate::{Config, RdmaStream};
+
+    /// A queue that carries reads out inside the post (the emulated fabric's
+    /// default) reads a transfer's segment in one request, however many pieces a
+    /// NIC would take: fewer `process_vm_readv` calls. Every byte lands.
+    #[test]
+    fn an_unbounded_queue_reads_a_segment_in_one_request() {
+        let cfg = Config::default().with_zero_copy_private_threshold(Some(16 << 10));
+        let (mut a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+        let len = 3 * READ_PIECE + 12345;
+        let msg: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        // SAFETY: `msg` is untouched until put_nocopy counts it.
+        let announce =
+            |a: &mut RdmaStream| unsafe { a.channel().sender().put_nocopy(&[IoSlice::new(&msg)]) };
+        let link = std::sync::Arc::clone(&b.channel().receiver().link);
+        assert!(link.sq.is_unbounded());
+        let reads_before = link.sq.next_number();
+        assert_eq!(announce(&mut a).unwrap(), 0);
+        let mut out = vec![0u8; len];
+        let mut got = 0;
+        while got < len {
+            got += b.get(&mut [IoSliceMut::new(&mut out[got..])]).unwrap();
+        }
+        while announce(&mut a).unwrap() == 0 {}
+        assert!(out == msg);
+        assert_eq!(link.sq.next_number() - reads_before, 1, "one read request");
+    }
 }

@@ -53,6 +53,34 @@ static unsigned long pass_count;
 /* Idle passes of a blocking wait before it sleeps in rch_wait. */
 #define RCH_IDLE_PASSES 64
 
+/* The same where rch_wait yields at once (more ranks than CPUs: rch_wait_spins says
+ * fewer spins than RCH_IDLE_PASSES): a pass spent polling is CPU time another rank
+ * on this CPU may need, yet a reply from a rank on the other CPU often comes within
+ * a few. 4 ranks on 2 CPUs, interleaved runs (bench/notebook/2026-12.md): with 64,
+ * osu_barrier 17-23 us and osu_allreduce 8 B-4 KiB 18-23 against 16's 8-17 and
+ * 12-16 (Open MPI 2.5 and 3-7); with 1, NPB CG 0.39-0.45 s against 16's and 64's
+ * 0.36-0.38 (Open MPI 0.35-0.37). */
+#define RCH_IDLE_PASSES_OUTNUMBERED 16
+
+/* Idle passes of a blocking wait in this process: -1 until the first wait asks. */
+static int idle_passes = -1;
+
+static int blocking_idle_passes(void)
+{
+    if (idle_passes < 0) {
+        /* RCH_CH3_IDLE_PASSES=N (1 or more) sets it, for a comparison. */
+        const char *set = getenv("RCH_CH3_IDLE_PASSES");
+        int spins = RCH_IDLE_PASSES;
+        if (set != NULL && atoi(set) > 0)
+            idle_passes = atoi(set);
+        else if (rch_wait_spins(&spins) == RCH_SUCCESS && spins < RCH_IDLE_PASSES)
+            idle_passes = RCH_IDLE_PASSES_OUTNUMBERED;
+        else
+            idle_passes = RCH_IDLE_PASSES;
+    }
+    return idle_passes;
+}
+
 /* Packets of a burst one blocking pass handles after a completion, and the largest
  * such packet (ring payload: CH3's header and its data), see recv_progress. A
  * connection whose last RCH_BURST_MISSES looks found no burst (a ping-pong, where the
@@ -960,7 +988,7 @@ int MPIDI_CH3I_Progress(int blocking, MPID_Progress_state * state)
         }
         /* Poll a little before sleeping in rch_wait: a reply usually arrives within
          * a few passes, and a pass is cheaper than entering and leaving a wait. */
-        if (++idle < RCH_IDLE_PASSES)
+        if (++idle < blocking_idle_passes())
             continue;
         idle = 0;
 #ifdef MPICH_IS_THREADED

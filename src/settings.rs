@@ -184,6 +184,9 @@ settings! {
         "most memory the library commits in this process.";
     EMU_SEND_QUEUE = "RCH_EMU_SEND_QUEUE", default "unbounded":
         "testing: a finite send queue of this depth (2 or more) for emulated queue pairs.";
+    SPREAD = "RCH_SPREAD", default "auto":
+        "auto (a process group whose ranks on a host outnumber its CPUs, none of them \
+         bound by the launcher, binds each rank to one CPU in turn) or off.";
     RCACHE = "RCH_RCACHE", default "auto":
         "auto (userfaultfd when available) or off (never cache user memory).";
     FABRIC = "RCH_FABRIC", default "emulated":

@@ -62,6 +62,39 @@ impl CpuSet {
         self.words.iter().map(|w| w.count_ones() as usize).sum()
     }
 
+    /// The `n`th CPU of the set in increasing order, if it holds that many.
+    pub(crate) fn nth(&self, n: usize) -> Option<usize> {
+        (0..self.words.len() * 64)
+            .filter(|&cpu| self.contains(cpu))
+            .nth(n)
+    }
+
+    /// Restricts this thread to `cpu` (`sched_setaffinity`); threads it starts
+    /// later inherit the mask.
+    ///
+    /// # Errors
+    ///
+    /// The system call's error.
+    pub(crate) fn pin_this_thread(cpu: usize) -> std::io::Result<()> {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("CPU {cpu} is beyond the kernel's cpu_set_t"),
+            ));
+        }
+        // SAFETY: cpu_set_t is plain bits; all zeroes is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: cpu < CPU_SETSIZE (checked above), within the set.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        // SAFETY: `set` is a valid cpu_set_t of the size passed; the call only reads it.
+        let rc =
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Adds `other`'s CPUs to this set.
     pub(crate) fn union_with(&mut self, other: &CpuSet) {
         if self.words.len() < other.words.len() {

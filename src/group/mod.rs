@@ -263,6 +263,47 @@ fn host_cpus(peers: &[Hello], host: &str) -> usize {
     union.count().min(quota.unwrap_or(usize::MAX)).max(1)
 }
 
+/// Whether an outnumbered group spreads its ranks over its CPUs (`RCH_SPREAD`).
+fn spread_wanted() -> Result<bool, Error> {
+    match crate::settings::SPREAD.value() {
+        Ok(None) => Ok(true),
+        Ok(Some(v)) if v == "auto" => Ok(true),
+        Ok(Some(v)) if v == "off" => Ok(false),
+        Ok(Some(v)) => Err(Error::new(
+            ErrorKind::Invalid,
+            format!("RCH_SPREAD={v:?}: expected `auto` or `off`"),
+        )),
+        Err(e) => Err(Error::new(ErrorKind::Invalid, e.to_string())),
+    }
+}
+
+/// The CPU rank `rank` of a group outnumbering its CPUs binds itself to: the local
+/// ranks' CPUs taken in turn, by the rank's place among the ranks on its host, when
+/// every one of them may run on all of those CPUs (no launcher bound any; one that
+/// did chose for them). `None` otherwise, or when a card did not say.
+///
+/// Why: ranks that yield whenever they wait are always runnable and always
+/// cache-hot, and the kernel's load balancer leaves them where `MPI_Init` left them;
+/// at 4 ranks on 2 CPUs that was three on one CPU (`perf sched`), and `osu_barrier`
+/// took 11.7-12.6 us against 6.0-8.1 bound two and two (NPB IS 0.31 against 0.29 s,
+/// CG 0.33 against 0.30; bench/notebook/2026-12.md).
+fn spread_cpu(peers: &[Hello], host: &str, rank: usize) -> Option<usize> {
+    let local: Vec<(usize, &Hello)> = peers
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.host == host)
+        .collect();
+    let mut union = CpuSet::default();
+    for (_, h) in &local {
+        union.union_with(h.cpus.as_ref()?);
+    }
+    if local.iter().any(|(_, h)| h.cpus.as_ref() != Some(&union)) {
+        return None;
+    }
+    let place = local.iter().position(|&(r, _)| r == rank)?;
+    union.nth(place % union.count().max(1))
+}
+
 /// What a look at one connection found (see `Group::readiness`).
 enum Readiness {
     Ready,
@@ -494,6 +535,13 @@ impl Group {
         #[cfg(not(feature = "verbs"))]
         let device_cpu = false;
         self.contention = Contention::of(local, cpus, device_cpu);
+        if self.contention == Contention::Ranks && spread_wanted()? {
+            if let Some(cpu) = spread_cpu(&self.peers, &self.hello.host, self.rank as usize) {
+                // Best effort: a refused mask (a container that forbids it) leaves the
+                // rank where it was, as before.
+                let _ = CpuSet::pin_this_thread(cpu);
+            }
+        }
         // The path choice times copies and reads by the clock: with ranks waiting for
         // a CPU it would time the scheduler, and its probes cost CPU time the ranks
         // are short of (NPB IS at 4 ranks on 2 CPUs: 0.51-0.58 s measuring, 0.47-0.48
@@ -2037,6 +2085,56 @@ mod tests {
         assert_eq!(host_cpus(&mixed, "h"), 4.min(quota));
         let unknown = [card("h", Some("0")), card("h", None)];
         assert_eq!(host_cpus(&unknown, "h"), own);
+    }
+
+    #[test]
+    fn unbound_outnumbered_ranks_take_their_hosts_cpus_in_turn() {
+        let card = |host: &str, cpus: Option<&str>| Hello {
+            fabric: crate::fabric::FabricKind::Emulated,
+            pid: 1,
+            socket: "s".into(),
+            host: host.into(),
+            cm: None,
+            bell: None,
+            cpus: cpus.map(|c| CpuSet::decode(c).unwrap()),
+        };
+        // Four unbound ranks on CPUs 2-3, a fifth on another host: by their place
+        // among the host's ranks, 2, 3, 2, 3.
+        let free = [
+            card("h", Some("2-3")),
+            card("other", Some("0-7")),
+            card("h", Some("2-3")),
+            card("h", Some("2-3")),
+            card("h", Some("2-3")),
+        ];
+        let cpus: Vec<_> = [0, 2, 3, 4]
+            .iter()
+            .map(|&r| spread_cpu(&free, "h", r))
+            .collect();
+        assert_eq!(cpus, [Some(2), Some(3), Some(2), Some(3)]);
+        assert_eq!(spread_cpu(&free, "other", 1), Some(0));
+        // A launcher bound them (masks differ from their union): left alone.
+        let bound = [
+            card("h", Some("0")),
+            card("h", Some("0")),
+            card("h", Some("1")),
+        ];
+        assert_eq!(spread_cpu(&bound, "h", 2), None);
+        // A card that does not say: left alone.
+        let unknown = [
+            card("h", Some("0-1")),
+            card("h", None),
+            card("h", Some("0-1")),
+        ];
+        assert_eq!(spread_cpu(&unknown, "h", 0), None);
+        // Holes in the set are skipped.
+        let holes = [
+            card("h", Some("1.5")),
+            card("h", Some("1.5")),
+            card("h", Some("1.5")),
+        ];
+        assert_eq!(spread_cpu(&holes, "h", 1), Some(5));
+        assert_eq!(spread_cpu(&holes, "h", 2), Some(1));
     }
 
     #[test]

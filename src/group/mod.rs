@@ -2039,9 +2039,9 @@ mod tests {
         assert_eq!(Contention::of(1, 1, false), Contention::None);
     }
 
-    #[test]
-    fn a_hosts_cpus_are_the_union_of_its_ranks_masks() {
-        let card = |host: &str, cpus: Option<&str>| Hello {
+    /// A hello card of a rank on `host` whose affinity mask is `cpus` (encoded).
+    fn card(host: &str, cpus: Option<&str>) -> Hello {
+        Hello {
             fabric: crate::fabric::FabricKind::Emulated,
             pid: 1,
             socket: "s".into(),
@@ -2049,7 +2049,11 @@ mod tests {
             cm: None,
             bell: None,
             cpus: cpus.map(|c| CpuSet::decode(c).unwrap()),
-        };
+        }
+    }
+
+    #[test]
+    fn a_hosts_cpus_are_the_union_of_its_ranks_masks() {
         // A CPU quota on the test host (below its own mask) caps every count.
         let own = available_cpus();
         let quota = if own < CpuSet::of_this_process().unwrap().count() {
@@ -2089,15 +2093,6 @@ mod tests {
 
     #[test]
     fn unbound_outnumbered_ranks_take_their_hosts_cpus_in_turn() {
-        let card = |host: &str, cpus: Option<&str>| Hello {
-            fabric: crate::fabric::FabricKind::Emulated,
-            pid: 1,
-            socket: "s".into(),
-            host: host.into(),
-            cm: None,
-            bell: None,
-            cpus: cpus.map(|c| CpuSet::decode(c).unwrap()),
-        };
         // Four unbound ranks on CPUs 2-3, a fifth on another host: by their place
         // among the host's ranks, 2, 3, 2, 3.
         let free = [

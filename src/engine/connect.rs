@@ -166,6 +166,8 @@ impl<F: Fabric> Prepared<F> {
             rx_tail: AtomicU64::new(0),
             rx_explicit: AtomicU64::new(0),
             rx_piggy: AtomicU64::new(0),
+            tx_lane_head: AtomicU64::new(0),
+            tx_lane_notes: AtomicU64::new(0),
             credit_served: AtomicU64::new(0),
             large_put_at: AtomicU64::new(0),
             ring_copy_in_at: AtomicU64::new(0),

@@ -41,6 +41,17 @@ pub(crate) struct Link<F: Fabric> {
     pub(super) rx_explicit: AtomicU64,
     /// Highest incoming tail sent to the peer piggybacked on a packet.
     pub(super) rx_piggy: AtomicU64,
+    /// The sender's head as last noted for the receiver's stream backoff
+    /// ([`Sender::note_lane_sends`](super::Sender::note_lane_sends)): packets a C
+    /// caller wrote through the send lane piggyback a tail that has not moved while
+    /// the packets it read in place wait to be consumed, so `rx_piggy` alone missed
+    /// those sends.
+    pub(super) tx_lane_head: AtomicU64,
+    /// How many times the head was noted so (0: never, no lane): the receiver counts
+    /// at most one arrival per note, since a library call may consume several packets
+    /// the lane read in place, and which of them came before our last send it cannot
+    /// tell.
+    pub(super) tx_lane_notes: AtomicU64,
     /// Credit request value last answered.
     pub(super) credit_served: AtomicU64,
     /// When this end's sender last put a large buffer (`zerocopy::process_nanos`,

@@ -377,6 +377,20 @@ impl<F: Fabric> Sender<F> {
         r
     }
 
+    /// Notes for this connection's receiver (its stream backoff) where the head is,
+    /// when a C caller may have written packets through the send lane since: the
+    /// library sees those only by the head they moved. Called before the receiver
+    /// reads, under the exclusion the lane's contract gives.
+    #[inline(always)]
+    pub(crate) fn note_lane_sends(&self) {
+        if self.lane_armed {
+            // Relaxed: a hint, written and read by the thread that holds the library.
+            self.link.tx_lane_head.store(self.head(), Ordering::Relaxed);
+            let notes = self.link.tx_lane_notes.load(Ordering::Relaxed);
+            self.link.tx_lane_notes.store(notes + 1, Ordering::Relaxed);
+        }
+    }
+
     /// After a put: the lane's room again, if a C caller uses it.
     #[inline(always)]
     pub(crate) fn after_lane_put(&mut self) {

@@ -792,6 +792,7 @@ impl Group {
         let Conn::Up(up) = &mut vc.conn else {
             return self.peek_slow(rank);
         };
+        up.tx.note_lane_sends();
         // The borrow of the ring ends here: the bytes stay where they are (above).
         let peeked = up.rx.peek().map(|p| match p {
             Peeked::Bytes(b) => Lent {
@@ -986,13 +987,16 @@ impl Group {
     ) -> Result<(), Error> {
         let vc = &mut self.vcs[rank];
         match &mut vc.conn {
-            Conn::Up(up) => how(&mut up.rx, n).map_err(|e| {
-                if e.kind() == io::ErrorKind::InvalidInput {
-                    return Error::new(ErrorKind::Invalid, format!("rch_consume: {e}"));
-                }
-                vc.rx_done = true;
-                data_error(&e, rank, "consume")
-            }),
+            Conn::Up(up) => {
+                up.tx.note_lane_sends();
+                how(&mut up.rx, n).map_err(|e| {
+                    if e.kind() == io::ErrorKind::InvalidInput {
+                        return Error::new(ErrorKind::Invalid, format!("rch_consume: {e}"));
+                    }
+                    vc.rx_done = true;
+                    data_error(&e, rank, "consume")
+                })
+            }
             Conn::Closed => Err(closed(rank)),
             Conn::Failed(e) => Err(e.clone()),
             _ if n == 0 => Ok(()),
@@ -1020,6 +1024,7 @@ impl Group {
         self.enrol(rank);
         let vc = &mut self.vcs[rank];
         if let Conn::Up(up) = &mut vc.conn {
+            up.tx.note_lane_sends();
             let r = if buffered {
                 up.rx.get_buffered(iov)
             } else {

@@ -1941,7 +1941,7 @@ mod tests {
     fn an_exchange_through_the_send_lane_takes_no_stream_backoff() {
         let (mut a, mut b) = RdmaStream::pair_with(Config::default()).unwrap();
         // The lane armed, as rch_vc_send_lane does; the group notes its head before
-        // each read (`Group::consume_with`, `peek`, `read_inner`).
+        // each call that reads (`Group::note_lane_sends`).
         let _lane = b.channel().sender().send_lane();
         let mut buf = [0u8; 64];
         for round in 0..50 {

@@ -792,7 +792,6 @@ impl Group {
         let Conn::Up(up) = &mut vc.conn else {
             return self.peek_slow(rank);
         };
-        up.tx.note_lane_sends();
         // The borrow of the ring ends here: the bytes stay where they are (above).
         let peeked = up.rx.peek().map(|p| match p {
             Peeked::Bytes(b) => Lent {
@@ -847,6 +846,7 @@ impl Group {
         n: usize,
         landed: bool,
     ) -> Result<Lent, Error> {
+        self.note_lane_sends(rank);
         if passed != 0 {
             self.consume_with(rank, passed, |rx, k| rx.consume_passed(k))?;
             if !landed && n != 0 {
@@ -974,7 +974,21 @@ impl Group {
     /// (and no read passed since); the connection's failure, or its close here.
     #[inline(always)]
     pub(crate) fn consume(&mut self, rank: usize, n: usize) -> Result<(), Error> {
+        self.note_lane_sends(rank);
         self.consume_with(rank, n, |rx, n| rx.consume(n))
+    }
+
+    /// Before a call of the C interface reads from the connection to `rank`: notes
+    /// the packets its send lane wrote since the last (`Sender::note_lane_sends`),
+    /// once a call, for the receiver's stream backoff.
+    #[inline(always)]
+    fn note_lane_sends(&mut self, rank: usize) {
+        if let Some(Vc {
+            conn: Conn::Up(up), ..
+        }) = self.vcs.get(rank)
+        {
+            up.tx.note_lane_sends();
+        }
     }
 
     /// [`consume`](Self::consume) by `how` (`Receiver::consume` or `consume_landed`).
@@ -987,16 +1001,13 @@ impl Group {
     ) -> Result<(), Error> {
         let vc = &mut self.vcs[rank];
         match &mut vc.conn {
-            Conn::Up(up) => {
-                up.tx.note_lane_sends();
-                how(&mut up.rx, n).map_err(|e| {
-                    if e.kind() == io::ErrorKind::InvalidInput {
-                        return Error::new(ErrorKind::Invalid, format!("rch_consume: {e}"));
-                    }
-                    vc.rx_done = true;
-                    data_error(&e, rank, "consume")
-                })
-            }
+            Conn::Up(up) => how(&mut up.rx, n).map_err(|e| {
+                if e.kind() == io::ErrorKind::InvalidInput {
+                    return Error::new(ErrorKind::Invalid, format!("rch_consume: {e}"));
+                }
+                vc.rx_done = true;
+                data_error(&e, rank, "consume")
+            }),
             Conn::Closed => Err(closed(rank)),
             Conn::Failed(e) => Err(e.clone()),
             _ if n == 0 => Ok(()),

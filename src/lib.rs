@@ -54,6 +54,7 @@ pub use handshake::oob;
 pub mod pmi;
 pub mod rcache;
 pub mod ring;
+pub mod select;
 pub mod settings;
 pub mod stream;
 pub(crate) mod sync;

@@ -113,6 +113,8 @@ pub struct Receiver<F: Fabric> {
     pub(crate) lends_sent: u64,
     /// Requests to ring our doorbell sent to the peer ([`ask_for_bell`](Self::ask_for_bell)).
     bells_asked: u64,
+    /// The eventfd number last named to the peer for wakes (`CtrlWord::WakeFd`).
+    wake_fd_named: Option<u32>,
     /// Polls of an unlanded lend since the last health check.
     lend_polls: u32,
     /// Pauses of the stream backoff (`Config::with_stream_backoff`).
@@ -255,6 +257,7 @@ impl<F: Fabric> Receiver<F> {
             reads: None,
             lends_sent: 0,
             bells_asked: 0,
+            wake_fd_named: None,
             lend_polls: 0,
             backoff_armed: false,
             backoff_due: false,
@@ -1884,6 +1887,31 @@ impl<F: Fabric> Receiver<F> {
     pub(crate) fn ask_for_bell(&mut self) -> io::Result<()> {
         self.bells_asked += 1;
         self.link.post_ctrl(CtrlWord::BellWanted, self.bells_asked)
+    }
+
+    /// Asks the peer's sender to wake the thread sleeping on eventfd `fd` of this
+    /// process after its next write (a selector about to sleep, `crate::select`):
+    /// names the descriptor, the first time, then asks as
+    /// [`ask_for_bell`](Self::ask_for_bell) does. Look at the ring once more
+    /// afterwards, after a fence that orders the request before that look on both
+    /// sides (the selector's `membarrier`): a write already under way is not woken for.
+    ///
+    /// Returns false, asking nothing, where the fabric has no such wake
+    /// ([`QueuePair::can_notify`](crate::fabric::QueuePair::can_notify)).
+    ///
+    /// # Errors
+    ///
+    /// A fabric failure while sending the request.
+    pub(crate) fn ask_for_wake(&mut self, fd: u32) -> io::Result<bool> {
+        if !crate::fabric::QueuePair::can_notify(&self.link.qp) || self.link.error().is_some() {
+            return Ok(false);
+        }
+        if self.wake_fd_named != Some(fd) {
+            self.link.post_ctrl(CtrlWord::WakeFd, u64::from(fd) + 1)?;
+            self.wake_fd_named = Some(fd);
+        }
+        self.ask_for_bell()?;
+        Ok(true)
     }
 
     /// Stops reading: the peer's `put` fails with `BrokenPipe` from now on. Dropping

@@ -307,16 +307,23 @@ impl<F: Fabric> Sender<F> {
         );
     }
 
-    /// Rings the doorbell if the peer asked since we last did. Called after every
-    /// write a peer's receiver may be waiting for (data, an announcement, the end).
+    /// Rings the doorbell, or wakes the peer's selector, if the peer asked since we
+    /// last did. Called after every write a peer's receiver may be waiting for
+    /// (data, an announcement, the end).
     ///
     /// The peer asks with a control-word write and then looks at its ring once more;
-    /// we write, then load the request. Neither side fences (that would cost every
-    /// put), so a write racing the request can be missed by both: the peer's group
-    /// still looks at its quiet connections in turn, slowly, and finds it then.
+    /// we write, then load the request. This side never fences (that would cost every
+    /// put), so a write racing the request can be missed by both, unless the peer
+    /// fences for both: a process group does not (it still looks at its quiet
+    /// connections in turn, slowly, and finds the write then); a selector about to
+    /// sleep does, with `membarrier` (`select`), which needs only that the compiler
+    /// keep our load after our writes.
     #[inline(always)]
     fn ring_if_asked(&mut self) {
-        if self.bell.is_some() && self.link.ctrl.bell_wanted() != self.lane.bell_seen() {
+        // No instruction: orders this load after the writes above in the program,
+        // which the peer's membarrier then orders on the CPU.
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        if self.link.ctrl.bell_wanted() != self.lane.bell_seen() {
             self.ring_bell();
         }
     }
@@ -324,10 +331,15 @@ impl<F: Fabric> Sender<F> {
     #[cold]
     #[inline(never)]
     fn ring_bell(&mut self) {
+        self.lane.set_bell_seen(self.link.ctrl.bell_wanted());
+        if let Some(fd) = self.link.ctrl.wake_fd() {
+            // A wake that fails (the fabric has none, the descriptor is gone) leaves
+            // the peer to its bounded sleep.
+            let _ = self.link.qp.notify(fd);
+        }
         let Some(t) = self.bell else {
             return;
         };
-        self.lane.set_bell_seen(self.link.ctrl.bell_wanted());
         let one = 1u64.to_le_bytes();
         // The slot before the summary, on one queue pair, so they land in that order
         // (fabric guarantee 1): a peer that sees the summary finds the slot. A failed

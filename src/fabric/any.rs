@@ -583,6 +583,14 @@ impl QueuePair for AnyQp {
         forward!(self, AnyQp, q => q.send_wakes())
     }
 
+    fn notify(&self, fd: u32) -> io::Result<bool> {
+        forward!(self, AnyQp, q => q.notify(fd))
+    }
+
+    fn can_notify(&self) -> bool {
+        forward!(self, AnyQp, q => q.can_notify())
+    }
+
     fn arm_wake(&self) -> Option<u64> {
         forward!(self, AnyQp, q => q.arm_wake())
     }

@@ -570,6 +570,28 @@ pub trait QueuePair: Send + Sync {
     /// first post. A fabric without wakes ignores it.
     fn send_wakes(&self) {}
 
+    /// Wakes a thread of the peer's process that sleeps on the eventfd it named by
+    /// `fd`, its descriptor number (a selector's, see `crate::select`): a
+    /// notification beside the data path, sent only when the peer asked for it
+    /// before sleeping. `Ok(false)` where the fabric has no such wake (the peer then
+    /// bounds its sleep instead). The first call for a descriptor takes it from the
+    /// peer's process (checked to be an eventfd), later ones reuse it.
+    ///
+    /// # Errors
+    ///
+    /// The peer's descriptor cannot be taken (not an eventfd, its process not
+    /// verified, no such descriptor), or the write to it fails.
+    fn notify(&self, fd: u32) -> io::Result<bool> {
+        let _ = fd;
+        Ok(false)
+    }
+
+    /// True where [`notify`](Self::notify) can wake the peer (then the peer of this
+    /// queue pair can wake us through it too: both ends are of one fabric).
+    fn can_notify(&self) -> bool {
+        false
+    }
+
     /// The first half of a blocking wait, on an end that accepts wakes: asks to be
     /// told of the next write of the peer's or completion of ours, and returns a
     /// token for [`block_wake`](Self::block_wake). The caller must look for what it

@@ -332,6 +332,11 @@ pub enum CtrlWord {
     /// From the receiver of our outgoing ring: the number of its last request to
     /// ring its [`Doorbell`] when we next write (it stopped looking at the ring).
     BellWanted,
+    /// From the receiver of our outgoing ring: the number, plus one, of the eventfd
+    /// in its process that a selector sleeps on (0: none); when a bell request comes
+    /// we wake it through [`QueuePair::notify`](crate::fabric::QueuePair::notify)
+    /// after our next write. Written before the request it goes with.
+    WakeFd,
     /// From the sender into our ring: credit request, the tail it knows + 1.
     CreditRequest,
     /// From the sender into our ring: end of stream, its final head + 1.
@@ -360,6 +365,7 @@ impl CtrlWord {
             CtrlWord::ZeroCopyDone => 16,
             CtrlWord::PathAdvice => 24,
             CtrlWord::BellWanted => 256,
+            CtrlWord::WakeFd => 264,
             CtrlWord::CreditRequest => 64,
             CtrlWord::EndOfStream => 72,
             CtrlWord::LendLanded => 80,
@@ -473,6 +479,16 @@ impl<R: MemoryRegion> ControlWords<R> {
     #[inline]
     pub fn bell_wanted(&self) -> u64 {
         self.word(CtrlWord::BellWanted).load(Ordering::Relaxed)
+    }
+
+    /// The eventfd the peer's selector named for wakes ([`CtrlWord::WakeFd`]): its
+    /// number in the peer's process, or `None`. Relaxed: the bell request it goes
+    /// with was loaded first, and the receiver wrote this word before it on the same
+    /// queue pair (fabric guarantee 1).
+    #[inline]
+    pub fn wake_fd(&self) -> Option<u32> {
+        let v = self.word(CtrlWord::WakeFd).load(Ordering::Relaxed);
+        v.checked_sub(1).and_then(|n| u32::try_from(n).ok())
     }
 
     /// The word [`bell_wanted`](Self::bell_wanted) loads, for the send lane, which

@@ -666,6 +666,13 @@ impl<F: Fabric> ReadHalf<F> {
     }
 }
 
+impl<F: Fabric> ReadHalf<F> {
+    /// The receiving engine (a selector's look).
+    pub(crate) fn rx(&mut self) -> &mut Receiver<F> {
+        &mut self.rx
+    }
+}
+
 impl<F: Fabric> Read for ReadHalf<F> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         blocking_read(&mut self.rx, &mut [IoSliceMut::new(buf)], self.timeout)

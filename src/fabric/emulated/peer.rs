@@ -385,6 +385,56 @@ impl Peer {
         self.pid
     }
 
+    /// Duplicates descriptor `fd` of the peer's process into this one, when it is an
+    /// eventfd: what the peer named for us to wake it by (a selector's). Only from a
+    /// peer whose pid was verified (its pidfd, `pidfd_getfd`), or from this process.
+    ///
+    /// # Errors
+    ///
+    /// `PermissionDenied` for a peer whose pid is not trusted; `InvalidInput` when the
+    /// descriptor is not an eventfd; the system call's error otherwise (no such
+    /// descriptor, no `pidfd_getfd` in this kernel).
+    pub(crate) fn take_eventfd(&self, fd: u32) -> io::Result<OwnedFd> {
+        let fd = i32::try_from(fd)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "bad descriptor number"))?;
+        let dup = match &self.kind {
+            Kind::Local(_) => {
+                // SAFETY: F_DUPFD_CLOEXEC takes a descriptor number and returns a new
+                // descriptor or -1; a number that names nothing fails with EBADF.
+                let r = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+                if r < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                r
+            }
+            Kind::Remote(r) => {
+                let (Ok(()), Some(Watch::Pidfd(pidfd))) = (&r.trusted, &r.watch) else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        "the peer's process is not verified: no wake through its descriptors",
+                    ));
+                };
+                // SAFETY: pidfd_getfd takes a pidfd, a descriptor number of that
+                // process and flags, and returns a new descriptor or -1.
+                let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+                if r < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                r as i32
+            }
+        };
+        // SAFETY: the kernel just returned this descriptor; nobody else owns it.
+        let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+        let link = std::fs::read_link(format!("/proc/self/fd/{dup}"))?;
+        if link.as_os_str() != "anon_inode:[eventfd]" {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the peer's descriptor {fd} is {link:?}, not an eventfd"),
+            ));
+        }
+        Ok(owned)
+    }
+
     /// True when the peer domain lives in this process.
     pub(crate) fn is_local(&self) -> bool {
         matches!(self.kind, Kind::Local(_))

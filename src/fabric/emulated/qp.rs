@@ -11,6 +11,8 @@ use crate::fabric::{
 };
 use std::collections::VecDeque;
 use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -57,6 +59,8 @@ pub struct EmuQp {
     last_error: Mutex<Option<String>>,
     /// A finite send queue's accounting; `None` when requests retire as posted.
     send_slots: Option<Mutex<SendSlots>>,
+    /// The peer's eventfd taken for `notify`, with the number it has there.
+    wake: Mutex<Option<(u32, OwnedFd)>>,
 }
 
 /// The slots of a finite send queue, counted as a NIC does: every posted request
@@ -97,6 +101,7 @@ impl EmuQp {
                     freed: 0,
                 })
             }),
+            wake: Mutex::new(None),
         }
     }
 
@@ -461,6 +466,28 @@ impl QueuePair for EmuQp {
         let mut list = GatherList::<1>::new();
         list.push(bytes);
         self.post_inline_write(0, &list, remote_addr, rkey, false)
+    }
+
+    fn can_notify(&self) -> bool {
+        true
+    }
+
+    fn notify(&self, fd: u32) -> io::Result<bool> {
+        let mut wake = lock(&self.wake);
+        if !matches!(&*wake, Some((n, _)) if *n == fd) {
+            *wake = Some((fd, self.peer.take_eventfd(fd)?));
+        }
+        let Some((_, efd)) = &*wake else {
+            unreachable!("filled above")
+        };
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: an eventfd we own, and 8 readable bytes: an eventfd write adds them.
+        let r = unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        // EAGAIN: the counter is at its limit, so the sleeper is woken already.
+        if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN) {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(true)
     }
 
     fn direct_target(&self, region: RemoteRegion) -> Option<DirectTarget> {

@@ -1,0 +1,564 @@
+//! Waiting on many connections at once (rsocket's `rpoll`, `poll(2)` for streams):
+//! [`Selector::select`] looks at any number of streams and halves, and says which
+//! are readable, writable or closed.
+//!
+//! A wait spins over its items a while (their readiness is a few loads each), then
+//! sleeps in the kernel on the selector's eventfd. Before it sleeps it asks each
+//! readable-interest item's peer to wake it after its next write: the peer's sender
+//! already loads one control word after every put (`BellWanted`, the word a process
+//! group's doorbell uses), so the data path pays nothing more, and only a write made
+//! while someone sleeps costs the writer a system call (`QueuePair::notify`). The
+//! request and the writer's data race without fences on the writer's side: the
+//! sleeper issues `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)` between its request
+//! and its last look, which orders the writer's store and load as a fence of its
+//! own would, so that either the writer sees the request or the last look sees the
+//! data. Processes of this library register for that barrier when they make an
+//! emulated fabric.
+//!
+//! Where a peer cannot wake us (a fabric without `notify`, a writable-interest item
+//! waiting for room) the sleep is bounded instead: short sleeps doubling up to
+//! `RCH_SLEEP_MAX_US`. Where it can, the sleep is bounded only by the caller's
+//! timeout and [`WAKE_SAFETY`], which covers a peer that does not register for the
+//! barrier (an older library).
+//!
+//! ```
+//! use std::io::{IoSlice, Read};
+//! use std::time::Duration;
+//! use rdma_channel::select::{Interest, Select, Selector};
+//!
+//! let (mut a1, mut b1) = rdma_channel::RdmaStream::pair()?;
+//! let (mut a2, mut b2) = rdma_channel::RdmaStream::pair()?;
+//! let writer = std::thread::spawn(move || {
+//!     std::thread::sleep(Duration::from_millis(20));
+//!     a2.put(&[IoSlice::new(b"hello")]).map(|_| (a1, a2))
+//! });
+//! let mut selector = Selector::new()?;
+//! let mut items = [
+//!     Select::new(&mut b1, Interest::READABLE),
+//!     Select::new(&mut b2, Interest::READABLE),
+//! ];
+//! let n = selector.select(&mut items, Some(Duration::from_secs(10)))?;
+//! assert_eq!(n, 1);
+//! assert!(!items[0].ready().is_readable());
+//! assert!(items[1].ready().is_readable());
+//! let mut got = [0u8; 5];
+//! b2.read_exact(&mut got)?;
+//! assert_eq!(&got, b"hello");
+//! let _ = writer.join().unwrap()?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use crate::engine::{Receiver, Sender};
+use crate::fabric::Fabric;
+use crate::stream::{RdmaStream, ReadHalf, WriteHalf};
+
+/// Longest sleep when every item's peer will wake us: a wake lost to a peer that
+/// does not take part in the barrier (an older library) costs at most this.
+pub const WAKE_SAFETY: Duration = Duration::from_millis(100);
+
+/// Looks at the items before a wait first sleeps.
+const SPIN_LOOKS: u32 = 200;
+
+/// The first sleep of a wait that some item's peer cannot end; the sleeps double up
+/// to [`LONGEST_NAP`] (a blocking read's default `RCH_SLEEP_MAX_US`).
+const FIRST_NAP: Duration = Duration::from_micros(10);
+const LONGEST_NAP: Duration = Duration::from_millis(1);
+
+/// `membarrier(2)` commands (linux/membarrier.h).
+const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_int = 1 << 1;
+const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_int = 1 << 2;
+
+/// What an item is waited for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Interest(u8);
+
+impl Interest {
+    /// A read would return data, the end of the stream, or an error.
+    pub const READABLE: Interest = Interest(1);
+    /// A put would take bytes (or fail).
+    pub const WRITABLE: Interest = Interest(2);
+    /// Both.
+    pub const BOTH: Interest = Interest(3);
+
+    /// True when `self` includes readability.
+    pub fn is_readable(self) -> bool {
+        self.0 & 1 != 0
+    }
+
+    /// True when `self` includes writability.
+    pub fn is_writable(self) -> bool {
+        self.0 & 2 != 0
+    }
+}
+
+impl std::ops::BitOr for Interest {
+    type Output = Interest;
+    fn bitor(self, other: Interest) -> Interest {
+        Interest(self.0 | other.0)
+    }
+}
+
+/// What an item was found ready for (level-triggered, as `poll(2)`'s events).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ready {
+    readable: bool,
+    writable: bool,
+    closed: bool,
+}
+
+impl Ready {
+    /// A read would not block: data, the end of the stream, or an error is there.
+    pub fn is_readable(self) -> bool {
+        self.readable
+    }
+
+    /// A put would not block: the ring has room (or the put fails).
+    pub fn is_writable(self) -> bool {
+        self.writable
+    }
+
+    /// The direction asked about is over: the peer ended its stream or stopped
+    /// reading, or the connection failed (a read or put says which).
+    pub fn is_closed(self) -> bool {
+        self.closed
+    }
+
+    fn any(self) -> bool {
+        self.readable || self.writable || self.closed
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A connection end a [`Selector`] can wait on: [`RdmaStream`], [`ReadHalf`] and
+/// [`WriteHalf`]. Sealed; its methods are the selector's.
+pub trait Selectable: sealed::Sealed {
+    #[doc(hidden)]
+    fn ready_now(&mut self, interest: Interest) -> Ready;
+    /// Asks the peer to wake the thread sleeping on eventfd `fd` after its next
+    /// write; false where it cannot (then the selector bounds its sleep).
+    #[doc(hidden)]
+    fn ask_wake(&mut self, fd: u32) -> bool;
+}
+
+fn readable<F: Fabric>(rx: &mut Receiver<F>) -> Ready {
+    match rx.poll_readable() {
+        Ok(r) => Ready {
+            readable: r,
+            ..Ready::default()
+        },
+        // The end of the stream, or a failure: a read returns it at once.
+        Err(_) => Ready {
+            readable: true,
+            closed: true,
+            ..Ready::default()
+        },
+    }
+}
+
+fn writable<F: Fabric>(tx: &mut Sender<F>) -> Ready {
+    match tx.poll_writable() {
+        Ok(w) => Ready {
+            writable: w,
+            ..Ready::default()
+        },
+        Err(_) => Ready {
+            writable: true,
+            closed: true,
+            ..Ready::default()
+        },
+    }
+}
+
+fn merge(a: Ready, b: Ready) -> Ready {
+    Ready {
+        readable: a.readable || b.readable,
+        writable: a.writable || b.writable,
+        closed: a.closed || b.closed,
+    }
+}
+
+impl<F: Fabric> sealed::Sealed for RdmaStream<F> {}
+impl<F: Fabric> Selectable for RdmaStream<F> {
+    fn ready_now(&mut self, interest: Interest) -> Ready {
+        let mut r = Ready::default();
+        if interest.is_readable() {
+            r = merge(r, readable(self.channel().receiver()));
+        }
+        if interest.is_writable() {
+            r = merge(r, writable(self.channel().sender()));
+        }
+        r
+    }
+
+    fn ask_wake(&mut self, fd: u32) -> bool {
+        self.channel().receiver().ask_for_wake(fd).unwrap_or(false)
+    }
+}
+
+impl<F: Fabric> sealed::Sealed for ReadHalf<F> {}
+impl<F: Fabric> Selectable for ReadHalf<F> {
+    fn ready_now(&mut self, interest: Interest) -> Ready {
+        if interest.is_readable() {
+            readable(self.rx())
+        } else {
+            Ready::default()
+        }
+    }
+
+    fn ask_wake(&mut self, fd: u32) -> bool {
+        self.rx().ask_for_wake(fd).unwrap_or(false)
+    }
+}
+
+impl<F: Fabric> sealed::Sealed for WriteHalf<F> {}
+impl<F: Fabric> Selectable for WriteHalf<F> {
+    fn ready_now(&mut self, interest: Interest) -> Ready {
+        if interest.is_writable() {
+            writable(self.sender())
+        } else {
+            Ready::default()
+        }
+    }
+
+    fn ask_wake(&mut self, _fd: u32) -> bool {
+        // Room comes from the peer's reads, which ring no bell.
+        false
+    }
+}
+
+/// One item of a [`Selector::select`]: a connection end, what it is waited for, and
+/// what it was found ready for.
+pub struct Select<'a> {
+    target: &'a mut dyn Selectable,
+    interest: Interest,
+    ready: Ready,
+}
+
+impl std::fmt::Debug for Select<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Select")
+            .field("interest", &self.interest)
+            .field("ready", &self.ready)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Select<'a> {
+    /// `target`, waited for `interest`.
+    pub fn new(target: &'a mut dyn Selectable, interest: Interest) -> Select<'a> {
+        Select {
+            target,
+            interest,
+            ready: Ready::default(),
+        }
+    }
+
+    /// What the last [`Selector::select`] found (nothing before one).
+    pub fn ready(&self) -> Ready {
+        self.ready
+    }
+}
+
+/// Waits on many connections at once; see the [module documentation](self).
+///
+/// Its descriptor ([`AsFd`]) is an eventfd that becomes readable when a peer wakes
+/// it: for a `poll`/`epoll` loop, call [`arm`](Self::arm) before blocking on it (it
+/// returns how many items are ready already: then do not block), and
+/// [`select`](Self::select) with a zero timeout after it fires.
+#[derive(Debug)]
+pub struct Selector {
+    wake: OwnedFd,
+    /// Wakes peers sent through the eventfd, as counted when it was emptied.
+    wakes: u64,
+    /// Whether `membarrier` orders a peer's writes before our last look; without it
+    /// every sleep is bounded as for a peer that cannot wake us.
+    barrier: bool,
+}
+
+impl Selector {
+    /// A selector with its eventfd.
+    ///
+    /// # Errors
+    ///
+    /// The eventfd cannot be made (the process's descriptor limit).
+    pub fn new() -> io::Result<Selector> {
+        // SAFETY: eventfd takes an initial count and flags, returns a descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this descriptor; nobody else owns it.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Selector {
+            wake,
+            wakes: 0,
+            barrier: register_barrier(),
+        })
+    }
+
+    /// Waits until at least one item is ready for what it is waited for, or
+    /// `timeout` passes (`None`: no limit; zero: one look), and returns how many
+    /// items are ready (0 on timeout); each item's [`Select::ready`] says for what.
+    ///
+    /// # Errors
+    ///
+    /// Only the selector's own system calls' (a failed connection is an item ready
+    /// and closed, whose read or put reports the error).
+    pub fn select(
+        &mut self,
+        items: &mut [Select<'_>],
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut nap = FIRST_NAP;
+        let mut looks = 0u32;
+        loop {
+            let n = look(items);
+            if n > 0 {
+                return Ok(n);
+            }
+            let now = Instant::now();
+            let left = match deadline {
+                Some(d) if now >= d => return Ok(0),
+                Some(d) => Some(d - now),
+                None => None,
+            };
+            looks += 1;
+            if looks < SPIN_LOOKS {
+                std::hint::spin_loop();
+                continue;
+            }
+            let (n, woken) = self.arm_items(items)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            if woken {
+                let nap = left.map_or(WAKE_SAFETY, |l| l.min(WAKE_SAFETY));
+                self.sleep(nap)?;
+            } else {
+                // Some item's peer cannot wake us: sleep a little, longer each time.
+                self.sleep(left.map_or(nap, |l| l.min(nap)))?;
+                nap = (nap * 2).min(LONGEST_NAP);
+            }
+            looks = SPIN_LOOKS - SPIN_LOOKS / 8;
+        }
+    }
+
+    /// Prepares to block on the selector's descriptor: asks every readable-interest
+    /// item's peer to wake it after its next write, orders those requests before a
+    /// last look, and returns how many items that look found ready (do not block
+    /// then). A peer that cannot wake the selector (see the module documentation)
+    /// is not covered: poll with a timeout while such items are in the set.
+    ///
+    /// # Errors
+    ///
+    /// As [`select`](Self::select).
+    pub fn arm(&mut self, items: &mut [Select<'_>]) -> io::Result<usize> {
+        Ok(self.arm_items(items)?.0)
+    }
+
+    /// [`arm`](Self::arm), and whether every item's peer will wake us.
+    fn arm_items(&mut self, items: &mut [Select<'_>]) -> io::Result<(usize, bool)> {
+        self.drain();
+        let fd = self.wake.as_raw_fd() as u32;
+        let mut all = self.barrier;
+        for it in items.iter_mut() {
+            if it.interest.is_writable() || !it.target.ask_wake(fd) {
+                all = false;
+            }
+        }
+        if self.barrier && !full_barrier() {
+            all = false;
+        }
+        Ok((look(items), all))
+    }
+
+    /// Blocks on the eventfd for at most `nap`, then empties it.
+    fn sleep(&mut self, nap: Duration) -> io::Result<()> {
+        let ts = libc::timespec {
+            tv_sec: nap.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: libc::c_long::from(nap.subsec_nanos() as i32),
+        };
+        let mut p = libc::pollfd {
+            fd: self.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+        let r = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
+        if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return Err(io::Error::last_os_error());
+        }
+        self.drain();
+        Ok(())
+    }
+
+    /// Empties the eventfd (wakes from before now are spent).
+    fn drain(&mut self) {
+        let mut v = [0u8; 8];
+        // SAFETY: a nonblocking eventfd we own, and 8 writable bytes.
+        let r = unsafe { libc::read(self.wake.as_raw_fd(), v.as_mut_ptr().cast(), v.len()) };
+        if r == 8 {
+            self.wakes = self.wakes.saturating_add(u64::from_ne_bytes(v));
+        }
+    }
+
+    /// How many times peers have woken this selector through its eventfd so far,
+    /// including wakes that came after a look had already found their data (a
+    /// sleep that its timeout or [`WAKE_SAFETY`] ended counts none).
+    pub fn wakes(&mut self) -> u64 {
+        self.drain();
+        self.wakes
+    }
+}
+
+impl AsFd for Selector {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.wake.as_fd()
+    }
+}
+
+/// One look at every item; returns how many are ready.
+fn look(items: &mut [Select<'_>]) -> usize {
+    let mut n = 0;
+    for it in items.iter_mut() {
+        it.ready = it.target.ready_now(it.interest);
+        if it.ready.any() {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Registers this process for [`full_barrier`]'s barrier (once), so that a selector
+/// in a peer's process orders our writes; true when the barrier is there.
+pub(crate) fn register_barrier() -> bool {
+    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *REGISTERED.get_or_init(|| {
+        // SAFETY: membarrier takes a command, flags and a CPU id, and returns 0 or -1.
+        unsafe {
+            libc::syscall(
+                libc::SYS_membarrier,
+                MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED,
+                0,
+                0,
+            ) == 0
+        }
+    })
+}
+
+/// A memory barrier on every CPU that runs a thread of a registered process: what a
+/// fence in each writer would give, at the sleeper's expense only.
+fn full_barrier() -> bool {
+    // SAFETY: as in register_barrier.
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{IoSlice, IoSliceMut};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{Interest, Select, Selector};
+    use crate::RdmaStream;
+
+    /// A selector asleep over idle connections is woken by the write its request
+    /// asked for: the writer waits for the request (the peer's `BellWanted`), so the
+    /// wake cannot come from data found before the sleep, and a lost wake would show
+    /// as none counted (the safety nap would find the data).
+    #[test]
+    fn a_write_after_the_request_wakes_the_sleeping_selector() {
+        let mut pairs: Vec<_> = (0..8).map(|_| RdmaStream::pair().unwrap()).collect();
+        let (mut writer, mut reader) = pairs.pop().unwrap();
+        let link = Arc::clone(&writer.channel().sender().link);
+        let t = std::thread::spawn(move || {
+            while link.ctrl.bell_wanted() == 0 {
+                std::thread::yield_now();
+            }
+            writer.put(&[IoSlice::new(b"wake")]).unwrap();
+            writer
+        });
+        let mut selector = Selector::new().unwrap();
+        let mut items: Vec<Select<'_>> = pairs
+            .iter_mut()
+            .map(|(_, b)| Select::new(b, Interest::READABLE))
+            .collect();
+        items.push(Select::new(&mut reader, Interest::READABLE));
+        let n = selector
+            .select(&mut items, Some(Duration::from_secs(60)))
+            .unwrap();
+        assert_eq!(n, 1);
+        assert!(items.last().unwrap().ready().is_readable());
+        assert!(items[..7].iter().all(|i| !i.ready().is_readable()));
+        drop(items);
+        let _writer = t.join().unwrap();
+        assert_eq!(selector.wakes(), 1);
+        let mut got = [0u8; 4];
+        assert_eq!(reader.get(&mut [IoSliceMut::new(&mut got)]).unwrap(), 4);
+        assert_eq!(&got, b"wake");
+    }
+
+    /// A timeout with nothing ready returns 0; a zero timeout is one look.
+    #[test]
+    fn nothing_ready_times_out() {
+        let (_a, mut b) = RdmaStream::pair().unwrap();
+        let mut selector = Selector::new().unwrap();
+        let mut items = [Select::new(&mut b, Interest::READABLE)];
+        assert_eq!(
+            selector.select(&mut items, Some(Duration::ZERO)).unwrap(),
+            0
+        );
+        assert_eq!(
+            selector
+                .select(&mut items, Some(Duration::from_millis(30)))
+                .unwrap(),
+            0
+        );
+        assert!(!items[0].ready().is_readable());
+    }
+
+    /// The end of the peer's stream is readable and closed; a fresh connection is
+    /// writable; a peer that stopped reading makes the writing side closed.
+    #[test]
+    fn ends_and_room_are_seen() {
+        let (mut a, mut b) = RdmaStream::pair().unwrap();
+        let mut selector = Selector::new().unwrap();
+        {
+            let mut items = [Select::new(&mut a, Interest::WRITABLE)];
+            assert_eq!(
+                selector.select(&mut items, Some(Duration::ZERO)).unwrap(),
+                1
+            );
+            assert!(items[0].ready().is_writable() && !items[0].ready().is_closed());
+        }
+        a.shutdown_write().unwrap();
+        {
+            let mut items = [Select::new(&mut b, Interest::READABLE)];
+            assert_eq!(
+                selector
+                    .select(&mut items, Some(Duration::from_secs(60)))
+                    .unwrap(),
+                1
+            );
+            assert!(items[0].ready().is_readable() && items[0].ready().is_closed());
+        }
+        let (mut c, d) = RdmaStream::pair().unwrap();
+        drop(d);
+        let mut items = [Select::new(&mut c, Interest::WRITABLE)];
+        assert_eq!(
+            selector
+                .select(&mut items, Some(Duration::from_secs(60)))
+                .unwrap(),
+            1
+        );
+        assert!(items[0].ready().is_closed());
+    }
+}

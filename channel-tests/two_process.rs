@@ -501,3 +501,94 @@ fn peer_process_death_is_an_error_not_a_hang() {
     assert_eq!(we.kind(), io::ErrorKind::ConnectionReset, "writer: {we}");
     println!("reader failed after {rtime:?} ({re}); writer after {wtime:?} ({we})");
 }
+
+// -------------------------------------------------------------------------------------
+// A selector woken from another process
+// -------------------------------------------------------------------------------------
+
+/// Rounds of `a_selector_sleeps_until_another_process_writes`.
+const SELECT_ROUNDS: usize = 5;
+
+/// The parent waits with a `Selector` on four connections from a child; each round
+/// it sends the child "go" on the first and selects, and the child writes one byte on
+/// a round-robin connection 300 ms later, while the parent sleeps. Every select must
+/// name exactly that connection, and the child's sender must have woken the
+/// selector through its eventfd (pidfd_getfd of the parent's descriptor) at least
+/// once: a lost wake would end each sleep only by the selector's safety nap, with
+/// no wake counted. On a fabric without wakes (verbs) the selector bounds its sleeps
+/// instead: the rounds must still name the right connection.
+#[test]
+fn a_selector_sleeps_until_another_process_writes() {
+    if role().is_some() {
+        return;
+    }
+    use rdma_channel::select::{Interest, Select, Selector};
+    let dir = scratch_dir("select");
+    let _cleanup = RemoveOnDrop(dir.clone());
+    let (listener, address) = listen_for_child(&dir, Config::default());
+    let child = spawn_peer(
+        "select_child_writer",
+        &[(ROLE, "select".into()), (SOCKET, address)],
+    );
+    let mut streams: Vec<RdmaStream> = (0..4)
+        .map(|_| {
+            listener
+                .accept()
+                .unwrap_or_else(|e| panic!("accept: {}", ioe(&e)))
+        })
+        .collect();
+    let mut selector = Selector::new().unwrap();
+    for round in 0..SELECT_ROUNDS {
+        streams[0].write_all(b"g").unwrap();
+        streams[0].flush().unwrap();
+        let (first, rest) = streams.split_at_mut(1);
+        let mut items: Vec<Select<'_>> = std::iter::once(&mut first[0])
+            .chain(rest.iter_mut())
+            .map(|s| Select::new(s, Interest::READABLE))
+            .collect();
+        let n = selector
+            .select(&mut items, Some(Duration::from_secs(60)))
+            .unwrap();
+        let which: Vec<usize> = (0..4).filter(|&i| items[i].ready().is_readable()).collect();
+        drop(items);
+        assert_eq!((n, which), (1, vec![round % 4]), "round {round}");
+        let mut one = [0u8; 1];
+        streams[round % 4].read_exact(&mut one).unwrap();
+        assert_eq!(one[0], round as u8);
+    }
+    let wakes = selector.wakes();
+    // The child ends (closing every stream) only after this.
+    streams[0].write_all(b"d").unwrap();
+    streams[0].flush().unwrap();
+    drop(streams);
+    let (status, out, err) = child.wait(Instant::now() + limit(60));
+    assert!(
+        status.as_ref().is_some_and(|s| s.success()),
+        "child: {status:?}\n{out}\n{err}"
+    );
+    println!("selector: {wakes} wakes in {SELECT_ROUNDS} rounds");
+    if fabric_kind() == rdma_channel::fabric::FabricKind::Emulated {
+        assert!(wakes >= 1, "no wake came through the eventfd");
+    }
+}
+
+/// The child side of `a_selector_sleeps_until_another_process_writes`.
+#[test]
+fn select_child_writer() {
+    if role().as_deref() != Some("select") {
+        return;
+    }
+    let address = std::env::var(SOCKET).unwrap();
+    let mut streams: Vec<RdmaStream> = (0..4)
+        .map(|_| RdmaStream::connect(address.as_str()).unwrap())
+        .collect();
+    for round in 0..SELECT_ROUNDS {
+        let mut go = [0u8; 1];
+        streams[0].read_exact(&mut go).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        streams[round % 4].write_all(&[round as u8]).unwrap();
+        streams[round % 4].flush().unwrap();
+    }
+    let mut done = [0u8; 1];
+    streams[0].read_exact(&mut done).unwrap();
+}

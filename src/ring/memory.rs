@@ -334,7 +334,7 @@ pub enum CtrlWord {
     BellWanted,
     /// From the receiver of our outgoing ring: the number, plus one, of the eventfd
     /// in its process that a selector sleeps on (0: none); when a bell request comes
-    /// we wake it through [`QueuePair::notify`](crate::fabric::QueuePair::notify)
+    /// we wake it through [`QueuePair::notify`]
     /// after our next write. Written before the request it goes with.
     WakeFd,
     /// From the sender into our ring: credit request, the tail it knows + 1.

@@ -68,10 +68,6 @@ const SPIN_LOOKS: u32 = 200;
 const FIRST_NAP: Duration = Duration::from_micros(10);
 const LONGEST_NAP: Duration = Duration::from_millis(1);
 
-/// `membarrier(2)` commands (linux/membarrier.h).
-const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_int = 1 << 1;
-const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_int = 1 << 2;
-
 /// What an item is waited for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Interest(u8);
@@ -299,7 +295,7 @@ impl Selector {
         Ok(Selector {
             wake,
             wakes: 0,
-            barrier: register_barrier(),
+            barrier: crate::sync::register_barrier(),
         })
     }
 
@@ -374,7 +370,7 @@ impl Selector {
                 all = false;
             }
         }
-        if self.barrier && !full_barrier() {
+        if self.barrier && !crate::sync::full_barrier() {
             all = false;
         }
         Ok((look(items), all))
@@ -435,30 +431,6 @@ fn look(items: &mut [Select<'_>]) -> usize {
         }
     }
     n
-}
-
-/// Registers this process for [`full_barrier`]'s barrier (once), so that a selector
-/// in a peer's process orders our writes; true when the barrier is there.
-pub(crate) fn register_barrier() -> bool {
-    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *REGISTERED.get_or_init(|| {
-        // SAFETY: membarrier takes a command, flags and a CPU id, and returns 0 or -1.
-        unsafe {
-            libc::syscall(
-                libc::SYS_membarrier,
-                MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED,
-                0,
-                0,
-            ) == 0
-        }
-    })
-}
-
-/// A memory barrier on every CPU that runs a thread of a registered process: what a
-/// fence in each writer would give, at the sleeper's expense only.
-fn full_barrier() -> bool {
-    // SAFETY: as in register_barrier.
-    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) == 0 }
 }
 
 #[cfg(test)]

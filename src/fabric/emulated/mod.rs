@@ -548,7 +548,7 @@ impl EmuFabric {
             .unwrap_or(usize::MAX);
         // So that a selector in a peer's process can order our writes before its
         // last look (see `select`).
-        crate::select::register_barrier();
+        crate::sync::register_barrier();
         Ok(EmuFabric {
             inner: DomainInner::create()?,
             send_queue_depth: depth,

@@ -116,8 +116,14 @@ fn child() -> io::Result<()> {
     pin(1);
     raise_fd_limit();
     let socket = std::env::var(SOCKET).unwrap();
-    let conns: usize = std::env::var("RCH_SELECT_BENCH_CONNS").unwrap().parse().unwrap();
-    let rounds: usize = std::env::var("RCH_SELECT_BENCH_ROUNDS").unwrap().parse().unwrap();
+    let conns: usize = std::env::var("RCH_SELECT_BENCH_CONNS")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let rounds: usize = std::env::var("RCH_SELECT_BENCH_ROUNDS")
+        .unwrap()
+        .parse()
+        .unwrap();
     let mut streams = Vec::with_capacity(conns);
     for _ in 0..conns {
         streams.push(RdmaStream::connect(socket.as_str())?);
@@ -257,7 +263,10 @@ fn main() -> io::Result<()> {
     );
     println!("| wake-up of a sleeping waiter | median us | p90 us | rounds |");
     println!("| --- | ---: | ---: | ---: |");
-    println!("| Selector over {} connections, 8 B message | {m:.1} | {p90:.1} | {n} |", o.conns);
+    println!(
+        "| Selector over {} connections, 8 B message | {m:.1} | {p90:.1} | {n} |",
+        o.conns
+    );
     println!("| bare eventfd (pidfd_getfd), poll(2) | {bm:.1} | {bp90:.1} | {bn} |");
     println!(
         "\nidle select over {} connections for {} s: {idle:.3}% of a CPU",

@@ -113,8 +113,8 @@ pub struct Receiver<F: Fabric> {
     pub(crate) lends_sent: u64,
     /// Requests to ring our doorbell sent to the peer ([`ask_for_bell`](Self::ask_for_bell)).
     bells_asked: u64,
-    /// The eventfd number last named to the peer for wakes (`CtrlWord::WakeFd`).
-    wake_fd_named: Option<u32>,
+    /// The `CtrlWord::WakeFd` word last sent to the peer (0: none).
+    wake_named: u64,
     /// Polls of an unlanded lend since the last health check.
     lend_polls: u32,
     /// Pauses of the stream backoff (`Config::with_stream_backoff`).
@@ -257,7 +257,7 @@ impl<F: Fabric> Receiver<F> {
             reads: None,
             lends_sent: 0,
             bells_asked: 0,
-            wake_fd_named: None,
+            wake_named: 0,
             lend_polls: 0,
             backoff_armed: false,
             backoff_due: false,
@@ -1890,8 +1890,9 @@ impl<F: Fabric> Receiver<F> {
     }
 
     /// Asks the peer's sender to wake the thread sleeping on eventfd `fd` of this
-    /// process after its next write (a selector about to sleep, `crate::select`):
-    /// names the descriptor, the first time, then asks as
+    /// process after its next write, adding bit `hint` (0-31) to its count (a
+    /// selector about to sleep, `crate::select`, which looks first at the items
+    /// whose hints it finds): names both when they changed, then asks as
     /// [`ask_for_bell`](Self::ask_for_bell) does. Look at the ring once more
     /// afterwards, after a fence that orders the request before that look on both
     /// sides (the selector's `membarrier`): a write already under way is not woken for.
@@ -1902,13 +1903,14 @@ impl<F: Fabric> Receiver<F> {
     /// # Errors
     ///
     /// A fabric failure while sending the request.
-    pub(crate) fn ask_for_wake(&mut self, fd: u32) -> io::Result<bool> {
+    pub(crate) fn ask_for_wake(&mut self, fd: u32, hint: u32) -> io::Result<bool> {
         if !crate::fabric::QueuePair::can_notify(&self.link.qp) || self.link.error().is_some() {
             return Ok(false);
         }
-        if self.wake_fd_named != Some(fd) {
-            self.link.post_ctrl(CtrlWord::WakeFd, u64::from(fd) + 1)?;
-            self.wake_fd_named = Some(fd);
+        let word = u64::from(fd.wrapping_add(1)) | u64::from(hint & 31) << 32;
+        if self.wake_named != word {
+            self.link.post_ctrl(CtrlWord::WakeFd, word)?;
+            self.wake_named = word;
         }
         self.ask_for_bell()?;
         Ok(true)

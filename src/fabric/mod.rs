@@ -571,18 +571,19 @@ pub trait QueuePair: Send + Sync {
     fn send_wakes(&self) {}
 
     /// Wakes a thread of the peer's process that sleeps on the eventfd it named by
-    /// `fd`, its descriptor number (a selector's, see `crate::select`): a
-    /// notification beside the data path, sent only when the peer asked for it
-    /// before sleeping. `Ok(false)` where the fabric has no such wake (the peer then
-    /// bounds its sleep instead). The first call for a descriptor takes it from the
-    /// peer's process (checked to be an eventfd), later ones reuse it.
+    /// `fd`, its descriptor number (a selector's, see `crate::select`), adding
+    /// `value` (nonzero, below 2^32) to its count: a notification beside the data
+    /// path, sent only when the peer asked for it before sleeping. `Ok(false)` where
+    /// the fabric has no such wake (the peer then bounds its sleep instead). The
+    /// first call for a descriptor takes it from the peer's process (checked to be
+    /// an eventfd), later ones reuse it.
     ///
     /// # Errors
     ///
     /// The peer's descriptor cannot be taken (not an eventfd, its process not
     /// verified, no such descriptor), or the write to it fails.
-    fn notify(&self, fd: u32) -> io::Result<bool> {
-        let _ = fd;
+    fn notify(&self, fd: u32, value: u32) -> io::Result<bool> {
+        let _ = (fd, value);
         Ok(false)
     }
 

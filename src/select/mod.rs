@@ -58,10 +58,14 @@ use crate::stream::{RdmaStream, ReadHalf, WriteHalf};
 
 /// Longest sleep when every item's peer will wake us: a wake lost to a peer that
 /// does not take part in the barrier (an older library) costs at most this.
-pub const WAKE_SAFETY: Duration = Duration::from_millis(100);
+pub const WAKE_SAFETY: Duration = Duration::from_millis(250);
 
-/// Looks at the items before a wait first sleeps.
-const SPIN_LOOKS: u32 = 200;
+/// How long a wait looks at its items before it first sleeps, by default: a
+/// message that comes within it is seen without a wake (a sleeping thread's wake-up
+/// alone takes ~30-60 us on this project's VMs), and an idle wait gives its core
+/// back soon. Looks take time in proportion to the items (~50 ns each on a quiet
+/// connection), so a wait over many looks at each fewer times.
+pub const SPIN: Duration = Duration::from_micros(50);
 
 /// The first sleep of a wait that some item's peer cannot end; the sleeps double up
 /// to [`LONGEST_NAP`] (a blocking read's default `RCH_SLEEP_MAX_US`).
@@ -138,9 +142,10 @@ pub trait Selectable: sealed::Sealed {
     #[doc(hidden)]
     fn ready_now(&mut self, interest: Interest) -> Ready;
     /// Asks the peer to wake the thread sleeping on eventfd `fd` after its next
-    /// write; false where it cannot (then the selector bounds its sleep).
+    /// write, adding bit `hint` to its count; false where it cannot (then the
+    /// selector bounds its sleep).
     #[doc(hidden)]
-    fn ask_wake(&mut self, fd: u32) -> bool;
+    fn ask_wake(&mut self, fd: u32, hint: u32) -> bool;
 }
 
 fn readable<F: Fabric>(rx: &mut Receiver<F>) -> Ready {
@@ -193,8 +198,11 @@ impl<F: Fabric> Selectable for RdmaStream<F> {
         r
     }
 
-    fn ask_wake(&mut self, fd: u32) -> bool {
-        self.channel().receiver().ask_for_wake(fd).unwrap_or(false)
+    fn ask_wake(&mut self, fd: u32, hint: u32) -> bool {
+        self.channel()
+            .receiver()
+            .ask_for_wake(fd, hint)
+            .unwrap_or(false)
     }
 }
 
@@ -208,8 +216,8 @@ impl<F: Fabric> Selectable for ReadHalf<F> {
         }
     }
 
-    fn ask_wake(&mut self, fd: u32) -> bool {
-        self.rx().ask_for_wake(fd).unwrap_or(false)
+    fn ask_wake(&mut self, fd: u32, hint: u32) -> bool {
+        self.rx().ask_for_wake(fd, hint).unwrap_or(false)
     }
 }
 
@@ -223,7 +231,7 @@ impl<F: Fabric> Selectable for WriteHalf<F> {
         }
     }
 
-    fn ask_wake(&mut self, _fd: u32) -> bool {
+    fn ask_wake(&mut self, _fd: u32, _hint: u32) -> bool {
         // Room comes from the peer's reads, which ring no bell.
         false
     }
@@ -276,6 +284,8 @@ pub struct Selector {
     /// Whether `membarrier` orders a peer's writes before our last look; without it
     /// every sleep is bounded as for a peer that cannot wake us.
     barrier: bool,
+    /// See [`set_spin`](Self::set_spin).
+    spin: Duration,
 }
 
 impl Selector {
@@ -296,12 +306,16 @@ impl Selector {
             wake,
             wakes: 0,
             barrier: crate::sync::register_barrier(),
+            spin: SPIN,
         })
     }
 
     /// Waits until at least one item is ready for what it is waited for, or
     /// `timeout` passes (`None`: no limit; zero: one look), and returns how many
-    /// items are ready (0 on timeout); each item's [`Select::ready`] says for what.
+    /// items it found ready (0 on timeout); each item's [`Select::ready`] says for
+    /// what. After a wake it looks first at the items the wake points to, so other
+    /// items may be ready too and not reported this time (they are at the next
+    /// call: readiness is level-triggered).
     ///
     /// # Errors
     ///
@@ -314,8 +328,19 @@ impl Selector {
     ) -> io::Result<usize> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut nap = FIRST_NAP;
-        let mut looks = 0u32;
+        // Spinning ends at this time, once: after a sleep, one look, then sleep again.
+        let mut spin_until = None;
+        // The hint bits of the wakes the last sleep ended with: the items to look at
+        // first (item i's peer adds bit i % 32).
+        let mut hint = 0;
         loop {
+            if hint != 0 {
+                let n = look_hinted(items, hint);
+                hint = 0;
+                if n > 0 {
+                    return Ok(n);
+                }
+            }
             let n = look(items);
             if n > 0 {
                 return Ok(n);
@@ -326,8 +351,7 @@ impl Selector {
                 Some(d) => Some(d - now),
                 None => None,
             };
-            looks += 1;
-            if looks < SPIN_LOOKS {
+            if now < *spin_until.get_or_insert(now + self.spin) {
                 std::hint::spin_loop();
                 continue;
             }
@@ -336,15 +360,21 @@ impl Selector {
                 return Ok(n);
             }
             if woken {
-                let nap = left.map_or(WAKE_SAFETY, |l| l.min(WAKE_SAFETY));
-                self.sleep(nap)?;
+                hint = self.sleep(left.map_or(WAKE_SAFETY, |l| l.min(WAKE_SAFETY)))?;
             } else {
                 // Some item's peer cannot wake us: sleep a little, longer each time.
-                self.sleep(left.map_or(nap, |l| l.min(nap)))?;
+                hint = self.sleep(left.map_or(nap, |l| l.min(nap)))?;
                 nap = (nap * 2).min(LONGEST_NAP);
             }
-            looks = SPIN_LOOKS - SPIN_LOOKS / 8;
         }
+    }
+
+    /// How long a [`select`](Self::select) looks at its items before it first
+    /// sleeps (default [`SPIN`]): a caller that expects a message within
+    /// microseconds spins longer, one that wants its core back sooner shorter (zero:
+    /// one look, then sleep).
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
     }
 
     /// Prepares to block on the selector's descriptor: asks every readable-interest
@@ -365,8 +395,8 @@ impl Selector {
         self.drain();
         let fd = self.wake.as_raw_fd() as u32;
         let mut all = self.barrier;
-        for it in items.iter_mut() {
-            if it.interest.is_writable() || !it.target.ask_wake(fd) {
+        for (i, it) in items.iter_mut().enumerate() {
+            if it.interest.is_writable() || !it.target.ask_wake(fd, (i % 32) as u32) {
                 all = false;
             }
         }
@@ -376,8 +406,9 @@ impl Selector {
         Ok((look(items), all))
     }
 
-    /// Blocks on the eventfd for at most `nap`, then empties it.
-    fn sleep(&mut self, nap: Duration) -> io::Result<()> {
+    /// Blocks on the eventfd for at most `nap`, then empties it; returns the wakes'
+    /// hint bits (0: none came).
+    fn sleep(&mut self, nap: Duration) -> io::Result<u64> {
         let ts = libc::timespec {
             tv_sec: nap.as_secs().min(i32::MAX as u64) as libc::time_t,
             tv_nsec: libc::c_long::from(nap.subsec_nanos() as i32),
@@ -392,23 +423,26 @@ impl Selector {
         if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
             return Err(io::Error::last_os_error());
         }
-        self.drain();
-        Ok(())
+        Ok(self.drain())
     }
 
-    /// Empties the eventfd (wakes from before now are spent).
-    fn drain(&mut self) {
+    /// Empties the eventfd (wakes from before now are spent); returns the count it
+    /// held: the sum of the wakes' hint bits (0: none).
+    fn drain(&mut self) -> u64 {
         let mut v = [0u8; 8];
         // SAFETY: a nonblocking eventfd we own, and 8 writable bytes.
         let r = unsafe { libc::read(self.wake.as_raw_fd(), v.as_mut_ptr().cast(), v.len()) };
-        if r == 8 {
-            self.wakes = self.wakes.saturating_add(u64::from_ne_bytes(v));
+        if r != 8 {
+            return 0;
         }
+        self.wakes = self.wakes.saturating_add(1);
+        u64::from_ne_bytes(v)
     }
 
-    /// How many times peers have woken this selector through its eventfd so far,
-    /// including wakes that came after a look had already found their data (a
-    /// sleep that its timeout or [`WAKE_SAFETY`] ended counts none).
+    /// How many times this selector found its eventfd written by peers' wakes so
+    /// far (several wakes between two looks count once), including wakes that came
+    /// after a look had already found their data (a sleep that its timeout or
+    /// [`WAKE_SAFETY`] ended counts none).
     pub fn wakes(&mut self) -> u64 {
         self.drain();
         self.wakes
@@ -419,6 +453,24 @@ impl AsFd for Selector {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.wake.as_fd()
     }
+}
+
+/// A look at the items whose hint bit (index % 32) is in `bits` only, the others
+/// marked not ready; returns how many are ready. Wakes whose bits add up to a carry
+/// point elsewhere: a miss is followed by a look at every item.
+fn look_hinted(items: &mut [Select<'_>], bits: u64) -> usize {
+    let mut n = 0;
+    for (i, it) in items.iter_mut().enumerate() {
+        it.ready = if bits & (1 << (i % 32)) != 0 {
+            it.target.ready_now(it.interest)
+        } else {
+            Ready::default()
+        };
+        if it.ready.any() {
+            n += 1;
+        }
+    }
+    n
 }
 
 /// One look at every item; returns how many are ready.

@@ -472,7 +472,7 @@ impl QueuePair for EmuQp {
         true
     }
 
-    fn notify(&self, fd: u32) -> io::Result<bool> {
+    fn notify(&self, fd: u32, value: u32) -> io::Result<bool> {
         let mut wake = lock(&self.wake);
         if !matches!(&*wake, Some((n, _)) if *n == fd) {
             *wake = Some((fd, self.peer.take_eventfd(fd)?));
@@ -480,9 +480,9 @@ impl QueuePair for EmuQp {
         let Some((_, efd)) = &*wake else {
             unreachable!("filled above")
         };
-        let one = 1u64.to_ne_bytes();
+        let add = u64::from(value.max(1)).to_ne_bytes();
         // SAFETY: an eventfd we own, and 8 readable bytes: an eventfd write adds them.
-        let r = unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        let r = unsafe { libc::write(efd.as_raw_fd(), add.as_ptr().cast(), add.len()) };
         // EAGAIN: the counter is at its limit, so the sleeper is woken already.
         if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EAGAIN) {
             return Err(io::Error::last_os_error());

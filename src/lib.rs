@@ -58,6 +58,8 @@ pub mod select;
 pub mod settings;
 pub mod stream;
 pub(crate) mod sync;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 pub mod wire;
 
 pub use config::Config;

@@ -1,0 +1,521 @@
+//! Async Rust on a tokio runtime (feature `tokio`): [`AsyncStream`] and its halves
+//! implement tokio's `AsyncRead` and `AsyncWrite`, and [`AsyncListener`] accepts.
+//!
+//! A read that finds nothing asks the peer's sender to wake it after its next write
+//! and parks the task on an eventfd registered in the runtime's reactor (`AsyncFd`):
+//! the same request and wake as [`Selector`](crate::select::Selector)'s, so an idle
+//! task costs no CPU and the data path pays nothing. Before it parks it orders the
+//! request before one more look with `membarrier`, as the selector does. Where the
+//! peer cannot wake it (verbs, for now) and while a write waits for room in the
+//! peer's ring, the task naps on the runtime's timer instead, 10 us doubling to 1 ms.
+//! The blocking API is unchanged and costs the same.
+//!
+//! ```
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//! let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//! rt.block_on(async {
+//!     let (mut a, mut b) = rdma_channel::tokio::AsyncStream::pair()?;
+//!     let echo = tokio::spawn(async move {
+//!         let mut buf = [0u8; 5];
+//!         b.read_exact(&mut buf).await?;
+//!         b.write_all(&buf).await?;
+//!         Ok::<_, std::io::Error>(b)
+//!     });
+//!     a.write_all(b"hello").await?;
+//!     let mut back = [0u8; 5];
+//!     a.read_exact(&mut back).await?;
+//!     assert_eq!(&back, b"hello");
+//!     echo.await.unwrap()?;
+//!     Ok::<(), std::io::Error>(())
+//! })?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+use std::future::Future;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use ::tokio::io::unix::AsyncFd;
+use ::tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::engine::{Receiver, Sender};
+use crate::fabric::any::AnyFabric;
+use crate::fabric::Fabric;
+use crate::stream::{RdmaListener, RdmaStream, ReadHalf, ToAddress, WriteHalf};
+
+/// The first nap of a wait no wake ends; naps double up to [`LONGEST_NAP`].
+const FIRST_NAP: Duration = Duration::from_micros(10);
+const LONGEST_NAP: Duration = Duration::from_millis(1);
+
+/// Timer naps, growing while the wait lasts.
+#[derive(Debug)]
+struct Nap {
+    sleep: Option<Pin<Box<::tokio::time::Sleep>>>,
+    next: Duration,
+}
+
+impl Nap {
+    fn new() -> Nap {
+        Nap {
+            sleep: None,
+            next: FIRST_NAP,
+        }
+    }
+
+    /// Ready once the current nap is over (a new one starts at the first poll).
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let next = self.next;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(::tokio::time::sleep(next)));
+        ready!(sleep.as_mut().poll(cx));
+        self.sleep = None;
+        self.next = (self.next * 2).min(LONGEST_NAP);
+        Poll::Ready(())
+    }
+
+    fn reset(&mut self) {
+        self.sleep = None;
+        self.next = FIRST_NAP;
+    }
+}
+
+/// How a reading end waits: its eventfd in the reactor, whether the peer was asked
+/// to write it, and naps for a peer that cannot.
+#[derive(Debug)]
+struct ReadWait {
+    efd: AsyncFd<OwnedFd>,
+    asked: bool,
+    nap: Nap,
+}
+
+impl ReadWait {
+    fn new() -> io::Result<ReadWait> {
+        // SAFETY: eventfd takes a count and flags and returns a descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this descriptor; nobody else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: an OwnedFd of an open eventfd, which the AsyncFd owns from now on:
+        // it stays open and its as_raw_fd stays the same until the AsyncFd goes.
+        let efd = unsafe { AsyncFd::register_with_interest(fd, ::tokio::io::Interest::READABLE) }
+            .map_err(io::Error::from)?;
+        Ok(ReadWait {
+            efd,
+            asked: false,
+            nap: Nap::new(),
+        })
+    }
+
+    /// Ready when a read would not come back empty (data, the end, an error).
+    fn poll_readable<F: Fabric>(
+        &mut self,
+        rx: &mut Receiver<F>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            match rx.poll_readable() {
+                Ok(false) => {}
+                // Data, or the end or an error, which the read reports. The write
+                // that brought it may have taken our request: ask again next time.
+                _ => {
+                    self.asked = false;
+                    self.nap.reset();
+                    return Poll::Ready(Ok(()));
+                }
+            }
+            if !self.asked {
+                let fd = self.efd.get_ref().as_raw_fd() as u32;
+                if rx.ask_for_wake(fd, 0)? && crate::sync::full_barrier() {
+                    // The request is out and ordered: one more look before parking.
+                    self.asked = true;
+                    continue;
+                }
+                // This peer cannot wake us.
+                ready!(self.nap.poll(cx));
+                continue;
+            }
+            let mut guard = ready!(self.efd.poll_read_ready(cx))?;
+            let mut v = [0u8; 8];
+            // SAFETY: a nonblocking eventfd we own, and 8 writable bytes.
+            let _ = unsafe { libc::read(self.efd.get_ref().as_raw_fd(), v.as_mut_ptr().cast(), 8) };
+            guard.clear_ready();
+            self.asked = false;
+        }
+    }
+}
+
+/// Ready when a put would take bytes (or fail), napping meanwhile: room comes from
+/// the peer's reads, which wake nothing.
+fn poll_writable<F: Fabric>(
+    tx: &mut Sender<F>,
+    nap: &mut Nap,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<()>> {
+    loop {
+        match tx.poll_writable() {
+            Ok(false) => ready!(nap.poll(cx)),
+            _ => {
+                nap.reset();
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
+}
+
+/// A read into `buf` by `get`, waiting through `wait` while nothing has arrived.
+fn poll_read_with<F: Fabric>(
+    rx: &mut Receiver<F>,
+    wait: &mut ReadWait,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
+    if buf.remaining() == 0 {
+        return Poll::Ready(Ok(()));
+    }
+    loop {
+        let dst = buf.initialize_unfilled();
+        match rx.get(&mut [IoSliceMut::new(dst)]) {
+            Ok(0) => ready!(wait.poll_readable(rx, cx))?,
+            Ok(n) => {
+                buf.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            // The end of the stream: an async read returns nothing.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Poll::Ready(Ok(())),
+            Err(e) => return Poll::Ready(Err(e)),
+        }
+    }
+}
+
+/// A put of `bufs`, waiting for room while the ring is full.
+fn poll_write_with<F: Fabric>(
+    tx: &mut Sender<F>,
+    nap: &mut Nap,
+    cx: &mut Context<'_>,
+    bufs: &[IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
+    if bufs.iter().all(|b| b.is_empty()) {
+        return Poll::Ready(Ok(0));
+    }
+    loop {
+        match tx.put(bufs) {
+            Ok(0) => ready!(poll_writable(tx, nap, cx))?,
+            r => return Poll::Ready(r),
+        }
+    }
+}
+
+/// An [`RdmaStream`] for tokio: `AsyncRead` and `AsyncWrite`.
+#[derive(Debug)]
+pub struct AsyncStream<F: Fabric = AnyFabric> {
+    inner: RdmaStream<F>,
+    read: ReadWait,
+    write: Nap,
+}
+
+impl AsyncStream {
+    /// Two connected streams in this process (as [`RdmaStream::pair`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`RdmaStream::pair`]; the eventfds cannot be made.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime with I/O enabled, as tokio's own I/O types.
+    pub fn pair() -> io::Result<(AsyncStream, AsyncStream)> {
+        let (a, b) = RdmaStream::pair()?;
+        Ok((AsyncStream::new(a)?, AsyncStream::new(b)?))
+    }
+
+    /// Connects to `addr` (as [`RdmaStream::connect`]), on a blocking thread of the
+    /// runtime: the handshake's system calls block.
+    ///
+    /// # Errors
+    ///
+    /// As [`RdmaStream::connect`].
+    pub async fn connect<A: ToAddress + Send + 'static>(addr: A) -> io::Result<AsyncStream> {
+        let s = ::tokio::task::spawn_blocking(move || RdmaStream::connect(addr))
+            .await
+            .map_err(io::Error::other)??;
+        AsyncStream::new(s)
+    }
+}
+
+impl<F: Fabric> AsyncStream<F> {
+    /// `stream`, for tokio.
+    ///
+    /// # Errors
+    ///
+    /// The eventfd cannot be made.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime with I/O enabled, as tokio's own I/O types.
+    pub fn new(stream: RdmaStream<F>) -> io::Result<AsyncStream<F>> {
+        Ok(AsyncStream {
+            inner: stream,
+            read: ReadWait::new()?,
+            write: Nap::new(),
+        })
+    }
+
+    /// The blocking stream back.
+    pub fn into_inner(self) -> RdmaStream<F> {
+        self.inner
+    }
+
+    /// The stream, for its non-blocking calls (`put`, `get`, `peek`, ...).
+    pub fn get_mut(&mut self) -> &mut RdmaStream<F> {
+        &mut self.inner
+    }
+
+    /// Two halves that move to different tasks.
+    pub fn into_split(self) -> (AsyncReadHalf<F>, AsyncWriteHalf<F>) {
+        let (r, w) = self.inner.split();
+        (
+            AsyncReadHalf {
+                inner: r,
+                read: self.read,
+            },
+            AsyncWriteHalf {
+                inner: w,
+                write: self.write,
+            },
+        )
+    }
+}
+
+// Nothing here is pinned in place: the engine's state moves freely (the rings are
+// behind pointers), so the wrappers are Unpin whatever the fabric's types.
+impl<F: Fabric> Unpin for AsyncStream<F> {}
+impl<F: Fabric> Unpin for AsyncReadHalf<F> {}
+impl<F: Fabric> Unpin for AsyncWriteHalf<F> {}
+
+impl<F: Fabric> AsyncRead for AsyncStream<F> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        poll_read_with(me.inner.channel().receiver(), &mut me.read, cx, buf)
+    }
+}
+
+impl<F: Fabric> AsyncWrite for AsyncStream<F> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        poll_write_with(
+            me.inner.channel().sender(),
+            &mut me.write,
+            cx,
+            &[IoSlice::new(data)],
+        )
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        poll_write_with(me.inner.channel().sender(), &mut me.write, cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    /// Nothing is buffered here: a put is in the peer's ring when it returns.
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// Ends this direction (as [`RdmaStream::shutdown_write`]).
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.get_mut().inner.shutdown_write())
+    }
+}
+
+/// The reading half of an [`AsyncStream`].
+#[derive(Debug)]
+pub struct AsyncReadHalf<F: Fabric = AnyFabric> {
+    inner: ReadHalf<F>,
+    read: ReadWait,
+}
+
+impl<F: Fabric> AsyncRead for AsyncReadHalf<F> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        poll_read_with(me.inner.rx(), &mut me.read, cx, buf)
+    }
+}
+
+/// The writing half of an [`AsyncStream`].
+#[derive(Debug)]
+pub struct AsyncWriteHalf<F: Fabric = AnyFabric> {
+    inner: WriteHalf<F>,
+    write: Nap,
+}
+
+impl<F: Fabric> AsyncWrite for AsyncWriteHalf<F> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        poll_write_with(me.inner.sender(), &mut me.write, cx, &[IoSlice::new(data)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        poll_write_with(me.inner.sender(), &mut me.write, cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.get_mut().inner.shutdown())
+    }
+}
+
+/// An [`RdmaListener`] for tokio: [`accept`](Self::accept) runs the blocking
+/// accept and handshake on a blocking thread of the runtime.
+#[derive(Debug, Clone)]
+pub struct AsyncListener {
+    inner: Arc<RdmaListener>,
+}
+
+impl AsyncListener {
+    /// Listens at `addr` (as [`RdmaListener::bind`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`RdmaListener::bind`].
+    pub fn bind<A: ToAddress>(addr: A) -> io::Result<AsyncListener> {
+        Ok(AsyncListener {
+            inner: Arc::new(RdmaListener::bind(addr)?),
+        })
+    }
+
+    /// The next connection.
+    ///
+    /// # Errors
+    ///
+    /// As [`RdmaListener::accept`]; the eventfd cannot be made.
+    pub async fn accept(&self) -> io::Result<AsyncStream> {
+        let l = Arc::clone(&self.inner);
+        let s = ::tokio::task::spawn_blocking(move || l.accept())
+            .await
+            .map_err(io::Error::other)??;
+        AsyncStream::new(s)
+    }
+
+    /// The blocking listener.
+    pub fn get_ref(&self) -> &RdmaListener {
+        &self.inner
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ::tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::AsyncStream;
+
+    fn runtime() -> ::tokio::runtime::Runtime {
+        ::tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A large message that fills the ring many times over arrives whole, written by
+    /// one task and read by another on one thread, and a short answer comes back.
+    #[test]
+    fn tasks_exchange_through_a_pair() {
+        runtime().block_on(async {
+            let (a, b) = AsyncStream::pair().unwrap();
+            let (mut ar, mut aw) = a.into_split();
+            let (mut br, mut bw) = b.into_split();
+            let len = 8 << 20;
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let sent = data.clone();
+            let writer = ::tokio::spawn(async move {
+                aw.write_all(&sent).await.unwrap();
+                aw.shutdown().await.unwrap();
+            });
+            let echo = ::tokio::spawn(async move {
+                let mut got = Vec::new();
+                br.read_to_end(&mut got).await.unwrap();
+                bw.write_all(&got[..16]).await.unwrap();
+                got
+            });
+            let mut first = [0u8; 16];
+            ar.read_exact(&mut first).await.unwrap();
+            writer.await.unwrap();
+            let got = echo.await.unwrap();
+            assert_eq!(got.len(), len);
+            assert!(got == data);
+            assert_eq!(&first[..], &data[..16]);
+        });
+    }
+
+    /// A task parked on an empty stream is woken by the peer's write through its
+    /// eventfd: the writer (a thread with the blocking stream) writes only once the
+    /// request for the wake is out, and a task whose peer can wake it sets no timer,
+    /// so a lost wake would leave it parked until the test's own limit fails it.
+    #[test]
+    fn a_parked_read_is_woken_by_the_peers_write() {
+        runtime().block_on(async {
+            let (a, mut b) = crate::RdmaStream::pair().unwrap();
+            let mut a = AsyncStream::new(a).unwrap();
+            let link = std::sync::Arc::clone(&b.channel().sender().link);
+            let writer = std::thread::spawn(move || {
+                for round in 1..=3u64 {
+                    while link.ctrl.bell_wanted() < round {
+                        std::thread::yield_now();
+                    }
+                    std::io::Write::write_all(&mut b, &[round as u8]).unwrap();
+                }
+                b
+            });
+            for round in 1..=3u8 {
+                let mut one = [0u8; 1];
+                ::tokio::time::timeout(std::time::Duration::from_secs(60), a.read_exact(&mut one))
+                    .await
+                    .expect("the write woke the parked read")
+                    .unwrap();
+                assert_eq!(one[0], round);
+            }
+            writer.join().unwrap();
+        });
+    }
+}

@@ -51,6 +51,7 @@ pub(crate) mod group;
 pub mod handshake;
 pub mod limits;
 pub use handshake::oob;
+pub mod patterns;
 pub mod pmi;
 pub mod rcache;
 pub mod ring;

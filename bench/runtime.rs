@@ -47,7 +47,11 @@ fn opts() -> Opts {
         sizes: args
             .first()
             .map(|s| s.split(',').map(|x| x.parse().expect("a size")).collect())
-            .unwrap_or_else(|| vec![10, 100, 1024, 5000, 10000, 25000, 50000, 65536, 200000, 400000]),
+            .unwrap_or_else(|| {
+                vec![
+                    10, 100, 1024, 5000, 10000, 25000, 50000, 65536, 200000, 400000,
+                ]
+            }),
         iters: args.get(1).map_or(2000, |s| s.parse().expect("iterations")),
         stream_bytes: args.get(2).map_or(64 << 20, |s| s.parse().expect("bytes")),
     }

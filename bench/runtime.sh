@@ -5,7 +5,10 @@
 # TCP (bench/c/msg_peers.c), against rdma-channel's framed messages on a stream
 # (`patterns::Messages`, cargo bench --bench runtime). Seed 004's two patterns:
 # ping-pong one-way latency at its Table II sizes, and a one-way stream's bandwidth
-# at its Table I sizes.
+# at its Table I sizes; and a farm (cargo bench --bench farm; bench/c/msg_farm.c):
+# a master process's emitter thread deals tasks of each size to two worker
+# processes, which send an 8-byte result each to the master's collector thread
+# (ZeroMQ: PUSH/PULL; TCP: a socket per worker and direction, poll(2)), task MB/s.
 #
 # usage: bench/runtime.sh [--sizes 10,100,...] [--rounds 3] [--probe-max NS]
 #
@@ -26,20 +29,26 @@ need_apt_packages build-essential libzmq3-dev
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cc -O2 -o "$work/msg_peers" bench/c/msg_peers.c -lzmq
+cc -O2 -o "$work/msg_farm" bench/c/msg_farm.c -lzmq -lpthread
 cargo bench --bench runtime --no-run 2>/dev/null
+cargo bench --bench farm --no-run 2>/dev/null
 rt=$(ls -t target/release/deps/runtime-* | grep -v '\.d$' | head -1)
+farm=$(ls -t target/release/deps/farm-* | grep -v '\.d$' | head -1)
+workers=2
 iters=2000
 bytes=$((64 << 20))
-port=$((41000 + RANDOM % 10000))
 
 systems=(rch zmq tcp)
 declare -A label=([rch]="rdma-channel" [zmq]="ZeroMQ/TCP" [tcp]="TCP")
 run() {
-    port=$((port + 1))
+    # A fresh port each run (run is called in a subshell: nothing carries over).
+    local port=$((20000 + RANDOM % 20000))
     case "$1" in
-        rch) "$rt" "$sizes" "$iters" "$bytes" ;;
-        zmq) "$work/msg_peers" zmq "$port" "$sizes" "$iters" "$bytes" ;;
-        tcp) "$work/msg_peers" tcp "$port" "$sizes" "$iters" "$bytes" ;;
+        rch) "$rt" "$sizes" "$iters" "$bytes" && "$farm" "$sizes" "$bytes" "$workers" ;;
+        zmq) "$work/msg_peers" zmq "$port" "$sizes" "$iters" "$bytes" &&
+            "$work/msg_farm" zmq "$((port + 5000))" "$sizes" "$bytes" "$workers" ;;
+        tcp) "$work/msg_peers" tcp "$port" "$sizes" "$iters" "$bytes" &&
+            "$work/msg_farm" tcp "$((port + 5000))" "$sizes" "$bytes" "$workers" ;;
     esac
 }
 run_round() { probed_round runtime; }
@@ -50,15 +59,14 @@ med() { cat "$work/$1".round* 2>/dev/null | awk -v p="$2" -v s="$3" '$1 == p && 
 
 echo
 echo "runtime: $kept rounds kept, $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD), medians"
-for pattern in pingpong stream; do
+for pattern in pingpong stream farm; do
     echo
-    if [ "$pattern" = pingpong ]; then
-        echo "ping-pong, one-way us (seed 004 Table II)"
-        table_head "rdma-channel / better"
-    else
-        echo "one-way stream, MB/s (seed 004 Table I)"
-        table_head "rdma-channel / better"
-    fi
+    case "$pattern" in
+        pingpong) echo "ping-pong, one-way us (seed 004 Table II)" ;;
+        stream) echo "one-way stream, MB/s (seed 004 Table I)" ;;
+        farm) echo "farm, task MB/s: a master (emitter and collector threads), $workers worker processes" ;;
+    esac
+    table_head "rdma-channel / better"
     for s in ${sizes//,/ }; do
         r=$(med rch "$pattern" "$s")
         z=$(med zmq "$pattern" "$s")

@@ -53,7 +53,7 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
-use std::io::{self, IoSlice, Read};
+use std::io::{self, IoSlice, IoSliceMut, Read};
 
 use crate::select::{Interest, Select, Selector};
 use crate::stream::RdmaStream;
@@ -63,15 +63,50 @@ use crate::stream::RdmaStream;
 pub const MAX_MESSAGE: usize = 1 << 30;
 
 /// Messages on a stream: each a 4-byte little-endian length, then its bytes.
+///
+/// A receive that finds nothing waits as a [`Selector`] does (spins
+/// [`select::SPIN`](crate::select::SPIN), then sleeps until the peer's write wakes
+/// it), not as the stream's blocking read (thousands of polls, then yields): a
+/// runtime's threads and processes often outnumber the CPUs, and a waiting one
+/// should give its CPU back soon (a farm of two workers and a master's two threads
+/// on two CPUs moved 64 KiB tasks at 0.75 GB/s with the stream's wait, 3.2 with a
+/// short spin; notebook 2026-12).
 #[derive(Debug)]
 pub struct Messages {
     stream: RdmaStream,
+    /// Made at the first wait.
+    selector: Option<Selector>,
 }
 
 impl Messages {
     /// Messages on `stream`.
     pub fn new(stream: RdmaStream) -> Messages {
-        Messages { stream }
+        Messages {
+            stream,
+            selector: None,
+        }
+    }
+
+    /// Fills `buf` from the stream, waiting through the selector while nothing has
+    /// arrived; false when the stream ended before the first byte.
+    fn fill(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.stream.get(&mut [IoSliceMut::new(&mut buf[got..])]) {
+                Ok(0) => {
+                    if self.selector.is_none() {
+                        self.selector = Some(Selector::new()?);
+                    }
+                    let sel = self.selector.as_mut().expect("made above");
+                    let mut item = [Select::new(&mut self.stream, Interest::READABLE)];
+                    sel.select(&mut item, None)?;
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && got == 0 => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
     }
 
     /// Sends `msg` whole (blocking while the peer's ring is full).
@@ -116,10 +151,8 @@ impl Messages {
     /// stream ends inside a message; the stream's errors.
     pub fn recv(&mut self, buf: &mut Vec<u8>) -> io::Result<bool> {
         let mut len = [0u8; 4];
-        match self.stream.read_exact(&mut len) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
-            Err(e) => return Err(e),
+        if !self.fill(&mut len)? {
+            return Ok(false);
         }
         let n = u32::from_le_bytes(len) as usize;
         if n > MAX_MESSAGE {
@@ -130,7 +163,12 @@ impl Messages {
         }
         buf.clear();
         buf.resize(n, 0);
-        self.stream.read_exact(buf)?;
+        if !self.fill(buf)? {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the stream ended inside a message",
+            ));
+        }
         Ok(true)
     }
 

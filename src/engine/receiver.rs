@@ -1889,8 +1889,9 @@ impl<F: Fabric> Receiver<F> {
         self.link.post_ctrl(CtrlWord::BellWanted, self.bells_asked)
     }
 
-    /// Asks the peer's sender to wake the thread sleeping on eventfd `fd` of this
-    /// process after its next write, adding bit `hint` (0-31) to its count (a
+    /// Asks the peer's sender to wake the thread sleeping on eventfd `fd` (its
+    /// `instance`: see `QueuePair::notify`) of this process after its next write,
+    /// adding bit `hint` (0-31) to its count (a
     /// selector about to sleep, `crate::select`, which looks first at the items
     /// whose hints it finds): names both when they changed, then asks as
     /// [`ask_for_bell`](Self::ask_for_bell) does. Look at the ring once more
@@ -1903,11 +1904,13 @@ impl<F: Fabric> Receiver<F> {
     /// # Errors
     ///
     /// A fabric failure while sending the request.
-    pub(crate) fn ask_for_wake(&mut self, fd: u32, hint: u32) -> io::Result<bool> {
+    pub(crate) fn ask_for_wake(&mut self, fd: u32, instance: u32, hint: u32) -> io::Result<bool> {
         if !crate::fabric::QueuePair::can_notify(&self.link.qp) || self.link.error().is_some() {
             return Ok(false);
         }
-        let word = u64::from(fd.wrapping_add(1)) | u64::from(hint & 31) << 32;
+        let word = u64::from(fd.wrapping_add(1))
+            | u64::from(hint & 31) << 32
+            | u64::from(instance & 0xff_ffff) << 40;
         if self.wake_named != word {
             self.link.post_ctrl(CtrlWord::WakeFd, word)?;
             self.wake_named = word;

@@ -332,10 +332,10 @@ impl<F: Fabric> Sender<F> {
     #[inline(never)]
     fn ring_bell(&mut self) {
         self.lane.set_bell_seen(self.link.ctrl.bell_wanted());
-        if let Some((fd, value)) = self.link.ctrl.wake_fd() {
+        if let Some((fd, instance, value)) = self.link.ctrl.wake_fd() {
             // A wake that fails (the fabric has none, the descriptor is gone) leaves
             // the peer to its bounded sleep.
-            let _ = self.link.qp.notify(fd, value);
+            let _ = self.link.qp.notify(fd, instance, value);
         }
         let Some(t) = self.bell else {
             return;

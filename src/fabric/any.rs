@@ -583,8 +583,8 @@ impl QueuePair for AnyQp {
         forward!(self, AnyQp, q => q.send_wakes())
     }
 
-    fn notify(&self, fd: u32, value: u32) -> io::Result<bool> {
-        forward!(self, AnyQp, q => q.notify(fd, value))
+    fn notify(&self, fd: u32, instance: u32, value: u32) -> io::Result<bool> {
+        forward!(self, AnyQp, q => q.notify(fd, instance, value))
     }
 
     fn can_notify(&self) -> bool {

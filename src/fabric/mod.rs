@@ -575,15 +575,16 @@ pub trait QueuePair: Send + Sync {
     /// `value` (nonzero, below 2^32) to its count: a notification beside the data
     /// path, sent only when the peer asked for it before sleeping. `Ok(false)` where
     /// the fabric has no such wake (the peer then bounds its sleep instead). The
-    /// first call for a descriptor takes it from the peer's process (checked to be
-    /// an eventfd), later ones reuse it.
+    /// first call for a descriptor and `instance` (the peer's name for that eventfd,
+    /// which changes when a newer one reuses the number) takes it from the peer's
+    /// process (checked to be an eventfd), later ones reuse it.
     ///
     /// # Errors
     ///
     /// The peer's descriptor cannot be taken (not an eventfd, its process not
     /// verified, no such descriptor), or the write to it fails.
-    fn notify(&self, fd: u32, value: u32) -> io::Result<bool> {
-        let _ = (fd, value);
+    fn notify(&self, fd: u32, instance: u32, value: u32) -> io::Result<bool> {
+        let _ = (fd, instance, value);
         Ok(false)
     }
 

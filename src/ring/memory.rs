@@ -333,11 +333,12 @@ pub enum CtrlWord {
     /// ring its [`Doorbell`] when we next write (it stopped looking at the ring).
     BellWanted,
     /// From the receiver of our outgoing ring: the number, plus one, of the eventfd
-    /// in its process that a selector sleeps on (low 32 bits; 0: none), and which bit
-    /// of the eventfd's count to add (bits 32-36: the selector's hint of where this
-    /// connection is among its items); when a bell request comes we wake it through
-    /// [`QueuePair::notify`] after our next write. Written before the request it
-    /// goes with.
+    /// in its process that a selector sleeps on (low 32 bits; 0: none), which bit of
+    /// the eventfd's count to add (bits 32-36: the selector's hint of where this
+    /// connection is among its items), and which eventfd that number names (bits
+    /// 40-63: its instance, so that a number reused by a newer eventfd is taken
+    /// again); when a bell request comes we wake it through [`QueuePair::notify`]
+    /// after our next write. Written before the request it goes with.
     WakeFd,
     /// From the sender into our ring: credit request, the tail it knows + 1.
     CreditRequest,
@@ -484,14 +485,15 @@ impl<R: MemoryRegion> ControlWords<R> {
     }
 
     /// The eventfd the peer's selector named for wakes ([`CtrlWord::WakeFd`]): its
-    /// number in the peer's process and the value to add to it (one bit), or `None`.
-    /// Relaxed: the bell request it goes with was loaded first, and the receiver
-    /// wrote this word before it on the same queue pair (fabric guarantee 1).
+    /// number in the peer's process, its instance, and the value to add to it (one
+    /// bit), or `None`. Relaxed: the bell request it goes with was loaded first, and
+    /// the receiver wrote this word before it on the same queue pair (fabric
+    /// guarantee 1).
     #[inline]
-    pub fn wake_fd(&self) -> Option<(u32, u32)> {
+    pub fn wake_fd(&self) -> Option<(u32, u32, u32)> {
         let v = self.word(CtrlWord::WakeFd).load(Ordering::Relaxed);
         let fd = (v as u32).checked_sub(1)?;
-        Some((fd, 1 << ((v >> 32) & 31)))
+        Some((fd, (v >> 40) as u32, 1 << ((v >> 32) & 31)))
     }
 
     /// The word [`bell_wanted`](Self::bell_wanted) loads, for the send lane, which

@@ -141,11 +141,11 @@ mod sealed {
 pub trait Selectable: sealed::Sealed {
     #[doc(hidden)]
     fn ready_now(&mut self, interest: Interest) -> Ready;
-    /// Asks the peer to wake the thread sleeping on eventfd `fd` after its next
-    /// write, adding bit `hint` to its count; false where it cannot (then the
-    /// selector bounds its sleep).
+    /// Asks the peer to wake the thread sleeping on eventfd `fd` (of `instance`)
+    /// after its next write, adding bit `hint` to its count; false where it cannot
+    /// (then the selector bounds its sleep).
     #[doc(hidden)]
-    fn ask_wake(&mut self, fd: u32, hint: u32) -> bool;
+    fn ask_wake(&mut self, fd: u32, instance: u32, hint: u32) -> bool;
 }
 
 fn readable<F: Fabric>(rx: &mut Receiver<F>) -> Ready {
@@ -198,10 +198,10 @@ impl<F: Fabric> Selectable for RdmaStream<F> {
         r
     }
 
-    fn ask_wake(&mut self, fd: u32, hint: u32) -> bool {
+    fn ask_wake(&mut self, fd: u32, instance: u32, hint: u32) -> bool {
         self.channel()
             .receiver()
-            .ask_for_wake(fd, hint)
+            .ask_for_wake(fd, instance, hint)
             .unwrap_or(false)
     }
 }
@@ -216,8 +216,8 @@ impl<F: Fabric> Selectable for ReadHalf<F> {
         }
     }
 
-    fn ask_wake(&mut self, fd: u32, hint: u32) -> bool {
-        self.rx().ask_for_wake(fd, hint).unwrap_or(false)
+    fn ask_wake(&mut self, fd: u32, instance: u32, hint: u32) -> bool {
+        self.rx().ask_for_wake(fd, instance, hint).unwrap_or(false)
     }
 }
 
@@ -231,7 +231,7 @@ impl<F: Fabric> Selectable for WriteHalf<F> {
         }
     }
 
-    fn ask_wake(&mut self, _fd: u32, _hint: u32) -> bool {
+    fn ask_wake(&mut self, _fd: u32, _instance: u32, _hint: u32) -> bool {
         // Room comes from the peer's reads, which ring no bell.
         false
     }
@@ -279,6 +279,9 @@ impl<'a> Select<'a> {
 #[derive(Debug)]
 pub struct Selector {
     wake: OwnedFd,
+    /// This eventfd's instance ([`wake_instance`]): a peer that took an eventfd
+    /// of an earlier selector by the same number takes this one anew.
+    instance: u32,
     /// Wakes peers sent through the eventfd, as counted when it was emptied.
     wakes: u64,
     /// Whether `membarrier` orders a peer's writes before our last look; without it
@@ -304,6 +307,7 @@ impl Selector {
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(Selector {
             wake,
+            instance: wake_instance(),
             wakes: 0,
             barrier: crate::sync::register_barrier(),
             spin: SPIN,
@@ -396,7 +400,8 @@ impl Selector {
         let fd = self.wake.as_raw_fd() as u32;
         let mut all = self.barrier;
         for (i, it) in items.iter_mut().enumerate() {
-            if it.interest.is_writable() || !it.target.ask_wake(fd, (i % 32) as u32) {
+            if it.interest.is_writable() || !it.target.ask_wake(fd, self.instance, (i % 32) as u32)
+            {
                 all = false;
             }
         }
@@ -453,6 +458,14 @@ impl AsFd for Selector {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.wake.as_fd()
     }
+}
+
+/// A new eventfd instance number for wakes (24 bits, never 0 in the first 2^24):
+/// peers cache the eventfd they took by number and instance.
+pub(crate) fn wake_instance() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    // Relaxed: a counter; uniqueness is all that matters.
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xff_ffff
 }
 
 /// A look at the items whose hint bit (index % 32) is in `bits` only, the others

@@ -89,6 +89,8 @@ impl Nap {
 #[derive(Debug)]
 struct ReadWait {
     efd: AsyncFd<OwnedFd>,
+    /// The eventfd's instance (`select::wake_instance`).
+    instance: u32,
     asked: bool,
     nap: Nap,
 }
@@ -108,6 +110,7 @@ impl ReadWait {
             .map_err(io::Error::from)?;
         Ok(ReadWait {
             efd,
+            instance: crate::select::wake_instance(),
             asked: false,
             nap: Nap::new(),
         })
@@ -132,7 +135,7 @@ impl ReadWait {
             }
             if !self.asked {
                 let fd = self.efd.get_ref().as_raw_fd() as u32;
-                if rx.ask_for_wake(fd, 0)? && crate::sync::full_barrier() {
+                if rx.ask_for_wake(fd, self.instance, 0)? && crate::sync::full_barrier() {
                     // The request is out and ordered: one more look before parking.
                     self.asked = true;
                     continue;

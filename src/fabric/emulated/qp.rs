@@ -59,8 +59,8 @@ pub struct EmuQp {
     last_error: Mutex<Option<String>>,
     /// A finite send queue's accounting; `None` when requests retire as posted.
     send_slots: Option<Mutex<SendSlots>>,
-    /// The peer's eventfd taken for `notify`, with the number it has there.
-    wake: Mutex<Option<(u32, OwnedFd)>>,
+    /// The peer's eventfd taken for `notify`, with its number and instance there.
+    wake: Mutex<Option<(u32, u32, OwnedFd)>>,
 }
 
 /// The slots of a finite send queue, counted as a NIC does: every posted request
@@ -472,12 +472,12 @@ impl QueuePair for EmuQp {
         true
     }
 
-    fn notify(&self, fd: u32, value: u32) -> io::Result<bool> {
+    fn notify(&self, fd: u32, instance: u32, value: u32) -> io::Result<bool> {
         let mut wake = lock(&self.wake);
-        if !matches!(&*wake, Some((n, _)) if *n == fd) {
-            *wake = Some((fd, self.peer.take_eventfd(fd)?));
+        if !matches!(&*wake, Some((n, i, _)) if *n == fd && *i == instance) {
+            *wake = Some((fd, instance, self.peer.take_eventfd(fd)?));
         }
-        let Some((_, efd)) = &*wake else {
+        let Some((_, _, efd)) = &*wake else {
             unreachable!("filled above")
         };
         let add = u64::from(value.max(1)).to_ne_bytes();
@@ -575,5 +575,59 @@ impl QueuePair for EmuQp {
                 .map_or(usize::MAX, |s| lock(s).depth as usize),
             ..CAPS
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    use crate::fabric::emulated::EmuFabric;
+    use crate::fabric::{Fabric, PendingQp, QueuePair};
+
+    fn eventfd() -> OwnedFd {
+        // SAFETY: eventfd takes a count and flags and returns a descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: the kernel just returned it; nobody else owns it.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    fn count(fd: &OwnedFd) -> u64 {
+        let mut v = [0u8; 8];
+        // SAFETY: a nonblocking eventfd we own, and 8 writable bytes.
+        let r = unsafe { libc::read(fd.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
+        if r == 8 {
+            u64::from_ne_bytes(v)
+        } else {
+            0
+        }
+    }
+
+    /// `notify` adds its value to the eventfd the peer named, and takes the
+    /// descriptor again when the peer names a new instance under a number it
+    /// reused: a wake must reach the newer eventfd, not the one taken before.
+    #[test]
+    fn notify_follows_a_reused_descriptor_number_to_its_new_eventfd() {
+        let f = EmuFabric::new().unwrap();
+        let (p1, p2) = (f.create_qp().unwrap(), f.create_qp().unwrap());
+        let (c1, c2) = (p1.card().unwrap(), p2.card().unwrap());
+        let (q1, _q2) = (p1.connect(c2).unwrap(), p2.connect(c1).unwrap());
+        assert!(q1.can_notify());
+        let first = eventfd();
+        let n = first.as_raw_fd() as u32;
+        assert!(q1.notify(n, 1, 4).unwrap());
+        assert_eq!(count(&first), 4);
+        // The same number now names another eventfd (dup2 replaces it atomically).
+        let second = eventfd();
+        // SAFETY: dup2 of two descriptors we own; `n` now names the second eventfd
+        // and `first` owns it from here on.
+        assert!(unsafe { libc::dup2(second.as_raw_fd(), n as i32) } >= 0);
+        assert!(q1.notify(n, 2, 8).unwrap());
+        assert_eq!(count(&second), 8, "the wake reached the newer eventfd");
+        // A descriptor that is no eventfd is refused.
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        let err = q1.notify(file.as_raw_fd() as u32, 3, 1).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     }
 }

@@ -20,6 +20,9 @@ use std::time::Instant;
 use rdma_channel::patterns::Messages;
 use rdma_channel::{RdmaListener, RdmaStream};
 
+#[path = "seed004.rs"]
+mod seed004;
+
 const ROLE: &str = "RCH_RUNTIME_BENCH_ROLE";
 const SOCKET: &str = "RCH_RUNTIME_BENCH_SOCKET";
 
@@ -39,19 +42,9 @@ struct Opts {
 }
 
 fn opts() -> Opts {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
+    let args = seed004::args();
     Opts {
-        sizes: args
-            .first()
-            .map(|s| s.split(',').map(|x| x.parse().expect("a size")).collect())
-            .unwrap_or_else(|| {
-                vec![
-                    10, 100, 1024, 5000, 10000, 25000, 50000, 65536, 200000, 400000,
-                ]
-            }),
+        sizes: seed004::sizes(args.first()),
         iters: args.get(1).map_or(2000, |s| s.parse().expect("iterations")),
         stream_bytes: args.get(2).map_or(64 << 20, |s| s.parse().expect("bytes")),
     }

@@ -32,6 +32,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "msg_io.h"
+
 #define MAX_WORKERS 64
 
 static size_t sizes[64];
@@ -48,54 +50,10 @@ static double now_s(void)
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-static void die(const char *what)
-{
-    perror(what);
-    exit(1);
-}
-
 static long tasks_for(size_t s)
 {
     long n = task_bytes / (long) (s ? s : 1);
     return n < 1000 ? 1000 : (n > 100000 ? 100000 : n);
-}
-
-static void full_write(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n > 0) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            die("write");
-        }
-        c += w;
-        n -= (size_t) w;
-    }
-}
-
-/* 0 at a clean end before the message. */
-static int full_read(int fd, void *p, size_t n)
-{
-    char *c = p;
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, c + got, n - got);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            die("read");
-        }
-        if (r == 0) {
-            if (got == 0)
-                return 0;
-            fprintf(stderr, "msg_farm: stream ended inside a message\n");
-            exit(1);
-        }
-        got += (size_t) r;
-    }
-    return 1;
 }
 
 static void tcp_send(int fd, const void *p, size_t n)

@@ -29,6 +29,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "msg_io.h"
+
 static double now_us(void)
 {
     struct timespec t;
@@ -44,12 +46,6 @@ static void pin(int cpu)
     sched_setaffinity(0, sizeof s, &s);
 }
 
-static void die(const char *what)
-{
-    perror(what);
-    exit(1);
-}
-
 /* ---- a channel: ZeroMQ PAIR or a framed TCP socket ---- */
 
 typedef struct chan {
@@ -57,40 +53,6 @@ typedef struct chan {
     void *ctx, *sock; /* zmq */
     int fd;           /* tcp */
 } chan;
-
-static void full_write(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n > 0) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            die("write");
-        }
-        c += w;
-        n -= (size_t) w;
-    }
-}
-
-static void full_read(int fd, void *p, size_t n)
-{
-    char *c = p;
-    while (n > 0) {
-        ssize_t r = read(fd, c, n);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            die("read");
-        }
-        if (r == 0) {
-            fprintf(stderr, "msg_peers: peer closed\n");
-            exit(1);
-        }
-        c += r;
-        n -= (size_t) r;
-    }
-}
 
 static void send_msg(chan *c, const void *p, size_t n)
 {
@@ -121,12 +83,18 @@ static size_t recv_msg(chan *c, void *p, size_t cap)
         return (size_t) r;
     }
     uint32_t len;
-    full_read(c->fd, &len, 4);
+    if (!full_read(c->fd, &len, 4)) {
+        fprintf(stderr, "msg_peers: peer closed\n");
+        exit(1);
+    }
     if (len > cap) {
         fprintf(stderr, "msg_peers: message of %u bytes\n", len);
         exit(1);
     }
-    full_read(c->fd, p, len);
+    if (len > 0 && !full_read(c->fd, p, len)) {
+        fprintf(stderr, "msg_peers: peer closed inside a message\n");
+        exit(1);
+    }
     return len;
 }
 

@@ -313,44 +313,52 @@ impl<F: Fabric> AsyncRead for AsyncStream<F> {
     }
 }
 
-impl<F: Fabric> AsyncWrite for AsyncStream<F> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let me = self.get_mut();
-        poll_write_with(
-            me.inner.channel().sender(),
-            &mut me.write,
-            cx,
-            &[IoSlice::new(data)],
-        )
-    }
+// AsyncStream's and AsyncWriteHalf's AsyncWrite, which differ only in how they
+// reach the sender and end their direction.
+macro_rules! async_write {
+    ($ty:ident, |$me:ident| $sender:expr, $shutdown:expr) => {
+        impl<F: Fabric> AsyncWrite for $ty<F> {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                data: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                let $me = self.get_mut();
+                poll_write_with($sender, &mut $me.write, cx, &[IoSlice::new(data)])
+            }
 
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let me = self.get_mut();
-        poll_write_with(me.inner.channel().sender(), &mut me.write, cx, bufs)
-    }
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                let $me = self.get_mut();
+                poll_write_with($sender, &mut $me.write, cx, bufs)
+            }
 
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
+            fn is_write_vectored(&self) -> bool {
+                true
+            }
 
-    /// Nothing is buffered here: a put is in the peer's ring when it returns.
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
+            /// Nothing is buffered here: a put is in the peer's ring when it returns.
+            fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
 
-    /// Ends this direction (as [`RdmaStream::shutdown_write`]).
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.get_mut().inner.shutdown_write())
-    }
+            /// Ends this direction (the peer's reads then end).
+            fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                let $me = self.get_mut();
+                Poll::Ready($shutdown)
+            }
+        }
+    };
 }
+
+async_write!(
+    AsyncStream,
+    |me| me.inner.channel().sender(),
+    me.inner.shutdown_write()
+);
 
 /// The reading half of an [`AsyncStream`].
 #[derive(Debug)]
@@ -377,37 +385,7 @@ pub struct AsyncWriteHalf<F: Fabric = AnyFabric> {
     write: Nap,
 }
 
-impl<F: Fabric> AsyncWrite for AsyncWriteHalf<F> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let me = self.get_mut();
-        poll_write_with(me.inner.sender(), &mut me.write, cx, &[IoSlice::new(data)])
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let me = self.get_mut();
-        poll_write_with(me.inner.sender(), &mut me.write, cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.get_mut().inner.shutdown())
-    }
-}
+async_write!(AsyncWriteHalf, |me| me.inner.sender(), me.inner.shutdown());
 
 /// An [`RdmaListener`] for tokio: [`accept`](Self::accept) runs the blocking
 /// accept and handshake on a blocking thread of the runtime.

@@ -583,6 +583,13 @@ impl<F: Fabric> Link<F> {
             self.publish_tail()?;
             // Relaxed: as the load above.
             self.credit_served.store(req, Ordering::Relaxed);
+            // A selector of the peer's may sleep until room comes (select): wake it.
+            // The word is loaded after the tail went out (the sleeper's membarrier
+            // orders the rest); a failed wake leaves it to its bounded nap.
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+            if let Some((fd, instance, value)) = self.ctrl.room_wake_fd() {
+                let _ = self.qp.notify(fd, instance, value);
+            }
         }
         Ok(true)
     }

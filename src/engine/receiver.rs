@@ -1908,9 +1908,7 @@ impl<F: Fabric> Receiver<F> {
         if !crate::fabric::QueuePair::can_notify(&self.link.qp) || self.link.error().is_some() {
             return Ok(false);
         }
-        let word = u64::from(fd.wrapping_add(1))
-            | u64::from(hint & 31) << 32
-            | u64::from(instance & 0xff_ffff) << 40;
+        let word = crate::ring::memory::encode_wake(fd, instance, hint);
         if self.wake_named != word {
             self.link.post_ctrl(CtrlWord::WakeFd, word)?;
             self.wake_named = word;

@@ -100,6 +100,8 @@ pub struct Sender<F: Fabric> {
     max_pieces: usize,
     /// Known tail at our last credit request (so we ask once per stall).
     credit_requested_at: u64,
+    /// The `CtrlWord::RoomWakeFd` word last sent to the peer (0: none).
+    room_wake_named: u64,
     closed: bool,
     /// Zero-copy transfers announced and not yet released, oldest first (numbered
     /// consecutively; the peer reads and confirms them in this order).
@@ -185,6 +187,7 @@ impl<F: Fabric> Sender<F> {
             inline_limit,
             max_pieces,
             credit_requested_at: u64::MAX,
+            room_wake_named: 0,
             closed: false,
             in_flight: VecDeque::new(),
             in_flight_segs: VecDeque::new(),
@@ -1327,6 +1330,40 @@ impl<F: Fabric> Sender<F> {
             self.request_credit()?;
         }
         Ok(ok)
+    }
+
+    /// Asks the peer's receiver to wake the thread sleeping on eventfd `fd` (its
+    /// `instance`) of this process, adding bit `hint`, when it answers our credit
+    /// request (a selector waiting for room, `crate::select`); makes sure a request
+    /// is out while the ring is full. Look once more afterwards, after the
+    /// selector's membarrier. The peer keeps waking that eventfd when it answers a
+    /// later request, until another is named; each answer is to a stall, which costs
+    /// a round trip already. Returns false, asking nothing, where the fabric has no
+    /// such wake.
+    ///
+    /// # Errors
+    ///
+    /// A fabric failure while sending the request.
+    pub(crate) fn ask_for_room_wake(
+        &mut self,
+        fd: u32,
+        instance: u32,
+        hint: u32,
+    ) -> io::Result<bool> {
+        if !crate::fabric::QueuePair::can_notify(&self.link.qp) || self.link.error().is_some() {
+            return Ok(false);
+        }
+        let word = crate::ring::memory::encode_wake(fd, instance, hint);
+        if self.room_wake_named != word {
+            self.link.post_ctrl(CtrlWord::RoomWakeFd, word)?;
+            self.room_wake_named = word;
+        }
+        // A full ring has its request out (can_put made it); this only repeats it
+        // where the tail moved since.
+        if max_payload_now(self.ring_size, self.head(), self.tail, self.chunk) == 0 {
+            self.request_credit()?;
+        }
+        Ok(true)
     }
 
     /// Ends the stream: the peer's `get` reports end of stream after the data sent

@@ -354,6 +354,10 @@ pub enum CtrlWord {
     /// declined (it could not allocate the staging copy the ring needs); that ring
     /// will never be written.
     RingDeclined,
+    /// From the sender into our ring: the eventfd a selector in its process sleeps on
+    /// while it waits for room (as [`CtrlWord::WakeFd`] encodes it; 0: none); when we
+    /// answer a credit request we wake it through [`QueuePair::notify`].
+    RoomWakeFd,
 }
 
 impl CtrlWord {
@@ -374,8 +378,23 @@ impl CtrlWord {
             CtrlWord::LendLanded => 80,
             CtrlWord::RingWanted => 88,
             CtrlWord::RingDeclined => 96,
+            CtrlWord::RoomWakeFd => 104,
         }
     }
+}
+
+/// A wake word ([`CtrlWord::WakeFd`], [`CtrlWord::RoomWakeFd`]): the eventfd's
+/// number in the peer's process, its instance, and the value its wake adds.
+fn decode_wake(v: u64) -> Option<(u32, u32, u32)> {
+    let fd = (v as u32).checked_sub(1)?;
+    Some((fd, (v >> 40) as u32, 1 << ((v >> 32) & 31)))
+}
+
+/// The wake word for eventfd `fd` of `instance`, whose wake adds bit `hint`.
+pub(crate) fn encode_wake(fd: u32, instance: u32, hint: u32) -> u64 {
+    u64::from(fd.wrapping_add(1))
+        | u64::from(hint & 31) << 32
+        | u64::from(instance & 0xff_ffff) << 40
 }
 
 /// Words of the lend slot ([`Lend::to_words`]); the last is the lend's number.
@@ -491,9 +510,15 @@ impl<R: MemoryRegion> ControlWords<R> {
     /// guarantee 1).
     #[inline]
     pub fn wake_fd(&self) -> Option<(u32, u32, u32)> {
-        let v = self.word(CtrlWord::WakeFd).load(Ordering::Relaxed);
-        let fd = (v as u32).checked_sub(1)?;
-        Some((fd, (v >> 40) as u32, 1 << ((v >> 32) & 31)))
+        decode_wake(self.word(CtrlWord::WakeFd).load(Ordering::Relaxed))
+    }
+
+    /// The eventfd the peer's sender named for a wake when we answer its credit
+    /// request ([`CtrlWord::RoomWakeFd`]), decoded as [`wake_fd`](Self::wake_fd)'s.
+    /// Relaxed: the request it goes with was loaded first (fabric guarantee 1).
+    #[inline]
+    pub fn room_wake_fd(&self) -> Option<(u32, u32, u32)> {
+        decode_wake(self.word(CtrlWord::RoomWakeFd).load(Ordering::Relaxed))
     }
 
     /// The word [`bell_wanted`](Self::bell_wanted) loads, for the send lane, which

@@ -15,8 +15,12 @@
 //! data. Processes of this library register for that barrier when they make an
 //! emulated fabric.
 //!
-//! Where a peer cannot wake us (a fabric without `notify`, a writable-interest item
-//! waiting for room) the sleep is bounded instead: short sleeps doubling up to
+//! A writable-interest item waits for room in the peer's ring the same way: the
+//! peer's receiver answers our credit request (its tail, after its reads) and then
+//! wakes the eventfd our sender named (`RoomWakeFd`).
+//!
+//! Where a peer cannot wake us (a fabric without `notify`: verbs, for now) the sleep
+//! is bounded instead: short sleeps doubling up to
 //! `RCH_SLEEP_MAX_US`. Where it can, the sleep is bounded only by the caller's
 //! timeout and [`WAKE_SAFETY`], which covers a peer that does not register for the
 //! barrier (an older library).
@@ -141,11 +145,12 @@ mod sealed {
 pub trait Selectable: sealed::Sealed {
     #[doc(hidden)]
     fn ready_now(&mut self, interest: Interest) -> Ready;
-    /// Asks the peer to wake the thread sleeping on eventfd `fd` (of `instance`)
-    /// after its next write, adding bit `hint` to its count; false where it cannot
-    /// (then the selector bounds its sleep).
+    /// Asks the peer to wake the thread sleeping on eventfd `fd` (of `instance`),
+    /// adding bit `hint` to its count, when what `interest` waits for may have come:
+    /// after its next write (readable), when it answers our credit request
+    /// (writable); false where it cannot (then the selector bounds its sleep).
     #[doc(hidden)]
-    fn ask_wake(&mut self, fd: u32, instance: u32, hint: u32) -> bool;
+    fn ask_wake(&mut self, interest: Interest, fd: u32, instance: u32, hint: u32) -> bool;
 }
 
 fn readable<F: Fabric>(rx: &mut Receiver<F>) -> Ready {
@@ -198,11 +203,23 @@ impl<F: Fabric> Selectable for RdmaStream<F> {
         r
     }
 
-    fn ask_wake(&mut self, fd: u32, instance: u32, hint: u32) -> bool {
-        self.channel()
-            .receiver()
-            .ask_for_wake(fd, instance, hint)
-            .unwrap_or(false)
+    fn ask_wake(&mut self, interest: Interest, fd: u32, instance: u32, hint: u32) -> bool {
+        let mut all = true;
+        if interest.is_readable() {
+            all &= self
+                .channel()
+                .receiver()
+                .ask_for_wake(fd, instance, hint)
+                .unwrap_or(false);
+        }
+        if interest.is_writable() {
+            all &= self
+                .channel()
+                .sender()
+                .ask_for_room_wake(fd, instance, hint)
+                .unwrap_or(false);
+        }
+        all
     }
 }
 
@@ -216,8 +233,8 @@ impl<F: Fabric> Selectable for ReadHalf<F> {
         }
     }
 
-    fn ask_wake(&mut self, fd: u32, instance: u32, hint: u32) -> bool {
-        self.rx().ask_for_wake(fd, instance, hint).unwrap_or(false)
+    fn ask_wake(&mut self, interest: Interest, fd: u32, instance: u32, hint: u32) -> bool {
+        !interest.is_readable() || self.rx().ask_for_wake(fd, instance, hint).unwrap_or(false)
     }
 }
 
@@ -231,9 +248,12 @@ impl<F: Fabric> Selectable for WriteHalf<F> {
         }
     }
 
-    fn ask_wake(&mut self, _fd: u32, _instance: u32, _hint: u32) -> bool {
-        // Room comes from the peer's reads, which ring no bell.
-        false
+    fn ask_wake(&mut self, interest: Interest, fd: u32, instance: u32, hint: u32) -> bool {
+        !interest.is_writable()
+            || self
+                .sender()
+                .ask_for_room_wake(fd, instance, hint)
+                .unwrap_or(false)
     }
 }
 
@@ -400,7 +420,9 @@ impl Selector {
         let fd = self.wake.as_raw_fd() as u32;
         let mut all = self.barrier;
         for (i, it) in items.iter_mut().enumerate() {
-            if it.interest.is_writable() || !it.target.ask_wake(fd, self.instance, (i % 32) as u32)
+            if !it
+                .target
+                .ask_wake(it.interest, fd, self.instance, (i % 32) as u32)
             {
                 all = false;
             }
@@ -541,6 +563,49 @@ mod tests {
         let mut got = [0u8; 4];
         assert_eq!(reader.get(&mut [IoSliceMut::new(&mut got)]).unwrap(), 4);
         assert_eq!(&got, b"wake");
+    }
+
+    /// A selector waiting for room in a full ring is woken when the peer's reads
+    /// free some and it answers the credit request: the reader reads only once the
+    /// request for the wake is out, and a lost wake would show as none counted.
+    #[test]
+    fn room_made_by_the_peers_reads_wakes_a_selector_waiting_to_write() {
+        let cfg = crate::Config::default()
+            .with_ring_size(64 << 10)
+            .with_chunk_size(16 << 10);
+        let (mut a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+        let chunk = vec![7u8; 4096];
+        let mut sent = 0;
+        loop {
+            match a.put(&[IoSlice::new(&chunk)]).unwrap() {
+                0 => break,
+                n => sent += n,
+            }
+        }
+        let link = Arc::clone(&b.channel().receiver().link);
+        let reader = std::thread::spawn(move || {
+            while link.ctrl.room_wake_fd().is_none() {
+                std::thread::yield_now();
+            }
+            let mut sink = vec![0u8; sent];
+            let mut got = 0;
+            while got < sent {
+                got += b.get(&mut [IoSliceMut::new(&mut sink[got..])]).unwrap();
+            }
+            b
+        });
+        let mut selector = Selector::new().unwrap();
+        let mut items = [Select::new(&mut a, Interest::WRITABLE)];
+        let n = selector
+            .select(&mut items, Some(Duration::from_secs(60)))
+            .unwrap();
+        assert_eq!(n, 1);
+        assert!(items[0].ready().is_writable());
+        let _b = reader.join().unwrap();
+        assert!(
+            selector.wakes() >= 1,
+            "the reads' credit answer woke the selector"
+        );
     }
 
     /// A timeout with nothing ready returns 0; a zero timeout is one look.

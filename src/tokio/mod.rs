@@ -5,9 +5,11 @@
 //! and parks the task on an eventfd registered in the runtime's reactor (`AsyncFd`):
 //! the same request and wake as [`Selector`](crate::select::Selector)'s, so an idle
 //! task costs no CPU and the data path pays nothing. Before it parks it orders the
-//! request before one more look with `membarrier`, as the selector does. Where the
-//! peer cannot wake it (verbs, for now) and while a write waits for room in the
-//! peer's ring, the task naps on the runtime's timer instead, 10 us doubling to 1 ms.
+//! request before one more look with `membarrier`, as the selector does. A write that
+//! finds the peer's ring full parks the same way, on an eventfd of its own that the
+//! peer's receiver wakes when it answers the credit request. Where the peer cannot
+//! wake it (verbs, for now), the task naps on the runtime's timer instead, 10 us
+//! doubling to 1 ms.
 //! The blocking API is unchanged and costs the same.
 //!
 //! ```
@@ -84,10 +86,40 @@ impl Nap {
     }
 }
 
-/// How a reading end waits: its eventfd in the reactor, whether the peer was asked
-/// to write it, and naps for a peer that cannot.
+/// What a wait waits on: the receiving engine for data, the sending one for room.
+trait Waitable {
+    /// True when the call waited for would not come back empty (data, room, the
+    /// end, an error, which the call reports).
+    fn is_ready(&mut self) -> bool;
+    /// Asks the peer to wake eventfd `fd` of `instance` when it may be; false where
+    /// it cannot.
+    fn ask_wake(&mut self, fd: u32, instance: u32) -> io::Result<bool>;
+}
+
+impl<F: Fabric> Waitable for Receiver<F> {
+    fn is_ready(&mut self) -> bool {
+        !matches!(self.poll_readable(), Ok(false))
+    }
+
+    fn ask_wake(&mut self, fd: u32, instance: u32) -> io::Result<bool> {
+        self.ask_for_wake(fd, instance, 0)
+    }
+}
+
+impl<F: Fabric> Waitable for Sender<F> {
+    fn is_ready(&mut self) -> bool {
+        !matches!(self.poll_writable(), Ok(false))
+    }
+
+    fn ask_wake(&mut self, fd: u32, instance: u32) -> io::Result<bool> {
+        self.ask_for_room_wake(fd, instance, 0)
+    }
+}
+
+/// How an end waits: its eventfd in the reactor, whether the peer was asked to
+/// write it, and naps for a peer that cannot.
 #[derive(Debug)]
-struct ReadWait {
+struct Wait {
     efd: AsyncFd<OwnedFd>,
     /// The eventfd's instance (`select::wake_instance`).
     instance: u32,
@@ -95,8 +127,8 @@ struct ReadWait {
     nap: Nap,
 }
 
-impl ReadWait {
-    fn new() -> io::Result<ReadWait> {
+impl Wait {
+    fn new() -> io::Result<Wait> {
         // SAFETY: eventfd takes a count and flags and returns a descriptor or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -108,7 +140,7 @@ impl ReadWait {
         // it stays open and its as_raw_fd stays the same until the AsyncFd goes.
         let efd = unsafe { AsyncFd::register_with_interest(fd, ::tokio::io::Interest::READABLE) }
             .map_err(io::Error::from)?;
-        Ok(ReadWait {
+        Ok(Wait {
             efd,
             instance: crate::select::wake_instance(),
             asked: false,
@@ -116,26 +148,22 @@ impl ReadWait {
         })
     }
 
-    /// Ready when a read would not come back empty (data, the end, an error).
-    fn poll_readable<F: Fabric>(
+    /// Ready when `end` is.
+    fn poll_ready(
         &mut self,
-        rx: &mut Receiver<F>,
+        end: &mut impl Waitable,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
         loop {
-            match rx.poll_readable() {
-                Ok(false) => {}
-                // Data, or the end or an error, which the read reports. The write
-                // that brought it may have taken our request: ask again next time.
-                _ => {
-                    self.asked = false;
-                    self.nap.reset();
-                    return Poll::Ready(Ok(()));
-                }
+            if end.is_ready() {
+                // What made it ready may have used our request: ask again next time.
+                self.asked = false;
+                self.nap.reset();
+                return Poll::Ready(Ok(()));
             }
             if !self.asked {
                 let fd = self.efd.get_ref().as_raw_fd() as u32;
-                if rx.ask_for_wake(fd, self.instance, 0)? && crate::sync::full_barrier() {
+                if end.ask_wake(fd, self.instance)? && crate::sync::full_barrier() {
                     // The request is out and ordered: one more look before parking.
                     self.asked = true;
                     continue;
@@ -154,28 +182,10 @@ impl ReadWait {
     }
 }
 
-/// Ready when a put would take bytes (or fail), napping meanwhile: room comes from
-/// the peer's reads, which wake nothing.
-fn poll_writable<F: Fabric>(
-    tx: &mut Sender<F>,
-    nap: &mut Nap,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<()>> {
-    loop {
-        match tx.poll_writable() {
-            Ok(false) => ready!(nap.poll(cx)),
-            _ => {
-                nap.reset();
-                return Poll::Ready(Ok(()));
-            }
-        }
-    }
-}
-
 /// A read into `buf` by `get`, waiting through `wait` while nothing has arrived.
 fn poll_read_with<F: Fabric>(
     rx: &mut Receiver<F>,
-    wait: &mut ReadWait,
+    wait: &mut Wait,
     cx: &mut Context<'_>,
     buf: &mut ReadBuf<'_>,
 ) -> Poll<io::Result<()>> {
@@ -185,7 +195,7 @@ fn poll_read_with<F: Fabric>(
     loop {
         let dst = buf.initialize_unfilled();
         match rx.get(&mut [IoSliceMut::new(dst)]) {
-            Ok(0) => ready!(wait.poll_readable(rx, cx))?,
+            Ok(0) => ready!(wait.poll_ready(rx, cx))?,
             Ok(n) => {
                 buf.advance(n);
                 return Poll::Ready(Ok(()));
@@ -200,7 +210,7 @@ fn poll_read_with<F: Fabric>(
 /// A put of `bufs`, waiting for room while the ring is full.
 fn poll_write_with<F: Fabric>(
     tx: &mut Sender<F>,
-    nap: &mut Nap,
+    wait: &mut Wait,
     cx: &mut Context<'_>,
     bufs: &[IoSlice<'_>],
 ) -> Poll<io::Result<usize>> {
@@ -209,7 +219,7 @@ fn poll_write_with<F: Fabric>(
     }
     loop {
         match tx.put(bufs) {
-            Ok(0) => ready!(poll_writable(tx, nap, cx))?,
+            Ok(0) => ready!(wait.poll_ready(tx, cx))?,
             r => return Poll::Ready(r),
         }
     }
@@ -219,8 +229,8 @@ fn poll_write_with<F: Fabric>(
 #[derive(Debug)]
 pub struct AsyncStream<F: Fabric = AnyFabric> {
     inner: RdmaStream<F>,
-    read: ReadWait,
-    write: Nap,
+    read: Wait,
+    write: Wait,
 }
 
 impl AsyncStream {
@@ -265,8 +275,8 @@ impl<F: Fabric> AsyncStream<F> {
     pub fn new(stream: RdmaStream<F>) -> io::Result<AsyncStream<F>> {
         Ok(AsyncStream {
             inner: stream,
-            read: ReadWait::new()?,
-            write: Nap::new(),
+            read: Wait::new()?,
+            write: Wait::new()?,
         })
     }
 
@@ -364,7 +374,7 @@ async_write!(
 #[derive(Debug)]
 pub struct AsyncReadHalf<F: Fabric = AnyFabric> {
     inner: ReadHalf<F>,
-    read: ReadWait,
+    read: Wait,
 }
 
 impl<F: Fabric> AsyncRead for AsyncReadHalf<F> {
@@ -382,7 +392,7 @@ impl<F: Fabric> AsyncRead for AsyncReadHalf<F> {
 #[derive(Debug)]
 pub struct AsyncWriteHalf<F: Fabric = AnyFabric> {
     inner: WriteHalf<F>,
-    write: Nap,
+    write: Wait,
 }
 
 async_write!(AsyncWriteHalf, |me| me.inner.sender(), me.inner.shutdown());

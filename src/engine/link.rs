@@ -568,6 +568,33 @@ impl<F: Fabric> Link<F> {
         self.serve_credit_asked().map(|_| ())
     }
 
+    /// Names eventfd `fd` of `instance` (whose wake adds bit `hint`) in control word
+    /// `which` of the peer's region (`WakeFd`, `RoomWakeFd`), unless `named` says it
+    /// was named already; false, naming nothing, where the fabric has no wake
+    /// ([`QueuePair::can_notify`]) or the connection failed.
+    ///
+    /// # Errors
+    ///
+    /// A fabric failure while writing the word.
+    pub(crate) fn name_wake(
+        &self,
+        which: CtrlWord,
+        named: &mut u64,
+        fd: u32,
+        instance: u32,
+        hint: u32,
+    ) -> io::Result<bool> {
+        if !self.qp.can_notify() || self.error().is_some() {
+            return Ok(false);
+        }
+        let word = crate::ring::memory::encode_wake(fd, instance, hint);
+        if *named != word {
+            self.post_ctrl(which, word)?;
+            *named = word;
+        }
+        Ok(true)
+    }
+
     /// [`serve_credit`](Self::serve_credit), and whether a request was pending
     /// (answered now or not).
     #[inline]

@@ -1905,13 +1905,9 @@ impl<F: Fabric> Receiver<F> {
     ///
     /// A fabric failure while sending the request.
     pub(crate) fn ask_for_wake(&mut self, fd: u32, instance: u32, hint: u32) -> io::Result<bool> {
-        if !crate::fabric::QueuePair::can_notify(&self.link.qp) || self.link.error().is_some() {
+        let link = Arc::clone(&self.link);
+        if !link.name_wake(CtrlWord::WakeFd, &mut self.wake_named, fd, instance, hint)? {
             return Ok(false);
-        }
-        let word = crate::ring::memory::encode_wake(fd, instance, hint);
-        if self.wake_named != word {
-            self.link.post_ctrl(CtrlWord::WakeFd, word)?;
-            self.wake_named = word;
         }
         self.ask_for_bell()?;
         Ok(true)

@@ -1350,13 +1350,15 @@ impl<F: Fabric> Sender<F> {
         instance: u32,
         hint: u32,
     ) -> io::Result<bool> {
-        if !crate::fabric::QueuePair::can_notify(&self.link.qp) || self.link.error().is_some() {
+        let link = Arc::clone(&self.link);
+        if !link.name_wake(
+            CtrlWord::RoomWakeFd,
+            &mut self.room_wake_named,
+            fd,
+            instance,
+            hint,
+        )? {
             return Ok(false);
-        }
-        let word = crate::ring::memory::encode_wake(fd, instance, hint);
-        if self.room_wake_named != word {
-            self.link.post_ctrl(CtrlWord::RoomWakeFd, word)?;
-            self.room_wake_named = word;
         }
         // A full ring has its request out (can_put made it); this only repeats it
         // where the tail moved since.

@@ -433,6 +433,26 @@ impl FromAny {
             if self.ended.iter().all(|&e| e) {
                 return Ok(None);
             }
+            // A source with a message already: taken in turn, without the
+            // selector's lists (the busy collector's path allocates nothing).
+            for i in 0..n {
+                let k = (self.next + i) % n;
+                if self.ended[k] {
+                    continue;
+                }
+                let rx = self.ins[k].get_mut().channel().receiver();
+                if matches!(rx.poll_readable(), Ok(false)) {
+                    continue;
+                }
+                if self.ins[k].recv(buf)? {
+                    self.next = (k + 1) % n;
+                    return Ok(Some(k));
+                }
+                self.ended[k] = true;
+            }
+            if self.ended.iter().all(|&e| e) {
+                return Ok(None);
+            }
             let order: Vec<usize> = (0..n)
                 .map(|i| (self.next + i) % n)
                 .filter(|&k| !self.ended[k])

@@ -401,8 +401,8 @@ impl Selector {
         self.spin = spin;
     }
 
-    /// Prepares to block on the selector's descriptor: asks every readable-interest
-    /// item's peer to wake it after its next write, orders those requests before a
+    /// Prepares to block on the selector's descriptor: asks every item's peer to
+    /// wake it (after its next write, or when it makes room), orders those requests before a
     /// last look, and returns how many items that look found ready (do not block
     /// then). A peer that cannot wake the selector (see the module documentation)
     /// is not covered: poll with a timeout while such items are in the set.
@@ -427,7 +427,8 @@ impl Selector {
                 all = false;
             }
         }
-        if self.barrier && !crate::sync::full_barrier() {
+        // Only a sleep that counts on the wakes needs them ordered before the look.
+        if all && !crate::sync::full_barrier() {
             all = false;
         }
         Ok((look(items), all))

@@ -515,8 +515,9 @@ const SELECT_ROUNDS: usize = 5;
 /// name exactly that connection, and the child's sender must have woken the
 /// selector through its eventfd (pidfd_getfd of the parent's descriptor) at least
 /// once: a lost wake would end each sleep only by the selector's safety nap, with
-/// no wake counted. On a fabric without wakes (verbs) the selector bounds its sleeps
-/// instead: the rounds must still name the right connection.
+/// no wake counted. On a fabric without wakes (verbs, which also connects a peer on
+/// another host) the selector bounds its sleeps instead: the rounds must still name
+/// the right connection.
 #[test]
 fn a_selector_sleeps_until_another_process_writes() {
     if role().is_some() {
@@ -567,7 +568,8 @@ fn a_selector_sleeps_until_another_process_writes() {
         "child: {status:?}\n{out}\n{err}"
     );
     println!("selector: {wakes} wakes in {SELECT_ROUNDS} rounds");
-    if fabric_kind() == rdma_channel::fabric::FabricKind::Emulated {
+    // A peer on another host is reached by verbs whatever RCH_FABRIC says.
+    if fabric_kind() == rdma_channel::fabric::FabricKind::Emulated && !peer::across_hosts() {
         assert!(wakes >= 1, "no wake came through the eventfd");
     }
 }

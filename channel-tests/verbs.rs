@@ -608,6 +608,93 @@ fn engine_waits_block_on_wakes() {
     });
 }
 
+/// Rounds of `a_selector_on_verbs_sleeps_on_the_completion_channels`.
+const VERBS_SELECT_ROUNDS: usize = 6;
+
+/// A `Selector` over four verbs streams with wakes on sleeps on their completion
+/// channels: each round a writer thread waits until the selector is inside its
+/// sleep (past its spin, 50 ms later), writes one byte on a round-robin stream,
+/// and the select must name exactly that stream and the wake must have come
+/// through a channel (counted by `Selector::wakes`; without it each sleep would
+/// end only by the selector's 250 ms safety bound, counting none). Then the other
+/// way: a writer whose ring is full waits with a selector for room, which the
+/// reader's credit answer (a write, so a wake) makes.
+#[test]
+fn a_selector_on_verbs_sleeps_on_the_completion_channels() {
+    let _ = fabric_or_skip!();
+    use rdma_channel::select::{Interest, Select, Selector};
+    let cfg = Config::default()
+        .with_ring_size(64 << 10)
+        .with_chunk_size(4 << 10);
+    let (mut near, mut far): (Vec<RdmaStream<VerbsFabric>>, Vec<RdmaStream<VerbsFabric>>) = (0..4)
+        .map(|_| {
+            let (sa, sb) = UnixStream::pair().unwrap();
+            let c = cfg.clone();
+            let t = std::thread::spawn(move || {
+                RdmaStream::handshake(fabric_with_wakes(), &sb, c).unwrap()
+            });
+            let a = RdmaStream::handshake(fabric_with_wakes(), &sa, cfg.clone()).unwrap();
+            (a, t.join().unwrap())
+        })
+        .unzip();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<usize>();
+    let writer = std::thread::spawn(move || {
+        while let Ok(i) = go_rx.recv() {
+            std::thread::sleep(Duration::from_millis(50));
+            far[i].write_all(&[i as u8]).unwrap();
+            far[i].flush().unwrap();
+        }
+        far
+    });
+    let mut selector = Selector::new().unwrap();
+    for round in 0..VERBS_SELECT_ROUNDS {
+        go_tx.send(round % 4).unwrap();
+        let mut items: Vec<Select<'_>> = near
+            .iter_mut()
+            .map(|s| Select::new(s, Interest::READABLE))
+            .collect();
+        let n = selector.select(&mut items, Some(DEADLINE)).unwrap();
+        let which: Vec<usize> = (0..4).filter(|&i| items[i].ready().is_readable()).collect();
+        drop(items);
+        assert_eq!((n, which), (1, vec![round % 4]), "round {round}");
+        let mut one = [0u8; 1];
+        near[round % 4].read_exact(&mut one).unwrap();
+        assert_eq!(usize::from(one[0]), round % 4);
+    }
+    drop(go_tx);
+    let mut far = writer.join().unwrap();
+    let read_wakes = selector.wakes();
+    println!("selector on verbs: {read_wakes} wakes in {VERBS_SELECT_ROUNDS} rounds");
+    assert!(read_wakes >= 1, "no wake came through a completion channel");
+
+    // Room: fill near[1]'s ring, then wait for it to be writable while far[1]
+    // drains it 50 ms later.
+    let block = vec![7u8; 16 << 10];
+    let mut queued = 0usize;
+    loop {
+        let n = near[1].put(&[IoSlice::new(&block)]).unwrap();
+        queued += n;
+        if n == 0 {
+            break;
+        }
+    }
+    let reader = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        let mut got = vec![0u8; queued];
+        far[1].read_exact(&mut got).unwrap();
+        assert!(got.iter().all(|&b| b == 7));
+        far
+    });
+    let mut items = [Select::new(&mut near[1], Interest::WRITABLE)];
+    let n = selector.select(&mut items, Some(DEADLINE)).unwrap();
+    assert_eq!(n, 1);
+    assert!(items[0].ready().is_writable());
+    let _far = reader.join().unwrap();
+    let room_wakes = selector.wakes() - read_wakes;
+    println!("selector on verbs: {room_wakes} wakes waiting for room");
+    assert!(room_wakes >= 1, "the credit answer woke no selector");
+}
+
 #[test]
 fn stream_handshake_over_unix_socket() {
     let f = fabric_or_skip!();

@@ -133,12 +133,12 @@ pub fn spawn_peer(test: &str, envs: &[(&str, String)]) -> PeerRun {
     let shell = std::env::var(REMOTE_SHELL_ENV).unwrap_or_else(|_| "ssh".into());
     let exe = std::env::current_exe().expect("current_exe");
     let mut words = vec!["exec".to_string(), "env".to_string()];
-    // The fabric choice and the run's scale travel with the role's variables.
-    for k in ["RCH_FABRIC", "RCH_TEST_CASE_SCALE"] {
-        if let Ok(v) = std::env::var(k) {
-            if !envs.iter().any(|(n, _)| *n == k) {
-                words.push(sh_quote(&format!("{k}={v}")));
-            }
+    // The fabric choice, its verbs settings and the run's scale travel with the
+    // role's variables (as spawn_self keeps them).
+    for (k, v) in std::env::vars() {
+        let travels = k == "RCH_FABRIC" || k == "RCH_TEST_CASE_SCALE" || k.starts_with("RCH_IB_");
+        if travels && !envs.iter().any(|(n, _)| *n == k) {
+            words.push(sh_quote(&format!("{k}={v}")));
         }
     }
     words.extend(envs.iter().map(|(k, v)| sh_quote(&format!("{k}={v}"))));

@@ -568,6 +568,27 @@ impl<F: Fabric> Link<F> {
         self.serve_credit_asked().map(|_| ())
     }
 
+    /// Arms the fabric's own wake of this connection, where it has one (verbs with
+    /// wakes on: every write of the peer's, and every completion of ours, fires it)
+    /// and returns the descriptor it makes readable ([`QueuePair::wake_fd`]); `None`
+    /// where the fabric wakes through [`QueuePair::notify`] or not at all, or the
+    /// connection failed. Look once more after it: what landed before the arm
+    /// raises no event.
+    pub(crate) fn arm_wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        if self.error().is_some() {
+            return None;
+        }
+        let fd = self.qp.wake_fd()?;
+        self.qp.arm_wake()?;
+        Some(fd)
+    }
+
+    /// After `poll(2)` found [`arm_wake_fd`](Self::arm_wake_fd)'s descriptor
+    /// readable ([`QueuePair::wake_fired`]).
+    pub(crate) fn wake_fired(&self) {
+        self.qp.wake_fired();
+    }
+
     /// Names eventfd `fd` of `instance` (whose wake adds bit `hint`) in control word
     /// `which` of the peer's region (`WakeFd`, `RoomWakeFd`), unless `named` says it
     /// was named already; false, naming nothing, where the fabric has no wake

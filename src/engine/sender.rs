@@ -1368,6 +1368,38 @@ impl<F: Fabric> Sender<F> {
         Ok(true)
     }
 
+    /// Arms the fabric's own wake for room in the peer's ring and returns the
+    /// descriptor it makes readable (see `Link::arm_wake_fd`): the peer's answer to
+    /// our credit request is a write of its, which fires it; makes sure a request
+    /// is out while the ring is full (armed first, so that the answer cannot come
+    /// before the arm). `None`, asking nothing, where the fabric has no such
+    /// descriptor.
+    ///
+    /// # Errors
+    ///
+    /// A fabric failure while sending the request.
+    pub(crate) fn arm_room_wake_fd(&mut self) -> io::Result<Option<std::os::fd::RawFd>> {
+        let Some(fd) = self.link.arm_wake_fd() else {
+            return Ok(None);
+        };
+        if max_payload_now(self.ring_size, self.head(), self.tail, self.chunk) == 0 {
+            self.request_credit()?;
+        }
+        Ok(Some(fd))
+    }
+
+    /// The descriptor of the fabric's own wake, without arming it (see
+    /// `QueuePair::wake_fd`).
+    pub(crate) fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.link.qp.wake_fd()
+    }
+
+    /// After `poll(2)` found [`arm_room_wake_fd`](Self::arm_room_wake_fd)'s
+    /// descriptor readable.
+    pub(crate) fn wake_fired(&mut self) {
+        self.link.wake_fired();
+    }
+
     /// Ends the stream: the peer's `get` reports end of stream after the data sent
     /// so far. Later `put`s fail. Dropping the sender closes it too.
     ///

@@ -598,6 +598,14 @@ impl QueuePair for AnyQp {
     fn block_wake(&self, token: u64, timeout: std::time::Duration) {
         forward!(self, AnyQp, q => q.block_wake(token, timeout))
     }
+
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        forward!(self, AnyQp, q => q.wake_fd())
+    }
+
+    fn wake_fired(&self) {
+        forward!(self, AnyQp, q => q.wake_fired())
+    }
 }
 
 /// A queue pair of an [`AnyFabric`] that is not connected yet.

@@ -611,6 +611,22 @@ pub trait QueuePair: Send + Sync {
         let _ = token;
         std::thread::sleep(timeout);
     }
+
+    /// The descriptor an [`arm_wake`](Self::arm_wake) makes readable when its wake
+    /// comes (verbs: the queue pair's completion channel), for a caller that waits
+    /// on many connections at once with `poll(2)` instead of
+    /// [`block_wake`](Self::block_wake); after `poll` found it readable, call
+    /// [`wake_fired`](Self::wake_fired). `None` where wakes come otherwise
+    /// ([`notify`](Self::notify)) or not at all. The descriptor lives as long as the
+    /// queue pair.
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
+    /// After `poll(2)` found [`wake_fd`](Self::wake_fd) readable: takes the channel's
+    /// events (the queues stay disarmed until the next [`arm_wake`](Self::arm_wake)),
+    /// counts the wake as [`block_wake`](Self::block_wake) would, and reaps.
+    fn wake_fired(&self) {}
 }
 
 // Defined with the settings that carry it (config is the bottom layer); its home

@@ -53,7 +53,7 @@
 //! ```
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use crate::engine::{Receiver, Sender};
@@ -151,6 +151,18 @@ pub trait Selectable: sealed::Sealed {
     /// (writable); false where it cannot (then the selector bounds its sleep).
     #[doc(hidden)]
     fn ask_wake(&mut self, interest: Interest, fd: u32, instance: u32, hint: u32) -> bool;
+    /// Arms the fabric's own wake for what `interest` waits for and returns the
+    /// descriptor it makes readable (verbs: the completion channel); `None` where
+    /// the fabric has none (then [`ask_wake`](Self::ask_wake)).
+    #[doc(hidden)]
+    fn arm_fd(&mut self, interest: Interest) -> Option<RawFd>;
+    /// The descriptor [`arm_fd`](Self::arm_fd) would return, without arming.
+    #[doc(hidden)]
+    fn wake_fd(&mut self) -> Option<RawFd>;
+    /// `poll(2)` found the [`arm_fd`](Self::arm_fd) descriptor readable: take its
+    /// events.
+    #[doc(hidden)]
+    fn fd_fired(&mut self);
 }
 
 fn readable<F: Fabric>(rx: &mut Receiver<F>) -> Ready {
@@ -221,6 +233,27 @@ impl<F: Fabric> Selectable for RdmaStream<F> {
         }
         all
     }
+
+    fn arm_fd(&mut self, interest: Interest) -> Option<RawFd> {
+        // Both directions share the connection's queue pair, so one descriptor.
+        let mut fd = None;
+        if interest.is_readable() {
+            fd = Some(self.channel().receiver().arm_wake_fd()?);
+        }
+        if interest.is_writable() {
+            // A failed request shows as the item ready and closed at the next look.
+            fd = Some(self.channel().sender().arm_room_wake_fd().ok()??);
+        }
+        fd
+    }
+
+    fn wake_fd(&mut self) -> Option<RawFd> {
+        self.channel().receiver().wake_fd()
+    }
+
+    fn fd_fired(&mut self) {
+        self.channel().receiver().wake_fired();
+    }
 }
 
 impl<F: Fabric> sealed::Sealed for ReadHalf<F> {}
@@ -235,6 +268,22 @@ impl<F: Fabric> Selectable for ReadHalf<F> {
 
     fn ask_wake(&mut self, interest: Interest, fd: u32, instance: u32, hint: u32) -> bool {
         !interest.is_readable() || self.rx().ask_for_wake(fd, instance, hint).unwrap_or(false)
+    }
+
+    fn arm_fd(&mut self, interest: Interest) -> Option<RawFd> {
+        if interest.is_readable() {
+            self.rx().arm_wake_fd()
+        } else {
+            None
+        }
+    }
+
+    fn wake_fd(&mut self) -> Option<RawFd> {
+        self.rx().wake_fd()
+    }
+
+    fn fd_fired(&mut self) {
+        self.rx().wake_fired();
     }
 }
 
@@ -254,6 +303,22 @@ impl<F: Fabric> Selectable for WriteHalf<F> {
                 .sender()
                 .ask_for_room_wake(fd, instance, hint)
                 .unwrap_or(false)
+    }
+
+    fn arm_fd(&mut self, interest: Interest) -> Option<RawFd> {
+        if interest.is_writable() {
+            self.sender().arm_room_wake_fd().ok()?
+        } else {
+            None
+        }
+    }
+
+    fn wake_fd(&mut self) -> Option<RawFd> {
+        self.sender().wake_fd()
+    }
+
+    fn fd_fired(&mut self) {
+        self.sender().wake_fired();
     }
 }
 
@@ -309,6 +374,14 @@ pub struct Selector {
     barrier: bool,
     /// See [`set_spin`](Self::set_spin).
     spin: Duration,
+    /// What a sleep polls: the eventfd first, then the descriptors of the items
+    /// whose fabric wakes them itself (verbs), as the last arm found them.
+    polls: Vec<libc::pollfd>,
+    /// The item of each of `polls[1..]`.
+    poll_items: Vec<usize>,
+    /// Descriptors of the last arm found readable by the next [`arm`](Self::arm)
+    /// (a caller's own poll saw them): their events are taken before re-arming.
+    fired: Vec<RawFd>,
 }
 
 impl Selector {
@@ -325,12 +398,20 @@ impl Selector {
         }
         // SAFETY: the kernel just returned this descriptor; nobody else owns it.
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let polls = vec![libc::pollfd {
+            fd: wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
         Ok(Selector {
             wake,
             instance: wake_instance(),
             wakes: 0,
             barrier: crate::sync::register_barrier(),
             spin: SPIN,
+            polls,
+            poll_items: Vec::new(),
+            fired: Vec::new(),
         })
     }
 
@@ -384,10 +465,10 @@ impl Selector {
                 return Ok(n);
             }
             if woken {
-                hint = self.sleep(left.map_or(WAKE_SAFETY, |l| l.min(WAKE_SAFETY)))?;
+                hint = self.sleep(items, left.map_or(WAKE_SAFETY, |l| l.min(WAKE_SAFETY)))?;
             } else {
                 // Some item's peer cannot wake us: sleep a little, longer each time.
-                hint = self.sleep(left.map_or(nap, |l| l.min(nap)))?;
+                hint = self.sleep(items, left.map_or(nap, |l| l.min(nap)))?;
                 nap = (nap * 2).min(LONGEST_NAP);
             }
         }
@@ -404,54 +485,134 @@ impl Selector {
     /// Prepares to block on the selector's descriptor: asks every item's peer to
     /// wake it (after its next write, or when it makes room), orders those requests before a
     /// last look, and returns how many items that look found ready (do not block
-    /// then). A peer that cannot wake the selector (see the module documentation)
-    /// is not covered: poll with a timeout while such items are in the set.
+    /// then). Block on the selector's descriptor *and* on the
+    /// [`wake_fds`](Self::wake_fds) this arm lists (verbs connections wake through
+    /// their own completion channels); after any fires, call
+    /// [`select`](Self::select) with a zero timeout. A peer that cannot wake the
+    /// selector (see the module documentation) is not covered: poll with a timeout
+    /// while such items are in the set.
     ///
     /// # Errors
     ///
     /// As [`select`](Self::select).
     pub fn arm(&mut self, items: &mut [Select<'_>]) -> io::Result<usize> {
+        // The caller's own poll may have seen wake descriptors of the last arm fire
+        // without taking their events: find them (one poll over all), for
+        // arm_items to take before re-arming, else they would stay readable.
+        self.fired.clear();
+        if self.polls.len() > 1 {
+            let zero = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            for p in &mut self.polls[1..] {
+                p.revents = 0;
+            }
+            // SAFETY: `polls[1..]` is a valid array of pollfds for the call, its
+            // length below i32::MAX (one per item); zero timeout, no signal mask.
+            let r = unsafe {
+                libc::ppoll(
+                    self.polls[1..].as_mut_ptr(),
+                    (self.polls.len() - 1) as libc::nfds_t,
+                    &zero,
+                    std::ptr::null(),
+                )
+            };
+            if r > 0 {
+                let fired = self.polls[1..].iter().filter(|p| p.revents != 0);
+                self.fired.extend(fired.map(|p| p.fd));
+            }
+        }
         Ok(self.arm_items(items)?.0)
+    }
+
+    /// The descriptors besides its own ([`AsFd`]) that the last
+    /// [`arm`](Self::arm) asked to be polled: the completion channels of its verbs
+    /// connections (none on the emulated fabric). Each lives as long as its
+    /// connection.
+    pub fn wake_fds(&self) -> impl Iterator<Item = RawFd> + '_ {
+        self.polls[1..].iter().map(|p| p.fd)
     }
 
     /// [`arm`](Self::arm), and whether every item's peer will wake us.
     fn arm_items(&mut self, items: &mut [Select<'_>]) -> io::Result<(usize, bool)> {
         self.drain();
         let fd = self.wake.as_raw_fd() as u32;
-        let mut all = self.barrier;
+        self.polls.truncate(1);
+        self.poll_items.clear();
+        // Whether every item will be woken, and whether some through the eventfd.
+        let (mut all, mut notified) = (true, false);
         for (i, it) in items.iter_mut().enumerate() {
-            if !it
+            if !self.fired.is_empty()
+                && it.target.wake_fd().is_some_and(|f| self.fired.contains(&f))
+            {
+                it.target.fd_fired();
+            }
+            if let Some(wake_fd) = it.target.arm_fd(it.interest) {
+                self.polls.push(libc::pollfd {
+                    fd: wake_fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                self.poll_items.push(i);
+            } else if it
                 .target
                 .ask_wake(it.interest, fd, self.instance, (i % 32) as u32)
             {
+                notified = true;
+            } else {
                 all = false;
             }
         }
-        // Only a sleep that counts on the wakes needs them ordered before the look.
-        if all && !crate::sync::full_barrier() {
+        self.fired.clear();
+        // Only a sleep that counts on the peers' notifies needs them ordered before
+        // the look (a fabric's own wake is armed before it, and fires for anything
+        // that lands after the arm).
+        if all && notified && !(self.barrier && crate::sync::full_barrier()) {
             all = false;
         }
         Ok((look(items), all))
     }
 
-    /// Blocks on the eventfd for at most `nap`, then empties it; returns the wakes'
+    /// Blocks on the eventfd and the armed wake descriptors for at most `nap`, then
+    /// empties the eventfd and takes the descriptors' events; returns the wakes'
     /// hint bits (0: none came).
-    fn sleep(&mut self, nap: Duration) -> io::Result<u64> {
+    fn sleep(&mut self, items: &mut [Select<'_>], nap: Duration) -> io::Result<u64> {
         let ts = libc::timespec {
             tv_sec: nap.as_secs().min(i32::MAX as u64) as libc::time_t,
             tv_nsec: libc::c_long::from(nap.subsec_nanos() as i32),
         };
-        let mut p = libc::pollfd {
-            fd: self.wake.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
+        for p in &mut self.polls {
+            p.revents = 0;
+        }
+        // SAFETY: `polls` is a valid array of pollfds for the call (its length below
+        // i32::MAX: one per item and the eventfd), a valid timespec, no signal mask.
+        let r = unsafe {
+            libc::ppoll(
+                self.polls.as_mut_ptr(),
+                self.polls.len() as libc::nfds_t,
+                &ts,
+                std::ptr::null(),
+            )
         };
-        // SAFETY: one valid pollfd, a valid timespec, no signal mask.
-        let r = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
         if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
             return Err(io::Error::last_os_error());
         }
-        Ok(self.drain())
+        let mut hint = 0;
+        if r > 0 {
+            let mut fired = false;
+            for (p, &i) in self.polls[1..].iter().zip(&self.poll_items) {
+                if p.revents != 0 {
+                    items[i].target.fd_fired();
+                    hint |= 1 << (i % 32);
+                    fired = true;
+                }
+            }
+            if fired {
+                self.wakes = self.wakes.saturating_add(1);
+            }
+        }
+        Ok(hint | self.drain())
     }
 
     /// Empties the eventfd (wakes from before now are spent); returns the count it

@@ -1281,6 +1281,32 @@ impl QueuePair for VerbsQp {
         self.reap_wakes();
     }
 
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        if !self.wakes {
+            return None;
+        }
+        self.qp.channel.as_ref().map(|ch| ch.fd())
+    }
+
+    fn wake_fired(&self) {
+        let Some(ch) = &self.qp.channel else {
+            return;
+        };
+        // Both queues may have fired: take every event, so that the descriptor is
+        // quiet until the next arm (a poll would return at once on one left).
+        let mut took = false;
+        while ch.take_event() {
+            took = true;
+        }
+        if took {
+            // Relaxed: see arm_wake; the events are taken, nothing is left to see.
+            self.event_seen.store(false, Ordering::Relaxed);
+            // Release: as in block_wake.
+            self.wake_events.fetch_add(1, Ordering::Release);
+        }
+        self.reap_wakes();
+    }
+
     fn error_reason(&self) -> Option<String> {
         let why = self.last_error()?;
         Some(

@@ -610,13 +610,19 @@ fn engine_waits_block_on_wakes() {
 
 /// Rounds of `a_selector_on_verbs_sleeps_on_the_completion_channels`.
 const VERBS_SELECT_ROUNDS: usize = 6;
+/// Bytes of its flood, in 8-byte writes (3x the 1,024 wakes of a budget).
+const VERBS_FLOOD: usize = 3 * 1024 * 8;
+/// What tells its writer thread to flood instead of writing one byte.
+const FLOOD_SIGNAL: usize = usize::MAX;
 
 /// A `Selector` over four verbs streams with wakes on sleeps on their completion
 /// channels: each round a writer thread waits until the selector is inside its
 /// sleep (past its spin, 50 ms later), writes one byte on a round-robin stream,
 /// and the select must name exactly that stream and the wake must have come
 /// through a channel (counted by `Selector::wakes`; without it each sleep would
-/// end only by the selector's 250 ms safety bound, counting none). Then the other
+/// end only by the selector's 250 ms safety bound, counting none). Half way, a
+/// flood past the peer's budget of wakes, read without a select, must not stop
+/// them (the rounds after it are woken too). Then the other
 /// way: a writer whose ring is full waits with a selector for room, which the
 /// reader's credit answer (a write, so a wake) makes.
 #[test]
@@ -640,6 +646,13 @@ fn a_selector_on_verbs_sleeps_on_the_completion_channels() {
     let (go_tx, go_rx) = std::sync::mpsc::channel::<usize>();
     let writer = std::thread::spawn(move || {
         while let Ok(i) = go_rx.recv() {
+            if i == FLOOD_SIGNAL {
+                for _ in 0..VERBS_FLOOD / 8 {
+                    far[2].write_all(&[0xf1; 8]).unwrap();
+                    far[2].flush().unwrap();
+                }
+                continue;
+            }
             std::thread::sleep(Duration::from_millis(50));
             far[i].write_all(&[i as u8]).unwrap();
             far[i].flush().unwrap();
@@ -647,7 +660,18 @@ fn a_selector_on_verbs_sleeps_on_the_completion_channels() {
         far
     });
     let mut selector = Selector::new().unwrap();
+    let mut wakes_before_flood = 0;
     for round in 0..VERBS_SELECT_ROUNDS {
+        if round == VERBS_SELECT_ROUNDS / 2 {
+            wakes_before_flood = selector.wakes();
+            // A flood past the peer's budget of wakes (1024 receives), read without
+            // a select: the next arm finds the budget spent, naps once, and the
+            // wakes must come back.
+            go_tx.send(FLOOD_SIGNAL).unwrap();
+            let mut got = vec![0u8; VERBS_FLOOD];
+            near[2].read_exact(&mut got).unwrap();
+            assert!(got.iter().all(|&b| b == 0xf1), "flood bytes");
+        }
         go_tx.send(round % 4).unwrap();
         let mut items: Vec<Select<'_>> = near
             .iter_mut()
@@ -664,6 +688,9 @@ fn a_selector_on_verbs_sleeps_on_the_completion_channels() {
     drop(go_tx);
     let mut far = writer.join().unwrap();
     let read_wakes = selector.wakes();
+    let after_flood = read_wakes - wakes_before_flood;
+    println!("selector on verbs: {after_flood} wakes in the rounds after the flood");
+    assert!(after_flood >= 1, "no wake after the flood spent the budget");
     println!("selector on verbs: {read_wakes} wakes in {VERBS_SELECT_ROUNDS} rounds");
     assert!(read_wakes >= 1, "no wake came through a completion channel");
 
@@ -693,6 +720,54 @@ fn a_selector_on_verbs_sleeps_on_the_completion_channels() {
     let room_wakes = selector.wakes() - read_wakes;
     println!("selector on verbs: {room_wakes} wakes waiting for room");
     assert!(room_wakes >= 1, "the credit answer woke no selector");
+}
+
+/// Async streams on verbs with wakes park on the connection's completion channel:
+/// an echo of 256 KiB messages through 64 KiB rings, both ends tasks of one thread,
+/// where every read waits for data and every write for room. The runtime has no
+/// timer, so a wait that fell back to timer naps (as without the channel) would
+/// panic; every byte is checked.
+#[cfg(feature = "tokio")]
+#[test]
+fn async_streams_on_verbs_park_on_the_completion_channel() {
+    let _ = fabric_or_skip!();
+    use rdma_channel::tokio::AsyncStream;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const MESSAGE: usize = 256 << 10;
+    const ROUNDS: u64 = 8;
+    let cfg = Config::default()
+        .with_ring_size(64 << 10)
+        .with_chunk_size(4 << 10);
+    let (sa, sb) = UnixStream::pair().unwrap();
+    let c = cfg.clone();
+    let t = std::thread::spawn(move || RdmaStream::handshake(fabric_with_wakes(), &sb, c).unwrap());
+    let a = RdmaStream::handshake(fabric_with_wakes(), &sa, cfg).unwrap();
+    let b = t.join().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut a = AsyncStream::new(a).unwrap();
+        let mut b = AsyncStream::new(b).unwrap();
+        let echo = tokio::spawn(async move {
+            let mut buf = vec![0u8; MESSAGE];
+            for _ in 0..ROUNDS {
+                b.read_exact(&mut buf).await.unwrap();
+                b.write_all(&buf).await.unwrap();
+            }
+        });
+        let mut back = vec![0u8; MESSAGE];
+        for round in 0..ROUNDS {
+            let pos = round * MESSAGE as u64;
+            let msg: Vec<u8> = (pos..pos + MESSAGE as u64).map(stream_byte).collect();
+            // The echo reads as this writes: both wait for each other's rings.
+            a.write_all(&msg).await.unwrap();
+            a.read_exact(&mut back).await.unwrap();
+            assert!(back == msg, "round {round}: the echo differs");
+        }
+        echo.await.unwrap();
+    });
 }
 
 #[test]

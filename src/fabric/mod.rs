@@ -598,7 +598,9 @@ pub trait QueuePair: Send + Sync {
     /// told of the next write of the peer's or completion of ours, and returns a
     /// token for [`block_wake`](Self::block_wake). The caller must look for what it
     /// waits for once more before blocking (what landed before the arm raises no
-    /// event). `None` where this end takes no wakes: then the caller sleeps.
+    /// event). `None` where this end takes no wakes, or cannot count on them for
+    /// this wait (verbs: the peer may have just spent its budget of wakes): then
+    /// the caller sleeps a bounded time.
     fn arm_wake(&self) -> Option<u64> {
         None
     }

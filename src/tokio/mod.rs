@@ -7,9 +7,11 @@
 //! task costs no CPU and the data path pays nothing. Before it parks it orders the
 //! request before one more look with `membarrier`, as the selector does. A write that
 //! finds the peer's ring full parks the same way, on an eventfd of its own that the
-//! peer's receiver wakes when it answers the credit request. Where the peer cannot
-//! wake it (verbs, for now), the task naps on the runtime's timer instead, 10 us
-//! doubling to 1 ms.
+//! peer's receiver wakes when it answers the credit request. On verbs with wakes on
+//! (`RCH_IB_WAKE=1`) the task parks on the connection's completion channel instead
+//! (a duplicate of its descriptor in the reactor), armed before the last look. Where
+//! the peer cannot wake it at all (verbs without wakes), the task naps on the
+//! runtime's timer instead, 10 us doubling to 1 ms.
 //! The blocking API is unchanged and costs the same.
 //!
 //! ```
@@ -35,7 +37,7 @@
 
 use std::future::Future;
 use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -94,6 +96,11 @@ trait Waitable {
     /// Asks the peer to wake eventfd `fd` of `instance` when it may be; false where
     /// it cannot.
     fn ask_wake(&mut self, fd: u32, instance: u32) -> io::Result<bool>;
+    /// Arms the fabric's own wake and returns the descriptor it makes readable
+    /// (verbs: the completion channel); `None` where the fabric has none.
+    fn arm_fd(&mut self) -> io::Result<Option<RawFd>>;
+    /// The armed descriptor fired: take its events.
+    fn fd_fired(&mut self);
 }
 
 impl<F: Fabric> Waitable for Receiver<F> {
@@ -103,6 +110,14 @@ impl<F: Fabric> Waitable for Receiver<F> {
 
     fn ask_wake(&mut self, fd: u32, instance: u32) -> io::Result<bool> {
         self.ask_for_wake(fd, instance, 0)
+    }
+
+    fn arm_fd(&mut self) -> io::Result<Option<RawFd>> {
+        Ok(self.arm_wake_fd())
+    }
+
+    fn fd_fired(&mut self) {
+        self.wake_fired();
     }
 }
 
@@ -114,6 +129,14 @@ impl<F: Fabric> Waitable for Sender<F> {
     fn ask_wake(&mut self, fd: u32, instance: u32) -> io::Result<bool> {
         self.ask_for_room_wake(fd, instance, 0)
     }
+
+    fn arm_fd(&mut self) -> io::Result<Option<RawFd>> {
+        self.arm_room_wake_fd()
+    }
+
+    fn fd_fired(&mut self) {
+        self.wake_fired();
+    }
 }
 
 /// How an end waits: its eventfd in the reactor, whether the peer was asked to
@@ -123,7 +146,15 @@ struct Wait {
     efd: AsyncFd<OwnedFd>,
     /// The eventfd's instance (`select::wake_instance`).
     instance: u32,
+    /// A wake is armed or asked for: the next step parks.
     asked: bool,
+    /// ... and it is the completion channel's (`channel`), not the eventfd's.
+    on_channel: bool,
+    /// A duplicate of the connection's completion channel in the reactor (verbs with
+    /// wakes), made at the first wait that armed it. A duplicate, because the
+    /// stream's two halves may each register one (epoll takes a descriptor number
+    /// once) and so that its lifetime is the wait's own.
+    channel: Option<AsyncFd<OwnedFd>>,
     nap: Nap,
 }
 
@@ -144,8 +175,35 @@ impl Wait {
             efd,
             instance: crate::select::wake_instance(),
             asked: false,
+            on_channel: false,
+            channel: None,
             nap: Nap::new(),
         })
+    }
+
+    /// Arms the fabric's own wake where it has one, registering its descriptor
+    /// the first time; false where it has none.
+    fn arm_channel(&mut self, end: &mut impl Waitable) -> io::Result<bool> {
+        let Some(fd) = end.arm_fd()? else {
+            return Ok(false);
+        };
+        if self.channel.is_none() {
+            // SAFETY: F_DUPFD_CLOEXEC on a descriptor the connection keeps open
+            // (it was just armed) returns a new one or -1.
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if dup < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: the kernel just returned this descriptor; nobody else owns it.
+            let dup = unsafe { OwnedFd::from_raw_fd(dup) };
+            // SAFETY: an OwnedFd of an open descriptor, which the AsyncFd owns from
+            // now on: it stays open and keeps its number until the AsyncFd goes.
+            let registered =
+                unsafe { AsyncFd::register_with_interest(dup, ::tokio::io::Interest::READABLE) }
+                    .map_err(io::Error::from)?;
+            self.channel = Some(registered);
+        }
+        Ok(true)
     }
 
     /// Ready when `end` is.
@@ -162,6 +220,13 @@ impl Wait {
                 return Poll::Ready(Ok(()));
             }
             if !self.asked {
+                if self.arm_channel(end)? {
+                    // Armed before the look below: what lands after it fires.
+                    self.asked = true;
+                    self.on_channel = true;
+                    continue;
+                }
+                self.on_channel = false;
                 let fd = self.efd.get_ref().as_raw_fd() as u32;
                 if end.ask_wake(fd, self.instance)? && crate::sync::full_barrier() {
                     // The request is out and ordered: one more look before parking.
@@ -170,6 +235,15 @@ impl Wait {
                 }
                 // This peer cannot wake us.
                 ready!(self.nap.poll(cx));
+                continue;
+            }
+            if let Some(channel) = self.channel.as_ref().filter(|_| self.on_channel) {
+                let mut guard = ready!(channel.poll_read_ready(cx))?;
+                // Cleared before the events are taken: an event after the take is a
+                // new edge, which marks the descriptor ready again.
+                guard.clear_ready();
+                end.fd_fired();
+                self.asked = false;
                 continue;
             }
             let mut guard = ready!(self.efd.poll_read_ready(cx))?;

@@ -1256,7 +1256,20 @@ impl QueuePair for VerbsQp {
             return None;
         }
         self.reap_wakes();
+        // A peer near the end of its budget may have posted writes without
+        // immediate data that are still in flight, which no event would announce:
+        // this wait is not covered (the report below restores the peer's budget,
+        // and the caller's bounded sleep finds those writes). Relaxed: see take_wake.
+        let behind = self
+            .wakes_reaped
+            .load(Ordering::Relaxed)
+            .wrapping_sub(self.reaped_told.load(Ordering::Relaxed));
+        let may_miss = self.sends_wakes.load(Ordering::Relaxed)
+            && behind.saturating_add(WAKE_MARGIN) >= self.wake_budget;
         self.report_reaped();
+        if may_miss {
+            return None;
+        }
         Some(token)
     }
 

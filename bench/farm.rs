@@ -4,33 +4,40 @@
 //! master's collector thread, which takes results from any worker
 //! (`patterns::Scatter` and `patterns::FromAny` over streams from a listener).
 //! For `bench/runtime.sh`, which runs the same farm over ZeroMQ (PUSH/PULL over TCP)
-//! and plain TCP (`bench/c/msg_farm.c`) beside it.
+//! and plain TCP (`bench/c/msg_farm.c`) beside it. Across hosts
+//! (`bench/runtime-cluster.sh`): `RCH_BENCH_LISTEN=ip:port` runs the master only,
+//! listening there, and `RCH_BENCH_CONNECT=ip:port` the workers only.
 //!
 //! ```text
-//! cargo bench --bench farm -- 10,1024,65536 [TASK_BYTES] [WORKERS]
+//! cargo bench --bench farm -- 10,1024,65536 [TASK_BYTES] [WORKERS] [MIN_TASKS]
 //! ```
 //!
 //! Prints "farm SIZE MB/s" lines (task bytes over the time from the first task sent
 //! to the last result taken, at most 100,000 tasks a size); every result is
 //! checked against the sum the master expects. Asserts nothing about speed.
 
-use std::io;
+use std::io::{self, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use rdma_channel::patterns::{FromAny, Messages, Scatter};
-use rdma_channel::{RdmaListener, RdmaStream};
+use rdma_channel::RdmaListener;
 
 #[path = "seed004.rs"]
 mod seed004;
 
 const ROLE: &str = "RCH_FARM_BENCH_ROLE";
 const SOCKET: &str = "RCH_FARM_BENCH_SOCKET";
+/// The byte a worker sends first on its task stream, and on its result stream.
+const TASKS_TAG: &[u8; 1] = b"T";
+const RESULTS_TAG: &[u8; 1] = b"R";
 
 struct Opts {
     sizes: Vec<usize>,
     task_bytes: u64,
     workers: usize,
+    /// Fewest tasks of a size (default 1,000).
+    min_tasks: u64,
 }
 
 fn opts() -> Opts {
@@ -39,11 +46,12 @@ fn opts() -> Opts {
         sizes: seed004::sizes(args.first()),
         task_bytes: args.get(1).map_or(64 << 20, |s| s.parse().expect("bytes")),
         workers: args.get(2).map_or(2, |s| s.parse().expect("workers")),
+        min_tasks: args.get(3).map_or(1000, |s| s.parse().expect("tasks")),
     }
 }
 
 fn tasks_for(o: &Opts, size: usize) -> u64 {
-    (o.task_bytes / size.max(1) as u64).clamp(1000, 100_000)
+    (o.task_bytes / size.max(1) as u64).clamp(o.min_tasks.min(100_000), 100_000)
 }
 
 /// The task `k` of a size: bytes whose sum the collector can recompute.
@@ -54,8 +62,16 @@ fn fill(task: &mut [u8], k: u64) {
 
 fn worker() -> io::Result<()> {
     let socket = std::env::var(SOCKET).unwrap();
-    let mut tasks = Messages::new(RdmaStream::connect(socket.as_str())?);
-    let mut results = Messages::new(RdmaStream::connect(socket.as_str())?);
+    // Retried, as across hosts the master may still be starting; each stream says
+    // first what it is (workers' connects may interleave at the master).
+    let open = |tag: &[u8; 1]| -> io::Result<Messages> {
+        let mut s = seed004::connect_retrying(&socket)?;
+        s.write_all(tag)?;
+        s.flush()?;
+        Ok(Messages::new(s))
+    };
+    let mut tasks = open(TASKS_TAG)?;
+    let mut results = open(RESULTS_TAG)?;
     let mut t = Vec::new();
     while tasks.recv(&mut t)? {
         let sum: u64 = t.iter().map(|&b| u64::from(b)).sum();
@@ -69,23 +85,58 @@ fn main() -> io::Result<()> {
         return worker();
     }
     let o = opts();
+    let spawn_worker = |socket: &std::ffi::OsStr| {
+        Command::new(std::env::current_exe()?)
+            .env(ROLE, "worker")
+            .env(SOCKET, socket)
+            .env_remove("RCH_BENCH_CONNECT")
+            .stdin(Stdio::null())
+            .spawn()
+    };
+    if let Some(addr) = seed004::connect_address() {
+        // The workers only: the master listens on another host.
+        let kids: Vec<Child> = (0..o.workers)
+            .map(|_| spawn_worker(addr.as_ref()))
+            .collect::<io::Result<_>>()?;
+        for mut k in kids {
+            if !k.wait()?.success() {
+                return Err(io::Error::other("a worker failed"));
+            }
+        }
+        return Ok(());
+    }
     let dir = std::env::temp_dir().join(format!("rch-farm-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let path = dir.join("sock");
-    let listener = RdmaListener::bind(path.to_str().unwrap())?;
+    let across = seed004::listen_address();
+    let address = match &across {
+        Some(a) => a.clone(),
+        None => {
+            std::fs::create_dir_all(&dir)?;
+            dir.join("sock").to_str().unwrap().to_string()
+        }
+    };
+    let listener = RdmaListener::bind(address.as_str())?;
     let mut kids: Vec<Child> = Vec::new();
     let (mut to_workers, mut from_workers) = (Vec::new(), Vec::new());
     for _ in 0..o.workers {
-        kids.push(
-            Command::new(std::env::current_exe()?)
-                .env(ROLE, "worker")
-                .env(SOCKET, &path)
-                .stdin(Stdio::null())
-                .spawn()?,
-        );
-        // A worker connects its task stream first, then its result stream.
-        to_workers.push(listener.accept()?);
-        from_workers.push(listener.accept()?);
+        if across.is_none() {
+            kids.push(spawn_worker(address.as_ref())?);
+        }
+    }
+    // Each worker's two streams, told apart by their first byte (across hosts the
+    // workers' connects interleave).
+    while to_workers.len() + from_workers.len() < 2 * o.workers {
+        let mut s = listener.accept()?;
+        let mut tag = [0u8; 1];
+        s.read_exact(&mut tag)?;
+        match &tag {
+            TASKS_TAG => to_workers.push(s),
+            RESULTS_TAG => from_workers.push(s),
+            _ => {
+                return Err(io::Error::other(
+                    "a stream that is neither tasks nor results",
+                ))
+            }
+        }
     }
     let sizes = o.sizes.clone();
     let counts: Vec<u64> = sizes.iter().map(|&s| tasks_for(&o, s)).collect();

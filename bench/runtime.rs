@@ -11,7 +11,9 @@
 //! `pingpong`: a message to the peer and the same size back (Table II), one-way us;
 //! `stream`: messages sent continuously one way, then a 1-byte answer (Table I), MB/s.
 //! The parent (CPU 0) is the client, a child (CPU 1) the server, connected on a Unix
-//! socket in a scratch folder. Prints "pattern size value" lines; asserts nothing.
+//! socket in a scratch folder. Across hosts (`bench/runtime-cluster.sh`) each host
+//! runs one side: `RCH_BENCH_LISTEN=ip:port` the server, `RCH_BENCH_CONNECT=ip:port`
+//! the client. Prints "pattern size value" lines; asserts nothing.
 
 use std::io;
 use std::process::{Command, Stdio};
@@ -98,6 +100,14 @@ fn client(o: &Opts, m: &mut Messages) -> io::Result<()> {
 
 fn main() -> io::Result<()> {
     let o = opts();
+    if let Some(addr) = seed004::listen_address() {
+        let s = RdmaListener::bind(addr.as_str())?.accept()?;
+        return server(&o, &mut Messages::new(s));
+    }
+    if let Some(addr) = seed004::connect_address() {
+        let s = seed004::connect_retrying(&addr)?;
+        return client(&o, &mut Messages::new(s));
+    }
     if std::env::var(ROLE).is_ok() {
         pin(1);
         let s = RdmaStream::connect(std::env::var(SOCKET).unwrap().as_str())?;

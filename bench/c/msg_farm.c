@@ -12,7 +12,12 @@
  *
  * Prints "farm SIZE MB/s" lines (task bytes over the time from the collector's start
  * on a size to its last result, at most 100,000 tasks a size); every result is
- * checked. usage: msg_farm zmq|tcp PORT SIZE[,SIZE...] [TASK_BYTES] [WORKERS]
+ * checked. Across hosts (bench/runtime-cluster.sh), MSG_ROLE=master runs the master
+ * only, listening at MSG_HOST, and MSG_ROLE=workers the workers only (forked here),
+ * connecting to it; the master then waits for a hello from each worker before it
+ * starts (ZeroMQ's PUSH deals only to connected workers).
+ * usage: [MSG_ROLE=master|workers MSG_HOST=IP] msg_farm zmq|tcp PORT SIZE[,SIZE...]
+ *        [TASK_BYTES] [WORKERS] [MIN_TASKS]
  * It is a benchmark, never a test: nothing here asserts.
  */
 #define _GNU_SOURCE
@@ -50,11 +55,17 @@ static double now_s(void)
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+static long min_tasks = 1000;
+
 static long tasks_for(size_t s)
 {
     long n = task_bytes / (long) (s ? s : 1);
-    return n < 1000 ? 1000 : (n > 100000 ? 100000 : n);
+    return n < min_tasks ? min_tasks : (n > 100000 ? 100000 : n);
 }
+
+/* The hello a worker sends first in a run across hosts (no sum is all ones). */
+static const uint64_t HELLO = ~(uint64_t) 0;
+static int across_hosts;
 
 static void tcp_send(int fd, const void *p, size_t n)
 {
@@ -89,8 +100,7 @@ static long tcp_recv(int fd, void *p, size_t cap)
 
 static int tcp_listen(int p)
 {
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t) p) };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct sockaddr_in a = msg_addr(p);
     int one = 1, l = socket(AF_INET, SOCK_STREAM, 0);
     setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(l, (struct sockaddr *) &a, sizeof a) || listen(l, 128))
@@ -100,11 +110,10 @@ static int tcp_listen(int p)
 
 static int tcp_connect(int p)
 {
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t) p) };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct sockaddr_in a = msg_addr(p);
     int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
     for (int tries = 0; connect(fd, (struct sockaddr *) &a, sizeof a) != 0; tries++) {
-        if (tries > 5000)
+        if (tries > 30000)
             die("connect");
         usleep(1000);
         close(fd);
@@ -142,10 +151,12 @@ static void worker(void)
         char addr[64];
         void *ctx = zmq_ctx_new();
         void *in = zmq_socket(ctx, ZMQ_PULL), *out = zmq_socket(ctx, ZMQ_PUSH);
-        snprintf(addr, sizeof addr, "tcp://127.0.0.1:%d", port);
+        snprintf(addr, sizeof addr, "tcp://%s:%d", msg_host(), port);
         zmq_connect(in, addr);
-        snprintf(addr, sizeof addr, "tcp://127.0.0.1:%d", port + 1);
+        snprintf(addr, sizeof addr, "tcp://%s:%d", msg_host(), port + 1);
         zmq_connect(out, addr);
+        if (across_hosts)
+            zmq_send(out, &HELLO, 8, 0);
         for (;;) {
             int n = zmq_recv(in, task, cap, 0);
             if (n < 0)
@@ -228,18 +239,37 @@ int main(int argc, char **argv)
         task_bytes = atol(argv[4]);
     if (argc > 5)
         workers = atoi(argv[5]);
-    if (workers < 1 || workers > MAX_WORKERS)
+    if (argc > 6)
+        min_tasks = atol(argv[6]);
+    if (workers < 1 || workers > MAX_WORKERS || min_tasks < 1)
         return 2;
+    const char *role = msg_role();
+    across_hosts = role != NULL;
+    if (role && strcmp(role, "master") != 0 && strcmp(role, "workers") != 0) {
+        fprintf(stderr, "msg_farm: MSG_ROLE=%s is neither master nor workers\n", role);
+        return 2;
+    }
 
     /* The workers first: a ZeroMQ context is not to be shared across fork, and both
      * kinds of worker retry their connects until the master listens. */
     pid_t kids[MAX_WORKERS];
-    for (int w = 0; w < workers; w++) {
+    int forked = role && strcmp(role, "master") == 0 ? 0 : workers;
+    for (int w = 0; w < forked; w++) {
         kids[w] = fork();
         if (kids[w] == 0) {
             worker();
             _exit(0);
         }
+    }
+    if (role && strcmp(role, "workers") == 0) {
+        int status = 0;
+        for (int w = 0; w < forked; w++) {
+            int st;
+            waitpid(kids[w], &st, 0);
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                status = 1;
+        }
+        return status;
     }
     void *push = NULL, *pull = NULL;
     int l_tasks = -1, l_results = -1;
@@ -248,10 +278,10 @@ int main(int argc, char **argv)
         zctx = zmq_ctx_new();
         push = zmq_socket(zctx, ZMQ_PUSH);
         pull = zmq_socket(zctx, ZMQ_PULL);
-        snprintf(addr, sizeof addr, "tcp://127.0.0.1:%d", port);
+        snprintf(addr, sizeof addr, "tcp://%s:%d", msg_host(), port);
         if (zmq_bind(push, addr))
             die("zmq_bind");
-        snprintf(addr, sizeof addr, "tcp://127.0.0.1:%d", port + 1);
+        snprintf(addr, sizeof addr, "tcp://%s:%d", msg_host(), port + 1);
         if (zmq_bind(pull, addr))
             die("zmq_bind");
     } else {
@@ -263,6 +293,15 @@ int main(int argc, char **argv)
             task_fds[w] = tcp_accept(l_tasks);
         for (int w = 0; w < workers; w++)
             result_fds[w] = tcp_accept(l_results);
+    } else if (across_hosts) {
+        /* Every worker's hello, then a moment for its task socket, which it
+         * connected before sending the hello. */
+        for (int w = 0; w < workers; w++) {
+            uint64_t h;
+            if (zmq_recv(pull, &h, 8, 0) != 8 || h != HELLO)
+                die("a worker's hello");
+        }
+        usleep(200000);
     } else {
         /* PUSH deals only to connected workers: wait until each has one. */
         usleep(200000);
@@ -326,7 +365,7 @@ int main(int argc, char **argv)
             pthread_barrier_wait(&size_done);
     }
     pthread_join(em, NULL);
-    for (int w = 0; w < workers; w++)
+    for (int w = 0; w < forked; w++)
         waitpid(kids[w], NULL, 0);
     if (use_zmq) {
         int zero = 0;

@@ -1,11 +1,13 @@
 /*
  * What bench/c/msg_peers.c and bench/c/msg_farm.c share: whole reads and writes on
- * a socket, and failing loudly. A benchmark's helpers: nothing here asserts.
+ * a socket, failing loudly, and the address and role of a run across hosts. A benchmark's helpers: nothing here asserts.
  */
 #ifndef MSG_IO_H
 #define MSG_IO_H
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -53,6 +55,33 @@ static int full_read(int fd, void *p, size_t n)
         got += (size_t) r;
     }
     return 1;
+}
+
+/* The listening side's IPv4 address: MSG_HOST, else the loopback. Across hosts
+ * (bench/runtime-cluster.sh) each side runs one role (MSG_ROLE) and MSG_HOST names
+ * the listener's address on the hosts' private link. */
+static const char *msg_host(void)
+{
+    const char *h = getenv("MSG_HOST");
+    return h && *h ? h : "127.0.0.1";
+}
+
+/* A sockaddr_in for msg_host() and port p. */
+static struct sockaddr_in msg_addr(int p)
+{
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t) p) };
+    if (inet_pton(AF_INET, msg_host(), &a.sin_addr) != 1) {
+        fprintf(stderr, "MSG_HOST=%s is not an IPv4 address\n", msg_host());
+        exit(2);
+    }
+    return a;
+}
+
+/* MSG_ROLE, or NULL when this process plays every role (forking the others). */
+static const char *msg_role(void)
+{
+    const char *r = getenv("MSG_ROLE");
+    return r && *r ? r : NULL;
 }
 
 #endif

@@ -7,10 +7,13 @@
  *   pingpong  a message to the peer and the same size back (Table II): one-way us
  *   stream    messages sent continuously one way, then a 1-byte answer (Table I): MB/s
  *
- * The parent (CPU 0) is the client, a forked child (CPU 1) the server; both over
- * 127.0.0.1 only. Prints "pattern size value" lines.
+ * The parent (CPU 0) is the client, a forked child (CPU 1) the server, over
+ * 127.0.0.1. Across hosts (bench/runtime-cluster.sh), MSG_ROLE=server or client
+ * runs one side only and MSG_HOST is the server's address. Prints "pattern size
+ * value" lines.
  *
- * usage: msg_peers zmq|tcp PORT SIZE[,SIZE...] [PINGPONG_ITERS] [STREAM_BYTES]
+ * usage: [MSG_ROLE=server|client MSG_HOST=IP] msg_peers zmq|tcp PORT SIZE[,SIZE...]
+ *        [PINGPONG_ITERS] [STREAM_BYTES]
  * It is a benchmark, never a test: nothing here asserts.
  */
 #define _GNU_SOURCE
@@ -105,13 +108,12 @@ static chan open_chan(int zmq, int server, int port)
     if (zmq) {
         c.ctx = zmq_ctx_new();
         c.sock = zmq_socket(c.ctx, ZMQ_PAIR);
-        snprintf(addr, sizeof addr, "tcp://127.0.0.1:%d", port);
+        snprintf(addr, sizeof addr, "tcp://%s:%d", msg_host(), port);
         if ((server ? zmq_bind(c.sock, addr) : zmq_connect(c.sock, addr)) != 0)
             die("zmq bind/connect");
         return c;
     }
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t) port) };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct sockaddr_in a = msg_addr(port);
     int one = 1;
     if (server) {
         int l = socket(AF_INET, SOCK_STREAM, 0);
@@ -123,7 +125,7 @@ static chan open_chan(int zmq, int server, int port)
     } else {
         c.fd = socket(AF_INET, SOCK_STREAM, 0);
         for (int tries = 0; connect(c.fd, (struct sockaddr *) &a, sizeof a) != 0; tries++) {
-            if (tries > 2000)
+            if (tries > 20000)
                 die("connect");
             usleep(1000);
             close(c.fd);
@@ -159,7 +161,7 @@ static long stream_count(size_t size)
     return n < 200 ? 200 : (n > 200000 ? 200000 : n);
 }
 
-static void server(chan *c, char *buf, size_t cap)
+static void server_loop(chan *c, char *buf, size_t cap)
 {
     for (int i = 0; i < nsizes; i++) {
         for (long k = 0; k < pp_iters + pp_iters / 10; k++) {
@@ -217,11 +219,26 @@ int main(int argc, char **argv)
     if (argc > 5)
         stream_bytes = atol(argv[5]);
     char *buf = calloc(1, cap + 8);
+    const char *role = msg_role();
+    if (role) {
+        int server = strcmp(role, "server") == 0;
+        if (!server && strcmp(role, "client") != 0) {
+            fprintf(stderr, "msg_peers: MSG_ROLE=%s is neither server nor client\n", role);
+            return 2;
+        }
+        chan c = open_chan(zmq, server, port);
+        if (server)
+            server_loop(&c, buf, cap + 8);
+        else
+            client(&c, buf, cap + 8);
+        close_chan(&c);
+        return 0;
+    }
     pid_t kid = fork();
     if (kid == 0) {
         pin(1);
         chan c = open_chan(zmq, 1, port);
-        server(&c, buf, cap + 8);
+        server_loop(&c, buf, cap + 8);
         close_chan(&c);
         return 0;
     }

@@ -190,19 +190,40 @@ impl Backoff {
         } else if self.step < self.spins.saturating_add(self.yields) {
             std::thread::yield_now();
         } else {
-            if self.slack.is_none() && self.short_sleep_max < PRECISE_SLEEP_BELOW {
-                self.slack = SavedSlack::tighten();
-            }
-            let young = self.step - self.spins.saturating_add(self.yields) < SHORT_SLEEPS;
-            let cap = if young {
-                self.short_sleep_max
-            } else {
-                self.sleep_max
-            };
-            std::thread::sleep(self.sleep.min(cap));
-            self.sleep = (self.sleep * 2).min(cap.max(Duration::from_micros(1)));
+            std::thread::sleep(self.next_sleep());
         }
         self.step = self.step.saturating_add(1);
+    }
+
+    /// The length of the sleep this step takes (the backoff is in its sleeping
+    /// phase), advancing the schedule.
+    fn next_sleep(&mut self) -> Duration {
+        if self.slack.is_none() && self.short_sleep_max < PRECISE_SLEEP_BELOW {
+            self.slack = SavedSlack::tighten();
+        }
+        let young = self
+            .step
+            .saturating_sub(self.spins.saturating_add(self.yields))
+            < SHORT_SLEEPS;
+        let cap = if young {
+            self.short_sleep_max
+        } else {
+            self.sleep_max
+        };
+        let now = self.sleep.min(cap);
+        self.sleep = (self.sleep * 2).min(cap.max(Duration::from_micros(1)));
+        now
+    }
+
+    /// For a caller that sleeps by itself (a selector's `ppoll`): how long the
+    /// next sleep of this backoff's schedule lasts, skipping its spins and yields.
+    /// The thread's timer slack is tightened as for [`snooze`](Self::snooze)'s
+    /// short sleeps.
+    pub(crate) fn next_nap(&mut self) -> Duration {
+        self.step = self.step.max(self.spins.saturating_add(self.yields));
+        let nap = self.next_sleep();
+        self.step = self.step.saturating_add(1);
+        nap
     }
 
     /// As [`snooze`](Self::snooze), but where it would sleep, waits for a wake of

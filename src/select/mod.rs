@@ -19,9 +19,12 @@
 //! peer's receiver answers our credit request (its tail, after its reads) and then
 //! wakes the eventfd our sender named (`RoomWakeFd`).
 //!
-//! Where a peer cannot wake us (a fabric without `notify`: verbs, for now) the sleep
-//! is bounded instead: short sleeps doubling up to
-//! `RCH_SLEEP_MAX_US`. Where it can, the sleep is bounded only by the caller's
+//! On verbs with wakes on (`RCH_IB_WAKE=1`) each connection wakes us through its own
+//! completion channel: the selector arms it before its last look and polls its
+//! descriptor beside the eventfd (the peer's writes carry immediate data).
+//! Where a peer cannot wake us (verbs without wakes) the sleep is bounded instead:
+//! sleeps that follow the connection's wait policy, as its blocking reads would
+//! (short while the wait is young, then up to `RCH_SLEEP_MAX_US`). Where it can, the sleep is bounded only by the caller's
 //! timeout and [`WAKE_SAFETY`], which covers a peer that does not register for the
 //! barrier (an older library).
 //!
@@ -56,7 +59,8 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
-use crate::engine::{Receiver, Sender};
+use crate::config::WaitPolicy;
+use crate::engine::{Backoff, Receiver, Sender};
 use crate::fabric::Fabric;
 use crate::stream::{RdmaStream, ReadHalf, WriteHalf};
 
@@ -70,11 +74,6 @@ pub const WAKE_SAFETY: Duration = Duration::from_millis(250);
 /// back soon. Looks take time in proportion to the items (~50 ns each on a quiet
 /// connection), so a wait over many looks at each fewer times.
 pub const SPIN: Duration = Duration::from_micros(50);
-
-/// The first sleep of a wait that some item's peer cannot end; the sleeps double up
-/// to [`LONGEST_NAP`] (a blocking read's default `RCH_SLEEP_MAX_US`).
-const FIRST_NAP: Duration = Duration::from_micros(10);
-const LONGEST_NAP: Duration = Duration::from_millis(1);
 
 /// What an item is waited for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,6 +162,10 @@ pub trait Selectable: sealed::Sealed {
     /// events.
     #[doc(hidden)]
     fn fd_fired(&mut self);
+    /// The wait policy of the connection's blocking calls, which shapes a
+    /// selector's naps where no wake comes.
+    #[doc(hidden)]
+    fn wait_policy(&mut self) -> WaitPolicy;
 }
 
 fn readable<F: Fabric>(rx: &mut Receiver<F>) -> Ready {
@@ -254,6 +257,10 @@ impl<F: Fabric> Selectable for RdmaStream<F> {
     fn fd_fired(&mut self) {
         self.channel().receiver().wake_fired();
     }
+
+    fn wait_policy(&mut self) -> WaitPolicy {
+        self.channel().receiver().wait_policy()
+    }
 }
 
 impl<F: Fabric> sealed::Sealed for ReadHalf<F> {}
@@ -284,6 +291,10 @@ impl<F: Fabric> Selectable for ReadHalf<F> {
 
     fn fd_fired(&mut self) {
         self.rx().wake_fired();
+    }
+
+    fn wait_policy(&mut self) -> WaitPolicy {
+        self.rx().wait_policy()
     }
 }
 
@@ -319,6 +330,10 @@ impl<F: Fabric> Selectable for WriteHalf<F> {
 
     fn fd_fired(&mut self) {
         self.sender().wake_fired();
+    }
+
+    fn wait_policy(&mut self) -> WaitPolicy {
+        self.sender().wait_policy()
     }
 }
 
@@ -372,13 +387,17 @@ pub struct Selector {
     /// Whether `membarrier` orders a peer's writes before our last look; without it
     /// every sleep is bounded as for a peer that cannot wake us.
     barrier: bool,
-    /// See [`set_spin`](Self::set_spin).
-    spin: Duration,
+    /// See [`set_spin`](Self::set_spin); `None`: [`SPIN`], or none where the
+    /// items' connections do not spin (their fabric's work needs this process's
+    /// only CPU).
+    spin: Option<Duration>,
     /// What a sleep polls: the eventfd first, then the descriptors of the items
     /// whose fabric wakes them itself (verbs), as the last arm found them.
     polls: Vec<libc::pollfd>,
     /// The item of each of `polls[1..]`.
     poll_items: Vec<usize>,
+    /// The last arm asked some peer for a wake or polls some descriptor.
+    armed_any: bool,
     /// Descriptors of the last arm found readable by the next [`arm`](Self::arm)
     /// (a caller's own poll saw them): their events are taken before re-arming.
     fired: Vec<RawFd>,
@@ -408,9 +427,10 @@ impl Selector {
             instance: wake_instance(),
             wakes: 0,
             barrier: crate::sync::register_barrier(),
-            spin: SPIN,
+            spin: None,
             polls,
             poll_items: Vec::new(),
+            armed_any: false,
             fired: Vec::new(),
         })
     }
@@ -432,7 +452,22 @@ impl Selector {
         timeout: Option<Duration>,
     ) -> io::Result<usize> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let mut nap = FIRST_NAP;
+        // Where some item cannot be woken, the sleeps follow its connection's wait
+        // policy (as its blocking reads would sleep), made at the first such sleep.
+        let mut naps: Option<Backoff> = None;
+        // No item's peer can wake us (found by the first arm): the rest of this
+        // call only looks and naps.
+        let mut unwakeable = false;
+        let spin = self.spin.unwrap_or_else(|| {
+            let quiet = items
+                .first_mut()
+                .is_some_and(|it| it.target.wait_policy().spin == 0);
+            if quiet {
+                Duration::ZERO
+            } else {
+                SPIN
+            }
+        });
         // Spinning ends at this time, once: after a sleep, one look, then sleep again.
         let mut spin_until = None;
         // The hint bits of the wakes the last sleep ended with: the items to look at
@@ -456,30 +491,46 @@ impl Selector {
                 Some(d) => Some(d - now),
                 None => None,
             };
-            if now < *spin_until.get_or_insert(now + self.spin) {
+            if now < *spin_until.get_or_insert(now + spin) {
                 std::hint::spin_loop();
+                continue;
+            }
+            if unwakeable {
+                // Nothing can wake us (no item's peer can): a look and a nap, as
+                // the connections' blocking reads would, with no arming between.
+                let nap = naps
+                    .get_or_insert_with(|| Backoff::with_policy(nap_policy(items)))
+                    .next_nap();
+                std::thread::sleep(left.map_or(nap, |l| l.min(nap)));
                 continue;
             }
             let (n, woken) = self.arm_items(items)?;
             if n > 0 {
                 return Ok(n);
             }
+            // Whether anything at all was armed: a wake is asked of some peer, or a
+            // descriptor is polled.
+            unwakeable = !woken && !self.armed_any;
             if woken {
                 hint = self.sleep(items, left.map_or(WAKE_SAFETY, |l| l.min(WAKE_SAFETY)))?;
             } else {
                 // Some item's peer cannot wake us: sleep a little, longer each time.
+                let nap = naps
+                    .get_or_insert_with(|| Backoff::with_policy(nap_policy(items)))
+                    .next_nap();
                 hint = self.sleep(items, left.map_or(nap, |l| l.min(nap)))?;
-                nap = (nap * 2).min(LONGEST_NAP);
             }
         }
     }
 
     /// How long a [`select`](Self::select) looks at its items before it first
-    /// sleeps (default [`SPIN`]): a caller that expects a message within
-    /// microseconds spins longer, one that wants its core back sooner shorter (zero:
-    /// one look, then sleep).
+    /// sleeps (default [`SPIN`], or none where the first item's connection does
+    /// not spin: its wait policy's `spin` is 0, as on a one-CPU host whose fabric's
+    /// work needs that CPU): a caller that expects a message within microseconds
+    /// spins longer, one that wants its core back sooner shorter (zero: one look,
+    /// then sleep).
     pub fn set_spin(&mut self, spin: Duration) {
-        self.spin = spin;
+        self.spin = Some(spin);
     }
 
     /// Prepares to block on the selector's descriptor: asks every item's peer to
@@ -565,6 +616,7 @@ impl Selector {
             }
         }
         self.fired.clear();
+        self.armed_any = notified || self.polls.len() > 1;
         // Only a sleep that counts on the peers' notifies needs them ordered before
         // the look (a fabric's own wake is armed before it, and fires for anything
         // that lands after the arm).
@@ -668,6 +720,25 @@ fn look_hinted(items: &mut [Select<'_>], bits: u64) -> usize {
         }
     }
     n
+}
+
+/// The wait policy whose sleeps a selector's naps follow: that of the first item,
+/// with the shortest caps of any (a selector over several policies naps as the most
+/// eager one would).
+fn nap_policy(items: &mut [Select<'_>]) -> WaitPolicy {
+    let mut p: Option<WaitPolicy> = None;
+    for it in items.iter_mut() {
+        let q = it.target.wait_policy();
+        p = Some(match p {
+            None => q,
+            Some(p) => WaitPolicy {
+                short_sleep_max: p.short_sleep_max.min(q.short_sleep_max),
+                sleep_max: p.sleep_max.min(q.sleep_max),
+                ..p
+            },
+        });
+    }
+    p.unwrap_or(crate::config::DEFAULT_WAIT_POLICY)
 }
 
 /// One look at every item; returns how many are ready.

@@ -729,10 +729,47 @@ fn a_selector_on_verbs_sleeps_on_the_completion_channels() {
     let n = selector.select(&mut items, Some(DEADLINE)).unwrap();
     assert_eq!(n, 1);
     assert!(items[0].ready().is_writable());
-    let _far = reader.join().unwrap();
+    let mut far = reader.join().unwrap();
     let room_wakes = selector.wakes() - read_wakes;
     println!("selector on verbs: {room_wakes} wakes waiting for room");
     assert!(room_wakes >= 1, "the credit answer woke no selector");
+
+    // An outer poll loop: arm, then poll(2) the selector's one descriptor (which
+    // holds the connections' completion channels); a write 50 ms later must make
+    // it readable (without them it would time out), and a zero-timeout select
+    // must name the stream. Twice, so that the second arm takes the first's event.
+    use std::os::fd::AsFd;
+    for round in 0..2 {
+        let mut items: Vec<Select<'_>> = near
+            .iter_mut()
+            .map(|s| Select::new(s, Interest::READABLE))
+            .collect();
+        assert_eq!(selector.arm(&mut items).unwrap(), 0, "round {round}");
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            far[3].write_all(b"o").unwrap();
+            far[3].flush().unwrap();
+            far
+        });
+        let mut p = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&selector.as_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the call.
+        let r = unsafe { libc::poll(&mut p, 1, DEADLINE.as_millis() as i32) };
+        assert_eq!(
+            r, 1,
+            "round {round}: the selector's descriptor did not fire"
+        );
+        let n = selector.select(&mut items, Some(Duration::ZERO)).unwrap();
+        assert_eq!(n, 1, "round {round}");
+        assert!(items[3].ready().is_readable());
+        drop(items);
+        far = writer.join().unwrap();
+        let mut one = [0u8; 1];
+        near[3].read_exact(&mut one).unwrap();
+    }
 }
 
 /// Async streams on verbs with wakes park on the connection's completion channel:

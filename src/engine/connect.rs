@@ -155,6 +155,7 @@ impl<F: Fabric> Prepared<F> {
         let chunk = self.cfg.chunk_for(peer_ring.len);
         let staging = staging_for(&self.fabric, &self.cfg, inline_limit, peer_ring.len)?;
         let link = Arc::new(Link {
+            serial: super::link::next_serial(),
             qp,
             left_staging: Mutex::new(Vec::new()),
             incoming: Mutex::new(IncomingRings {

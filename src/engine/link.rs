@@ -110,6 +110,10 @@ pub(crate) struct Link<F: Fabric> {
     /// The queue pair takes wakes: a wait past its busy polls blocks until the peer
     /// writes (`QueuePair::arm_wake`) instead of sleeping on a timer.
     pub(crate) wakes: bool,
+    /// A number no other connection of this process had ([`next_serial`]): a
+    /// selector tells its connections apart by it, where a descriptor number of
+    /// theirs may be reused by a newer one.
+    pub(crate) serial: u64,
     pub(crate) fabric: F,
 }
 
@@ -646,3 +650,10 @@ impl<F: Fabric> Link<F> {
 #[cfg(all(test, loom))]
 #[path = "link_loom.rs"]
 mod loom_model;
+
+/// The next [`Link::serial`].
+pub(crate) fn next_serial() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    // Relaxed: a counter; uniqueness is all that matters.
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}

@@ -1920,6 +1920,11 @@ impl<F: Fabric> Receiver<F> {
         self.link.arm_wake_fd()
     }
 
+    /// The connection's number in this process (see `Link::serial`).
+    pub(crate) fn serial(&self) -> u64 {
+        self.link.serial
+    }
+
     /// The descriptor of the fabric's own wake, without arming it (see
     /// `QueuePair::wake_fd`).
     pub(crate) fn wake_fd(&self) -> Option<std::os::fd::RawFd> {

@@ -1388,6 +1388,11 @@ impl<F: Fabric> Sender<F> {
         Ok(Some(fd))
     }
 
+    /// The connection's number in this process (see `Link::serial`).
+    pub(crate) fn serial(&self) -> u64 {
+        self.link.serial
+    }
+
     /// The descriptor of the fabric's own wake, without arming it (see
     /// `QueuePair::wake_fd`).
     pub(crate) fn wake_fd(&self) -> Option<std::os::fd::RawFd> {

@@ -158,6 +158,10 @@ pub trait Selectable: sealed::Sealed {
     /// The descriptor [`arm_fd`](Self::arm_fd) would return, without arming.
     #[doc(hidden)]
     fn wake_fd(&mut self) -> Option<RawFd>;
+    /// The connection's number in this process (never reused, unlike its
+    /// descriptors' numbers).
+    #[doc(hidden)]
+    fn serial(&mut self) -> u64;
     /// `poll(2)` found the [`arm_fd`](Self::arm_fd) descriptor readable: take its
     /// events.
     #[doc(hidden)]
@@ -254,6 +258,10 @@ impl<F: Fabric> Selectable for RdmaStream<F> {
         self.channel().receiver().wake_fd()
     }
 
+    fn serial(&mut self) -> u64 {
+        self.channel().receiver().serial()
+    }
+
     fn fd_fired(&mut self) {
         self.channel().receiver().wake_fired();
     }
@@ -287,6 +295,10 @@ impl<F: Fabric> Selectable for ReadHalf<F> {
 
     fn wake_fd(&mut self) -> Option<RawFd> {
         self.rx().wake_fd()
+    }
+
+    fn serial(&mut self) -> u64 {
+        self.rx().serial()
     }
 
     fn fd_fired(&mut self) {
@@ -326,6 +338,10 @@ impl<F: Fabric> Selectable for WriteHalf<F> {
 
     fn wake_fd(&mut self) -> Option<RawFd> {
         self.sender().wake_fd()
+    }
+
+    fn serial(&mut self) -> u64 {
+        self.sender().serial()
     }
 
     fn fd_fired(&mut self) {
@@ -372,10 +388,12 @@ impl<'a> Select<'a> {
 
 /// Waits on many connections at once; see the [module documentation](self).
 ///
-/// Its descriptor ([`AsFd`]) is an eventfd that becomes readable when a peer wakes
-/// it: for a `poll`/`epoll` loop, call [`arm`](Self::arm) before blocking on it (it
-/// returns how many items are ready already: then do not block), and
-/// [`select`](Self::select) with a zero timeout after it fires.
+/// Its descriptor ([`AsFd`]) becomes readable when a peer wakes it: for a
+/// `poll`/`epoll` loop, call [`arm`](Self::arm) before blocking on it (it returns how
+/// many items are ready already: then do not block), and [`select`](Self::select)
+/// with a zero timeout after it fires. It is an epoll instance holding the
+/// selector's eventfd (the emulated fabric's wakes) and the armed verbs connections'
+/// completion channels, so one descriptor serves both fabrics.
 #[derive(Debug)]
 pub struct Selector {
     wake: OwnedFd,
@@ -394,8 +412,14 @@ pub struct Selector {
     /// What a sleep polls: the eventfd first, then the descriptors of the items
     /// whose fabric wakes them itself (verbs), as the last arm found them.
     polls: Vec<libc::pollfd>,
-    /// The item of each of `polls[1..]`.
-    poll_items: Vec<usize>,
+    /// The item of each of `polls[1..]`, and its connection's serial.
+    poll_items: Vec<(usize, u64)>,
+    /// The selector's descriptor ([`AsFd`]): an epoll instance holding the eventfd
+    /// and, after an [`arm`](Self::arm), duplicates of the armed items' wake
+    /// descriptors, so that one descriptor serves an outer loop on both fabrics.
+    epoll: OwnedFd,
+    /// The duplicates in `epoll`, with their connections' serials.
+    members: Vec<(u64, OwnedFd)>,
     /// The last arm asked some peer for a wake or polls some descriptor.
     armed_any: bool,
     /// Descriptors of the last arm found readable by the next [`arm`](Self::arm)
@@ -422,6 +446,14 @@ impl Selector {
             events: libc::POLLIN,
             revents: 0,
         }];
+        // SAFETY: epoll_create1 takes flags and returns a descriptor or -1.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this descriptor; nobody else owns it.
+        let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+        epoll_add(&epoll, wake.as_raw_fd())?;
         Ok(Selector {
             wake,
             instance: wake_instance(),
@@ -430,6 +462,8 @@ impl Selector {
             spin: None,
             polls,
             poll_items: Vec::new(),
+            epoll,
+            members: Vec::new(),
             armed_any: false,
             fired: Vec::new(),
         })
@@ -536,10 +570,9 @@ impl Selector {
     /// Prepares to block on the selector's descriptor: asks every item's peer to
     /// wake it (after its next write, or when it makes room), orders those requests before a
     /// last look, and returns how many items that look found ready (do not block
-    /// then). Block on the selector's descriptor *and* on the
-    /// [`wake_fds`](Self::wake_fds) this arm lists (verbs connections wake through
-    /// their own completion channels); after any fires, call
-    /// [`select`](Self::select) with a zero timeout. A peer that cannot wake the
+    /// then). Then block on the selector's descriptor ([`AsFd`], which this arm
+    /// made hold the verbs connections' completion channels too); after it fires,
+    /// call [`select`](Self::select) with a zero timeout. A peer that cannot wake the
     /// selector (see the module documentation) is not covered: poll with a timeout
     /// while such items are in the set.
     ///
@@ -574,15 +607,43 @@ impl Selector {
                 self.fired.extend(fired.map(|p| p.fd));
             }
         }
-        Ok(self.arm_items(items)?.0)
+        let n = self.arm_items(items)?.0;
+        self.sync_epoll()?;
+        Ok(n)
     }
 
-    /// The descriptors besides its own ([`AsFd`]) that the last
-    /// [`arm`](Self::arm) asked to be polled: the completion channels of its verbs
-    /// connections (none on the emulated fabric). Each lives as long as its
-    /// connection.
-    pub fn wake_fds(&self) -> impl Iterator<Item = RawFd> + '_ {
-        self.polls[1..].iter().map(|p| p.fd)
+    /// Makes the epoll instance hold the last arm's wake descriptors (beside the
+    /// eventfd), as duplicates: one per connection, told apart by serial, so that
+    /// a descriptor number reused by a newer connection is registered anew. A set
+    /// unchanged since the last arm costs nothing.
+    fn sync_epoll(&mut self) -> io::Result<()> {
+        let same = self.members.len() == self.poll_items.len()
+            && self
+                .members
+                .iter()
+                .zip(&self.poll_items)
+                .all(|((a, _), (_, b))| a == b);
+        if same {
+            return Ok(());
+        }
+        for (_, dup) in self.members.drain(..) {
+            // Removed before it is closed: the registration would outlive the
+            // duplicate while the connection keeps the description open.
+            epoll_del(&self.epoll, dup.as_raw_fd());
+        }
+        for (p, &(_, serial)) in self.polls[1..].iter().zip(&self.poll_items) {
+            // SAFETY: F_DUPFD_CLOEXEC on a descriptor the armed connection keeps
+            // open; returns a new descriptor or -1.
+            let dup = unsafe { libc::fcntl(p.fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if dup < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: the kernel just returned this descriptor; nobody else owns it.
+            let dup = unsafe { OwnedFd::from_raw_fd(dup) };
+            epoll_add(&self.epoll, dup.as_raw_fd())?;
+            self.members.push((serial, dup));
+        }
+        Ok(())
     }
 
     /// [`arm`](Self::arm), and whether every item's peer will wake us.
@@ -605,7 +666,7 @@ impl Selector {
                     events: libc::POLLIN,
                     revents: 0,
                 });
-                self.poll_items.push(i);
+                self.poll_items.push((i, it.target.serial()));
             } else if it
                 .target
                 .ask_wake(it.interest, fd, self.instance, (i % 32) as u32)
@@ -653,7 +714,7 @@ impl Selector {
         let mut hint = 0;
         if r > 0 {
             let mut fired = false;
-            for (p, &i) in self.polls[1..].iter().zip(&self.poll_items) {
+            for (p, &(i, _)) in self.polls[1..].iter().zip(&self.poll_items) {
                 if p.revents != 0 {
                     items[i].target.fd_fired();
                     hint |= 1 << (i % 32);
@@ -691,9 +752,37 @@ impl Selector {
 }
 
 impl AsFd for Selector {
+    /// An epoll instance: readable when a peer woke the eventfd, or (after
+    /// [`arm`](Selector::arm)) an armed connection's completion channel fired.
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.wake.as_fd()
+        self.epoll.as_fd()
     }
+}
+
+/// Adds `fd` to `epoll` for readability (level-triggered).
+fn epoll_add(epoll: &OwnedFd, fd: RawFd) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: fd as u64,
+    };
+    // SAFETY: a valid epoll instance and descriptor; `ev` is read during the call.
+    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Removes `fd` from `epoll` (a failure leaves nothing to undo: it was not there).
+fn epoll_del(epoll: &OwnedFd, fd: RawFd) {
+    // SAFETY: a valid epoll instance; EPOLL_CTL_DEL ignores the event pointer.
+    unsafe {
+        libc::epoll_ctl(
+            epoll.as_raw_fd(),
+            libc::EPOLL_CTL_DEL,
+            fd,
+            std::ptr::null_mut(),
+        )
+    };
 }
 
 /// A new eventfd instance number for wakes (24 bits, never 0 in the first 2^24):
@@ -761,6 +850,41 @@ mod tests {
 
     use super::{Interest, Select, Selector};
     use crate::RdmaStream;
+
+    /// An outer poll loop on the selector's descriptor: `arm`, then `poll(2)` on
+    /// `as_fd` until the peer's write (made once the request is out) makes it
+    /// readable, then a zero-timeout select names the stream. Without the wake the
+    /// poll would time out.
+    #[test]
+    fn an_armed_selectors_descriptor_fires_for_a_poll_loop() {
+        use std::os::fd::{AsFd, AsRawFd};
+        let (mut writer, mut reader) = RdmaStream::pair().unwrap();
+        let link = Arc::clone(&writer.channel().sender().link);
+        let mut selector = Selector::new().unwrap();
+        let mut items = [Select::new(&mut reader, Interest::READABLE)];
+        assert_eq!(selector.arm(&mut items).unwrap(), 0);
+        let t = std::thread::spawn(move || {
+            while link.ctrl.bell_wanted() == 0 {
+                std::thread::yield_now();
+            }
+            writer.put(&[IoSlice::new(b"x")]).unwrap();
+            writer
+        });
+        let mut p = libc::pollfd {
+            fd: selector.as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the call.
+        let r = unsafe { libc::poll(&mut p, 1, 60_000) };
+        assert_eq!(r, 1, "the selector's descriptor did not fire");
+        assert_eq!(
+            selector.select(&mut items, Some(Duration::ZERO)).unwrap(),
+            1
+        );
+        assert!(items[0].ready().is_readable());
+        let _writer = t.join().unwrap();
+    }
 
     /// A selector asleep over idle connections is woken by the write its request
     /// asked for: the writer waits for the request (the peer's `BellWanted`), so the

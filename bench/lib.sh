@@ -127,6 +127,23 @@ table_head() {
     echo
 }
 
+# runtime_row VALUE_FN PATTERN SIZE: a row of bench/runtime.sh's (and
+# runtime-cluster.sh's) tables: rdma-channel, ZeroMQ/TCP, TCP (VALUE_FN SYS PATTERN
+# SIZE prints a median) and ours over the better of the two (lower is better for
+# the ping-pong's latency, higher for the rest).
+runtime_row() {
+    local r z t best
+    r=$("$1" rch "$2" "$3")
+    z=$("$1" zmq "$2" "$3")
+    t=$("$1" tcp "$2" "$3")
+    if [ "$2" = pingpong ]; then
+        best=$(printf '%s\n%s\n' "$z" "$t" | grep -E '^[0-9.]+$' | sort -g | head -1)
+    else
+        best=$(printf '%s\n%s\n' "$z" "$t" | grep -E '^[0-9.]+$' | sort -g | tail -1)
+    fi
+    echo "| $3 | ${r:--} | ${z:--} | ${t:--} | $(ratio "${r:-0}" "${best:-0}") |"
+}
+
 # ---------------------------------------------- the Soft-RoCE benches' report
 # Their VMs print each run's output between "=== BEGIN TAG" and "=== END TAG" lines;
 # the host keeps it in a file, LOG below. Tags end in ".ROUND" (once a round) or

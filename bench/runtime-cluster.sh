@@ -149,17 +149,7 @@ for pattern in pingpong stream farm; do
     farm) echo "farm, task MB/s: VM 0's master (emitter and collector threads), 2 worker processes on VM 1" ;;
   esac
   table_head "rdma-channel / better"
-  for s in ${sizes//,/ }; do
-    r=$(value rch "$pattern" "$s")
-    z=$(value zmq "$pattern" "$s")
-    t=$(value tcp "$pattern" "$s")
-    if [ "$pattern" = pingpong ]; then
-      best=$(printf '%s\n%s\n' "$z" "$t" | grep -E '^[0-9.]+$' | sort -g | head -1)
-    else
-      best=$(printf '%s\n%s\n' "$z" "$t" | grep -E '^[0-9.]+$' | sort -g | tail -1)
-    fi
-    echo "| $s | ${r:--} | ${z:--} | ${t:--} | $(ratio "${r:-0}" "${best:-0}") |"
-  done
+  for s in ${sizes//,/ }; do runtime_row value "$pattern" "$s"; done
 done
 echo
 echo "(rdma-channel: patterns::Messages on RdmaStream over verbs (rxe, rdma_cm), default"

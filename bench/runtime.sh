@@ -67,15 +67,5 @@ for pattern in pingpong stream farm; do
         farm) echo "farm, task MB/s: a master (emitter and collector threads), $workers worker processes" ;;
     esac
     table_head "rdma-channel / better"
-    for s in ${sizes//,/ }; do
-        r=$(med rch "$pattern" "$s")
-        z=$(med zmq "$pattern" "$s")
-        t=$(med tcp "$pattern" "$s")
-        if [ "$pattern" = pingpong ]; then
-            best=$(printf '%s\n%s\n' "$z" "$t" | grep -E '^[0-9.]+$' | sort -g | head -1)
-        else
-            best=$(printf '%s\n%s\n' "$z" "$t" | grep -E '^[0-9.]+$' | sort -g | tail -1)
-        fi
-        echo "| $s | $r | $z | $t | $(ratio "$r" "${best:-0}") |"
-    done
+    for s in ${sizes//,/ }; do runtime_row med "$pattern" "$s"; done
 done

@@ -587,6 +587,12 @@ impl<F: Fabric> Link<F> {
         Some(fd)
     }
 
+    /// The descriptor of the fabric's own wake, without arming it
+    /// ([`QueuePair::wake_fd`]).
+    pub(crate) fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.qp.wake_fd()
+    }
+
     /// After `poll(2)` found [`arm_wake_fd`](Self::arm_wake_fd)'s descriptor
     /// readable ([`QueuePair::wake_fired`]).
     pub(crate) fn wake_fired(&self) {

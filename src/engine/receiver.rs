@@ -11,7 +11,7 @@ use super::link::{lock_incoming, Link, HEALTH_EVERY};
 use super::sender::copy_short;
 use super::wait::{past, Backoff};
 use super::zerocopy::{serve_all_lends, Lent, PathMeter, MEASURE_MIN};
-use crate::fabric::{Access, Fabric, GatherList, MemoryRegion, QueuePair};
+use crate::fabric::{Access, Fabric, GatherList, MemoryRegion};
 use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory, RingOffer, CTRL_SIZE, RING_OFFER_SLOT};
 use crate::ring::wire::{
@@ -1911,29 +1911,6 @@ impl<F: Fabric> Receiver<F> {
         }
         self.ask_for_bell()?;
         Ok(true)
-    }
-
-    /// Arms the fabric's own wake for the peer's next write and returns the
-    /// descriptor it makes readable (see `Link::arm_wake_fd`): a selector on verbs
-    /// polls it. `None` where the fabric has no such descriptor.
-    pub(crate) fn arm_wake_fd(&mut self) -> Option<std::os::fd::RawFd> {
-        self.link.arm_wake_fd()
-    }
-
-    /// The connection's number in this process (see `Link::serial`).
-    pub(crate) fn serial(&self) -> u64 {
-        self.link.serial
-    }
-
-    /// The descriptor of the fabric's own wake, without arming it (see
-    /// `QueuePair::wake_fd`).
-    pub(crate) fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.link.qp.wake_fd()
-    }
-
-    /// After `poll(2)` found [`arm_wake_fd`](Self::arm_wake_fd)'s descriptor readable.
-    pub(crate) fn wake_fired(&mut self) {
-        self.link.wake_fired();
     }
 
     /// Stops reading: the peer's `put` fails with `BrokenPipe` from now on. Dropping

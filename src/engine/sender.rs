@@ -1388,23 +1388,6 @@ impl<F: Fabric> Sender<F> {
         Ok(Some(fd))
     }
 
-    /// The connection's number in this process (see `Link::serial`).
-    pub(crate) fn serial(&self) -> u64 {
-        self.link.serial
-    }
-
-    /// The descriptor of the fabric's own wake, without arming it (see
-    /// `QueuePair::wake_fd`).
-    pub(crate) fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.link.qp.wake_fd()
-    }
-
-    /// After `poll(2)` found [`arm_room_wake_fd`](Self::arm_room_wake_fd)'s
-    /// descriptor readable.
-    pub(crate) fn wake_fired(&mut self) {
-        self.link.wake_fired();
-    }
-
     /// Ends the stream: the peer's `get` reports end of stream after the data sent
     /// so far. Later `put`s fail. Dropping the sender closes it too.
     ///

@@ -245,7 +245,7 @@ impl<F: Fabric> Selectable for RdmaStream<F> {
         // Both directions share the connection's queue pair, so one descriptor.
         let mut fd = None;
         if interest.is_readable() {
-            fd = Some(self.channel().receiver().arm_wake_fd()?);
+            fd = Some(self.channel().receiver().link.arm_wake_fd()?);
         }
         if interest.is_writable() {
             // A failed request shows as the item ready and closed at the next look.
@@ -255,15 +255,15 @@ impl<F: Fabric> Selectable for RdmaStream<F> {
     }
 
     fn wake_fd(&mut self) -> Option<RawFd> {
-        self.channel().receiver().wake_fd()
+        self.channel().receiver().link.wake_fd()
     }
 
     fn serial(&mut self) -> u64 {
-        self.channel().receiver().serial()
+        self.channel().receiver().link.serial
     }
 
     fn fd_fired(&mut self) {
-        self.channel().receiver().wake_fired();
+        self.channel().receiver().link.wake_fired();
     }
 
     fn wait_policy(&mut self) -> WaitPolicy {
@@ -287,22 +287,22 @@ impl<F: Fabric> Selectable for ReadHalf<F> {
 
     fn arm_fd(&mut self, interest: Interest) -> Option<RawFd> {
         if interest.is_readable() {
-            self.rx().arm_wake_fd()
+            self.rx().link.arm_wake_fd()
         } else {
             None
         }
     }
 
     fn wake_fd(&mut self) -> Option<RawFd> {
-        self.rx().wake_fd()
+        self.rx().link.wake_fd()
     }
 
     fn serial(&mut self) -> u64 {
-        self.rx().serial()
+        self.rx().link.serial
     }
 
     fn fd_fired(&mut self) {
-        self.rx().wake_fired();
+        self.rx().link.wake_fired();
     }
 
     fn wait_policy(&mut self) -> WaitPolicy {
@@ -337,15 +337,15 @@ impl<F: Fabric> Selectable for WriteHalf<F> {
     }
 
     fn wake_fd(&mut self) -> Option<RawFd> {
-        self.sender().wake_fd()
+        self.sender().link.wake_fd()
     }
 
     fn serial(&mut self) -> u64 {
-        self.sender().serial()
+        self.sender().link.serial
     }
 
     fn fd_fired(&mut self) {
-        self.sender().wake_fired();
+        self.sender().link.wake_fired();
     }
 
     fn wait_policy(&mut self) -> WaitPolicy {

@@ -113,11 +113,11 @@ impl<F: Fabric> Waitable for Receiver<F> {
     }
 
     fn arm_fd(&mut self) -> io::Result<Option<RawFd>> {
-        Ok(self.arm_wake_fd())
+        Ok(self.link.arm_wake_fd())
     }
 
     fn fd_fired(&mut self) {
-        self.wake_fired();
+        self.link.wake_fired();
     }
 }
 
@@ -135,7 +135,7 @@ impl<F: Fabric> Waitable for Sender<F> {
     }
 
     fn fd_fired(&mut self) {
-        self.wake_fired();
+        self.link.wake_fired();
     }
 }
 

@@ -621,6 +621,17 @@ fn engine_waits_block_on_wakes() {
     });
 }
 
+/// Opens the fabric as `RCH_IB_WAKE=select` does: connections take wakes for
+/// selectors and async tasks, blocking waits still sleep on a timer.
+fn fabric_taking_wakes() -> VerbsFabric {
+    VerbsFabric::open_with(VerbsConfig {
+        wake: false,
+        take_wakes: true,
+        ..VerbsConfig::from_env().unwrap()
+    })
+    .unwrap()
+}
+
 /// Rounds of `a_selector_on_verbs_sleeps_on_the_completion_channels`.
 const VERBS_SELECT_ROUNDS: usize = 6;
 /// Bytes of its flood, in 8-byte writes (3x the 1,024 wakes of a budget).
@@ -628,7 +639,7 @@ const VERBS_FLOOD: usize = 3 * 1024 * 8;
 /// What tells its writer thread to flood instead of writing one byte.
 const FLOOD_SIGNAL: usize = usize::MAX;
 
-/// A `Selector` over four verbs streams with wakes on sleeps on their completion
+/// A `Selector` over four verbs streams taking wakes (`RCH_IB_WAKE=select`) sleeps on their completion
 /// channels: each round a writer thread waits until the selector is inside its
 /// sleep (past its spin, 50 ms later), writes one byte on a round-robin stream,
 /// and the select must name exactly that stream and the wake must have come
@@ -650,12 +661,14 @@ fn a_selector_on_verbs_sleeps_on_the_completion_channels() {
             let (sa, sb) = UnixStream::pair().unwrap();
             let c = cfg.clone();
             let t = std::thread::spawn(move || {
-                RdmaStream::handshake(fabric_with_wakes(), &sb, c).unwrap()
+                RdmaStream::handshake(fabric_taking_wakes(), &sb, c).unwrap()
             });
-            let a = RdmaStream::handshake(fabric_with_wakes(), &sa, cfg.clone()).unwrap();
+            let a = RdmaStream::handshake(fabric_taking_wakes(), &sa, cfg.clone()).unwrap();
             (a, t.join().unwrap())
         })
         .unzip();
+    // Wakes for the selector only: the streams' own blocking waits still sleep.
+    assert!(!near[0].channel().sender().wakes() && !far[0].channel().sender().wakes());
     let (go_tx, go_rx) = std::sync::mpsc::channel::<usize>();
     let writer = std::thread::spawn(move || {
         while let Ok(i) = go_rx.recv() {
@@ -790,8 +803,9 @@ fn async_streams_on_verbs_park_on_the_completion_channel() {
         .with_chunk_size(4 << 10);
     let (sa, sb) = UnixStream::pair().unwrap();
     let c = cfg.clone();
-    let t = std::thread::spawn(move || RdmaStream::handshake(fabric_with_wakes(), &sb, c).unwrap());
-    let a = RdmaStream::handshake(fabric_with_wakes(), &sa, cfg).unwrap();
+    let t =
+        std::thread::spawn(move || RdmaStream::handshake(fabric_taking_wakes(), &sb, c).unwrap());
+    let a = RdmaStream::handshake(fabric_taking_wakes(), &sa, cfg).unwrap();
     let b = t.join().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()

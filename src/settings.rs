@@ -207,7 +207,8 @@ settings! {
     IB_KEEPALIVE_MS = "RCH_IB_KEEPALIVE_MS", default "1000":
         "send-queue silence after which a verbs queue pair sends a keepalive (0: never).";
     IB_WAKE = "RCH_IB_WAKE", default "0":
-        "1: verbs waits block on a completion channel instead of sleeping on a timer.";
+        "select: verbs connections take wakes (writes with immediate data) for selectors and \
+         async tasks; 1: blocking waits block on them too instead of sleeping on a timer.";
     CM_ADDR = "RCH_CM_ADDR", default "the first RoCE v2 IPv4 GID's address, else IPoIB's":
         "the address (ip or ip:port) a process-group rank publishes for other hosts.";
     HOST_ID = "RCH_HOST_ID", default "kernel boot id and network namespace":

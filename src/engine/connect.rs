@@ -199,7 +199,7 @@ impl<F: Fabric> Prepared<F> {
             lends_served: AtomicU64::new(0),
             rcache: registration_cache(&self.fabric, &self.cfg),
             wait: wait_policy_for(&self.fabric, &self.cfg),
-            wakes: self.wakes,
+            wakes: self.wakes && self.fabric.blocking_waits_take_wakes(),
             cfg: self.cfg,
             fabric: self.fabric,
         });

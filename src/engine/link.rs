@@ -107,8 +107,9 @@ pub(crate) struct Link<F: Fabric> {
     pub(super) cfg: Config,
     /// The wait policy in force (`wait::wait_policy_for`).
     pub(crate) wait: WaitPolicy,
-    /// The queue pair takes wakes: a wait past its busy polls blocks until the peer
-    /// writes (`QueuePair::arm_wake`) instead of sleeping on a timer.
+    /// The queue pair takes wakes and blocking waits use them
+    /// (`Fabric::blocking_waits_take_wakes`): a wait past its busy polls blocks until
+    /// the peer writes (`QueuePair::arm_wake`) instead of sleeping on a timer.
     pub(crate) wakes: bool,
     /// A number no other connection of this process had ([`next_serial`]): a
     /// selector tells its connections apart by it, where a descriptor number of

@@ -402,6 +402,10 @@ impl Fabric for AnyFabric {
         forward!(self, AnyFabric, f => f.uses_host_cpus())
     }
 
+    fn blocking_waits_take_wakes(&self) -> bool {
+        forward!(self, AnyFabric, f => f.blocking_waits_take_wakes())
+    }
+
     fn zero_copy_adaptive_default(&self) -> Option<usize> {
         forward!(self, AnyFabric, f => f.zero_copy_adaptive_default())
     }

@@ -789,6 +789,13 @@ pub trait Fabric: Send + Sync + Sized + 'static {
         false
     }
 
+    /// True when a connection's blocking waits (reads, waits for room) block on its
+    /// queue pair's wakes ([`QueuePair::arm_wake`]) where it takes them; false where
+    /// only selectors and async tasks use them (verbs with `RCH_IB_WAKE=select`).
+    fn blocking_waits_take_wakes(&self) -> bool {
+        true
+    }
+
     /// True when a registration holds on to the pages it was made over (verbs pins
     /// them): one made before its memory was unmapped and mapped anew would move the
     /// old pages, so the registration cache confirms each hit with the kernel

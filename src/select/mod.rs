@@ -19,7 +19,7 @@
 //! peer's receiver answers our credit request (its tail, after its reads) and then
 //! wakes the eventfd our sender named (`RoomWakeFd`).
 //!
-//! On verbs with wakes on (`RCH_IB_WAKE=1`) each connection wakes us through its own
+//! On verbs with wakes on (`RCH_IB_WAKE=select` or `1`) each connection wakes us through its own
 //! completion channel: the selector arms it before its last look and polls its
 //! descriptor beside the eventfd (the peer's writes carry immediate data).
 //! Where a peer cannot wake us (verbs without wakes) the sleep is bounded instead:

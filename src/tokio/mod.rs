@@ -8,7 +8,7 @@
 //! request before one more look with `membarrier`, as the selector does. A write that
 //! finds the peer's ring full parks the same way, on an eventfd of its own that the
 //! peer's receiver wakes when it answers the credit request. On verbs with wakes on
-//! (`RCH_IB_WAKE=1`) the task parks on the connection's completion channel instead
+//! (`RCH_IB_WAKE=select` or `1`) the task parks on the connection's completion channel instead
 //! (a duplicate of its descriptor in the reactor), armed before the last look. Where
 //! the peer cannot wake it at all (verbs without wakes), the task naps on the
 //! runtime's timer instead, 10 us doubling to 1 ms.

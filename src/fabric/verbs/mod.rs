@@ -134,15 +134,25 @@ pub struct VerbsConfig {
     /// zero-length RDMA WRITE), so that a process that only reads still learns of a
     /// dead peer or link (`RCH_IB_KEEPALIVE_MS`; 0 turns keepalives off).
     pub keepalive: std::time::Duration,
-    /// Whether queue pairs accept *wakes* (`RCH_IB_WAKE=1`; off by default): the
-    /// peer writes with immediate data, so a wait that found nothing blocks on a
-    /// completion channel until something lands, instead of sleeping on a timer.
+    /// Whether a connection's blocking waits (reads, waits for room) block until
+    /// the peer writes (`RCH_IB_WAKE=1`; off by default), on the completion
+    /// channel of [`take_wakes`](Self::take_wakes), instead of sleeping on a timer.
     /// That frees the CPU entirely while a process waits. It is off by default
     /// because between two one-CPU Soft-RoCE VMs it was slower than the timer
     /// (2 B latency 434-720 us against 376-497 sleeping, in four one-boot A/Bs,
     /// bench/notebook/2026-11.md, 2026-11-26): there a blocked guest CPU is a descheduled
-    /// host thread, slow to wake.
+    /// host thread, slow to wake. Implies `take_wakes`.
     pub wake: bool,
+    /// Whether queue pairs take *wakes* (`RCH_IB_WAKE=select` or `1`; off by
+    /// default): a receive queue of 1,024 zero-length receives and a completion
+    /// channel per queue pair, and the peer writes with immediate data (within a
+    /// budget of those receives), so that a selector or an async task sleeps in
+    /// the kernel until the peer writes (`crate::select`). Blocking waits use them
+    /// only with [`wake`](Self::wake). Off by default for what it costs every
+    /// write: between two one-CPU Soft-RoCE VMs 2 B latency 352 against 339 us and
+    /// 4 KiB 12.4 against 14.6 MB/s (medians of 5 interleaved rounds, 64 KiB level,
+    /// bench/notebook/2026-12.md).
+    pub take_wakes: bool,
 }
 
 impl Default for VerbsConfig {
@@ -159,6 +169,7 @@ impl Default for VerbsConfig {
             rnr_retry: 7,
             keepalive: std::time::Duration::from_millis(1000),
             wake: false,
+            take_wakes: false,
         }
     }
 }
@@ -166,8 +177,9 @@ impl Default for VerbsConfig {
 impl VerbsConfig {
     /// The defaults, overridden by `RCH_IB_DEVICE`, `RCH_IB_PORT`,
     /// `RCH_IB_GID_INDEX` (or, without it, `SOFTROCE_GID_INDEX`), `RCH_IB_TIMEOUT`
-    /// (the ACK timeout exponent), `RCH_IB_KEEPALIVE_MS` and `RCH_IB_WAKE` (`1` or
-    /// `0`).
+    /// (the ACK timeout exponent), `RCH_IB_KEEPALIVE_MS` and `RCH_IB_WAKE` (`0`,
+    /// the default: no wakes; `select`: wakes for selectors and async tasks only;
+    /// `1`: blocking waits block on them too).
     ///
     /// ```
     /// let cfg = rdma_channel::fabric::verbs::VerbsConfig::from_env()?;
@@ -197,17 +209,21 @@ impl VerbsConfig {
         if let Some(ms) = env::IB_KEEPALIVE_MS.number::<u64>()? {
             cfg.keepalive = std::time::Duration::from_millis(ms);
         }
-        cfg.wake = match env::IB_WAKE.value()?.as_deref().map(str::trim) {
-            None | Some("0") => false,
-            Some("1") => true,
-            Some(v) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("RCH_IB_WAKE={v:?} is neither 1 nor 0"),
-                ))
-            }
-        };
+        (cfg.wake, cfg.take_wakes) = wake_setting(env::IB_WAKE.value()?.as_deref())?;
         Ok(cfg)
+    }
+}
+
+/// `RCH_IB_WAKE`'s value as ([`VerbsConfig::wake`], [`VerbsConfig::take_wakes`]).
+fn wake_setting(value: Option<&str>) -> io::Result<(bool, bool)> {
+    match value.map(str::trim) {
+        None | Some("0") => Ok((false, false)),
+        Some("select") => Ok((false, true)),
+        Some("1") => Ok((true, true)),
+        Some(v) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("RCH_IB_WAKE={v:?} is none of 0, select and 1"),
+        )),
     }
 }
 
@@ -391,7 +407,7 @@ impl VerbsFabric {
             send_wr: cfg.send_queue_depth.clamp(2, max_wr),
             send_sge: cfg.max_sge.clamp(1, MAX_SGE as u32).min(max_sge),
             inline: cfg.max_inline,
-            recv_wr: if cfg.wake {
+            recv_wr: if cfg.wake || cfg.take_wakes {
                 qp::WAKE_RECEIVES.min(max_wr)
             } else {
                 0
@@ -575,6 +591,11 @@ impl Fabric for VerbsFabric {
         device::is_software_device(self.device_name())
     }
 
+    /// Only with `RCH_IB_WAKE=1` ([`VerbsConfig::wake`]).
+    fn blocking_waits_take_wakes(&self) -> bool {
+        self.inner.cfg.wake
+    }
+
     /// On this same port the round trips are short against the copies, and
     /// splitting a transfer between READ and push keeps two CPUs at rxe's work
     /// where the ring's copies and `ib_write_bw` keep one: 64 KiB messages at
@@ -608,6 +629,21 @@ const ZERO_COPY_LOOPBACK: usize = 64 << 10;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wake_settings_parse_and_reject_others() {
+        for (v, want) in [
+            (None, (false, false)),
+            (Some("0"), (false, false)),
+            (Some(" select\n"), (false, true)),
+            (Some("1"), (true, true)),
+        ] {
+            assert_eq!(super::wake_setting(v).unwrap(), want, "{v:?}");
+        }
+        let e = super::wake_setting(Some("yes")).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("none of 0, select and 1"), "{e}");
+    }
 
     #[test]
     fn gid_scores_prefer_roce_v2_ipv4() {

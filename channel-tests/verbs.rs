@@ -639,8 +639,8 @@ const VERBS_FLOOD: usize = 3 * 1024 * 8;
 /// What tells its writer thread to flood instead of writing one byte.
 const FLOOD_SIGNAL: usize = usize::MAX;
 
-/// A `Selector` over four verbs streams taking wakes (`RCH_IB_WAKE=select`) sleeps on their completion
-/// channels: each round a writer thread waits until the selector is inside its
+/// A `Selector` over four verbs streams taking wakes (`RCH_IB_WAKE=select`) sleeps
+/// on their completion channels: each round a writer thread waits until the selector is inside its
 /// sleep (past its spin, 50 ms later), writes one byte on a round-robin stream,
 /// and the select must name exactly that stream and the wake must have come
 /// through a channel (counted by `Selector::wakes`; without it each sleep would

@@ -19,14 +19,14 @@
 //! peer's receiver answers our credit request (its tail, after its reads) and then
 //! wakes the eventfd our sender named (`RoomWakeFd`).
 //!
-//! On verbs with wakes on (`RCH_IB_WAKE=select` or `1`) each connection wakes us through its own
-//! completion channel: the selector arms it before its last look and polls its
-//! descriptor beside the eventfd (the peer's writes carry immediate data).
-//! Where a peer cannot wake us (verbs without wakes) the sleep is bounded instead:
-//! sleeps that follow the connection's wait policy, as its blocking reads would
-//! (short while the wait is young, then up to `RCH_SLEEP_MAX_US`). Where it can, the sleep is bounded only by the caller's
-//! timeout and [`WAKE_SAFETY`], which covers a peer that does not register for the
-//! barrier (an older library).
+//! On verbs with wakes on (`RCH_IB_WAKE=select` or `1`) each connection wakes us
+//! through its own completion channel: the selector arms it before its last look
+//! and polls its descriptor beside the eventfd (the peer's writes carry immediate
+//! data). Where a peer cannot wake us (verbs without wakes) the sleep is bounded
+//! instead: sleeps that follow the connection's wait policy, as its blocking reads
+//! would (short while the wait is young, then up to `RCH_SLEEP_MAX_US`). Where it
+//! can, the sleep is bounded only by the caller's timeout and [`WAKE_SAFETY`], which
+//! covers a peer that does not register for the barrier (an older library).
 //!
 //! ```
 //! use std::io::{IoSlice, Read};

@@ -11,7 +11,8 @@
 //! (`RCH_IB_WAKE=select` or `1`) the task parks on the connection's completion channel instead
 //! (a duplicate of its descriptor in the reactor), armed before the last look. Where
 //! the peer cannot wake it at all (verbs without wakes), the task naps on the
-//! runtime's timer instead, 10 us doubling to 1 ms.
+//! runtime's timer instead, 10 us doubling to 1 ms as asked (tokio's timer rounds
+//! each up to its 1 ms granularity).
 //! The blocking API is unchanged and costs the same.
 //!
 //! ```

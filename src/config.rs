@@ -27,6 +27,9 @@
 use std::io;
 use std::time::Duration;
 
+mod rails;
+pub use rails::{RailSpec, StripePolicy, DEFAULT_ALPHA_PERCENT, MAX_RAILS};
+
 /// Zero-copy thresholds per kind of memory, because the cost of the peer's read is:
 /// `alloc_mem` is memory from [`Fabric::alloc_region`](crate::fabric::Fabric::alloc_region) (on the emulated fabric a
 /// shared segment, read with a plain copy), `other` any other memory.
@@ -98,6 +101,10 @@ pub struct Config {
     pub(crate) zero_copy_outnumbered: bool,
     rcache: CacheLimits,
     connect_timeout: Duration,
+    /// The rails of a connection (empty: one, the fabric's default queue pair).
+    rails: Vec<RailSpec>,
+    stripe: StripePolicy,
+    stripe_min: usize,
 }
 
 /// How a blocking wait polls: `spin` busy polls, then `yields` calls to
@@ -165,6 +172,10 @@ pub const DEFAULT_STREAM_BACKOFF: u32 = 32;
 /// Largest stream backoff: 4096 pauses (~0.1 ms here), so that an empty `get` stays
 /// a short call.
 pub const MAX_STREAM_BACKOFF: u32 = 4096;
+/// Default [`Config::with_stripe_min`]: zero-copy steps from 64 KiB are striped
+/// across the rails (below it a stripe's round trip outweighs what a second rail
+/// adds).
+pub const DEFAULT_STRIPE_MIN: usize = 64 << 10;
 /// Default limit on setting up a connection by address (resolution, request, reply).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -191,6 +202,9 @@ impl Default for Config {
             zero_copy_outnumbered: false,
             rcache: CacheLimits::default(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            rails: Vec::new(),
+            stripe: StripePolicy::default(),
+            stripe_min: DEFAULT_STRIPE_MIN,
         }
     }
 }
@@ -311,6 +325,18 @@ impl Config {
         if let Some(v) = env::CONNECT_TIMEOUT_MS.number()? {
             c.connect_timeout = Duration::from_millis(v);
             check(&c, env::CONNECT_TIMEOUT_MS.name())?;
+        }
+        if let Some(v) = env::RAILS.value()? {
+            c.rails = RailSpec::parse_list(&v).map_err(|e| bad(format!("RCH_RAILS: {e}")))?;
+            check(&c, env::RAILS.name())?;
+        }
+        if let Some(v) = env::STRIPE.value()? {
+            c.stripe = v.parse().map_err(|e| bad(format!("RCH_STRIPE: {e}")))?;
+            check(&c, env::STRIPE.name())?;
+        }
+        if let Some(v) = env::STRIPE_MIN.size()? {
+            c.stripe_min = v;
+            check(&c, env::STRIPE_MIN.name())?;
         }
         Ok(c)
     }
@@ -609,6 +635,54 @@ impl Config {
         self.wait_set
     }
 
+    /// Sets the connection's rails (seed 002's subchannels; see [`RailSpec`]): one
+    /// queue pair each, rail 0 carrying the ring and small messages, and zero-copy
+    /// steps of at least [`stripe_min`](Self::stripe_min) bytes read in stripes across
+    /// all of them (`RCH_RAILS`). Both ends must ask for rails: a connection uses as
+    /// many as the end with fewer has. An empty list, or one plain rail, is the
+    /// default single queue pair.
+    ///
+    /// ```
+    /// use rdma_channel::config::{Config, RailSpec};
+    /// let cfg = Config::default().with_rails(RailSpec::parse_list("@400m,@100m")?);
+    /// assert_eq!(cfg.rails().len(), 2);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn with_rails(mut self, rails: Vec<RailSpec>) -> Self {
+        self.rails = rails;
+        self
+    }
+
+    /// The rails asked for (empty: the default single queue pair).
+    pub fn rails(&self) -> &[RailSpec] {
+        &self.rails
+    }
+
+    /// Sets how striped steps are split across the rails (`RCH_STRIPE`; default
+    /// adaptive from equal weights).
+    pub fn with_stripe_policy(mut self, policy: StripePolicy) -> Self {
+        self.stripe = policy;
+        self
+    }
+
+    /// The striping policy.
+    pub fn stripe_policy(&self) -> &StripePolicy {
+        &self.stripe
+    }
+
+    /// Sets the smallest zero-copy step striped across the rails (`RCH_STRIPE_MIN`,
+    /// default 64 KiB); with more than one rail, buffers this large go zero-copy
+    /// unless a zero-copy threshold was set.
+    pub fn with_stripe_min(mut self, bytes: usize) -> Self {
+        self.stripe_min = bytes;
+        self
+    }
+
+    /// The smallest zero-copy step striped across the rails.
+    pub fn stripe_min(&self) -> usize {
+        self.stripe_min
+    }
+
     /// Checks the values are usable together.
     ///
     /// # Errors
@@ -680,6 +754,33 @@ impl Config {
         }
         if self.connect_timeout.is_zero() {
             return Err(bad("the connect timeout must be positive".into()));
+        }
+        if self.rails.len() > MAX_RAILS {
+            return Err(bad(format!(
+                "{} rails: at most {MAX_RAILS}",
+                self.rails.len()
+            )));
+        }
+        match &self.stripe {
+            StripePolicy::Adaptive { alpha_percent } if !(1..=100).contains(alpha_percent) => {
+                return Err(bad(format!(
+                    "adaptive striping's alpha {alpha_percent} must be from 1 to 100 percent"
+                )));
+            }
+            StripePolicy::Weights(w)
+                if w.is_empty() || w.len() > MAX_RAILS || w.iter().all(|&x| x == 0) =>
+            {
+                return Err(bad(format!(
+                    "stripe weights {w:?}: 1 to {MAX_RAILS} of them, not all 0"
+                )));
+            }
+            _ => {}
+        }
+        if self.stripe_min < 4096 {
+            return Err(bad(format!(
+                "smallest striped step {} must be at least 4 KiB",
+                self.stripe_min
+            )));
         }
         Ok(())
     }

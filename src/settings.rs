@@ -176,6 +176,14 @@ settings! {
     ZCOPY_PUSH = "RCH_ZCOPY_PUSH", default "the fabric's":
         "percent of each zero-copy transfer the receiver lends to the sender to push by \
          RDMA WRITE (0 to 100).";
+    RAILS = "RCH_RAILS", default "one rail":
+        "a connection's rails: a count, or a comma-separated list of device[:port] \
+         (verbs) or @rate[/link] (emulated, bytes a second); zero-copy steps are striped \
+         across them.";
+    STRIPE = "RCH_STRIPE", default "adaptive":
+        "how striped steps are split: adaptive[:alpha percent], even, or weights like 4:1.";
+    STRIPE_MIN = "RCH_STRIPE_MIN", default "64 KiB":
+        "smallest zero-copy step striped across the rails.";
     RCACHE_ENTRIES = "RCH_RCACHE_ENTRIES", default "512":
         "most cached registrations per protection domain.";
     RCACHE_BYTES = "RCH_RCACHE_BYTES", default "1 GiB":

@@ -9,13 +9,19 @@
 //! | --- | --- | --- |
 //! | 0 | 4 | magic `RCHC` |
 //! | 4 | 1 | version (7: the *lends* flag) |
-//! | 5 | 1 | bits 0-5: log2 of the ring size (12 ..= 30: 4 KiB ..= 1 GiB); bit 6: *lends*, this end may lend part of a transfer sent by threshold for the peer to push (its `RCH_ZCOPY_PUSH` share is not 0), so the peer keeps what a push needs for such a transfer; bit 7: *wakes*, this end wants every write of the peer's to wake it ([`QueuePair::send_wakes`](crate::fabric::QueuePair::send_wakes)) |
+//! | 5 | 1 | bits 0-4: log2 of the ring size (12 ..= 30: 4 KiB ..= 1 GiB); bit 5: *rails*, a rails section follows the fabric card; bit 6: *lends*, this end may lend part of a transfer sent by threshold for the peer to push (its `RCH_ZCOPY_PUSH` share is not 0), so the peer keeps what a push needs for such a transfer; bit 7: *wakes*, this end wants every write of the peer's to wake it ([`QueuePair::send_wakes`](crate::fabric::QueuePair::send_wakes)) |
 //! | 6 | 2 | length of the fabric card |
 //! | 8 | 8 | ring address (64-byte aligned) |
 //! | 16 | 4 | ring remote key |
 //! | 20 | 4 | control region remote key |
 //! | 24 | 8 | control region address (64-byte aligned, [`CTRL_SIZE`] bytes) |
 //! | 32 | n | fabric card |
+//! | 32 + n | | *rails* section, only with the rails flag (byte 5, bit 5): a count *c* (1 byte, 1 ..= 7), then per extra rail its fabric card's length (2 bytes), how many of the card's descriptors are that rail's (1 byte) and the card |
+//!
+//! The descriptors of a card with rails are rail 0's, then each extra rail's in
+//! order. The rails flag needs no new version: a ring's log2 is at most 30, so bit
+//! 5 was always clear, and a peer that does not know rails refuses such a card
+//! (its ring size reads out of range) rather than connecting one rail to several.
 //!
 //! It is this small so that it fits, with the fabric's 6-byte rdma_cm card and a
 //! process group's hello, in the 56 bytes of private data an InfiniBand / RoCE
@@ -23,6 +29,7 @@
 
 use std::io;
 
+use crate::config::MAX_RAILS;
 use crate::fabric::RemoteRegion;
 use crate::wire::{card_fields, CardFormat};
 
@@ -37,8 +44,10 @@ pub const FORMAT: CardFormat = CardFormat {
     magic: b"RCHC",
     version: 7,
 };
-/// Byte 5: the ring size's log2 in the low bits, the lends and wakes flags on top.
-const RING_LOG2_MASK: u8 = 0x3f;
+/// Byte 5: the ring size's log2 in the low bits, the rails, lends and wakes flags
+/// on top.
+const RING_LOG2_MASK: u8 = 0x1f;
+const RAILS_FLAG: u8 = 0x20;
 const LENDS_FLAG: u8 = 0x40;
 const WAKES_FLAG: u8 = 0x80;
 
@@ -98,11 +107,36 @@ impl<T: AsRef<[u8]>> ConnCard<T> {
             return Err(FORMAT.invalid(format_args!("ring size 2^{log2} outside 4 KiB ..= 1 GiB")));
         }
         let flen = usize::from(card.fabric_len());
-        if len != HEADER_LEN + flen {
-            return Err(FORMAT.invalid(format_args!(
-                "{len} bytes, expected {} for a {flen}-byte fabric card",
-                HEADER_LEN + flen
-            )));
+        if card.size_flags() & RAILS_FLAG == 0 {
+            if len != HEADER_LEN + flen {
+                return Err(FORMAT.invalid(format_args!(
+                    "{len} bytes, expected {} for a {flen}-byte fabric card",
+                    HEADER_LEN + flen
+                )));
+            }
+        } else {
+            let rails = card.buf.as_ref().get(HEADER_LEN + flen..).unwrap_or(&[]);
+            let Some((&count, mut rest)) = rails.split_first() else {
+                return Err(FORMAT.invalid(format_args!(
+                    "{len} bytes: no rails section after a {flen}-byte fabric card"
+                )));
+            };
+            if !(1..MAX_RAILS).contains(&usize::from(count)) {
+                return Err(
+                    FORMAT.invalid(format_args!("{count} extra rails (1 to {})", MAX_RAILS - 1))
+                );
+            }
+            for i in 0..count {
+                let Some((_, after)) = split_rail(rest) else {
+                    return Err(FORMAT.invalid(format_args!("rail {} cut short", i + 1)));
+                };
+                rest = after;
+            }
+            if !rest.is_empty() {
+                return Err(
+                    FORMAT.invalid(format_args!("{} bytes after the last rail", rest.len()))
+                );
+            }
         }
         if card.ring_addr() % 64 != 0 || card.ctrl_addr() % 64 != 0 {
             return Err(FORMAT.invalid("ring or control region not 64-byte aligned"));
@@ -145,10 +179,38 @@ impl<T: AsRef<[u8]>> ConnCard<T> {
         }
     }
 
-    /// The fabric's part of the card.
+    /// The fabric's part of the card (rail 0's).
     pub fn fabric_card(&self) -> &[u8] {
-        &self.buf.as_ref()[HEADER_LEN..]
+        &self.buf.as_ref()[HEADER_LEN..HEADER_LEN + usize::from(self.fabric_len())]
     }
+
+    /// The extra rails' fabric cards, in order, each with how many of the card's
+    /// descriptors are its (empty for a card without rails).
+    pub fn rails(&self) -> Vec<RailEntry<'_>> {
+        let mut out = Vec::new();
+        if self.size_flags() & RAILS_FLAG == 0 {
+            return out;
+        }
+        let section = &self.buf.as_ref()[HEADER_LEN + usize::from(self.fabric_len())..];
+        let mut rest = &section[1..];
+        for _ in 0..section[0] {
+            let (rail, after) = split_rail(rest).expect("checked by new_checked");
+            out.push(rail);
+            rest = after;
+        }
+        out
+    }
+}
+
+/// A rail's fabric card and how many of the card's descriptors are its.
+type RailEntry<'a> = (&'a [u8], usize);
+
+/// The first rail entry of `bytes`, and what follows it.
+fn split_rail(bytes: &[u8]) -> Option<(RailEntry<'_>, &[u8])> {
+    let len = usize::from(u16::from_le_bytes([*bytes.first()?, *bytes.get(1)?]));
+    let fds = usize::from(*bytes.get(2)?);
+    let card = bytes.get(3..3 + len)?;
+    Some(((card, fds), &bytes[3 + len..]))
 }
 
 impl ConnCard<&[u8]> {
@@ -230,6 +292,60 @@ impl ConnCard<&[u8]> {
         card.set_ctrl_addr(ctrl.addr);
         card.buf[HEADER_LEN..].copy_from_slice(fabric);
         Ok(card.buf)
+    }
+
+    /// Encodes a card with `flags` and the extra rails' fabric cards, each with the
+    /// number of descriptors that travel with it (after rail 0's and the rails'
+    /// before it).
+    ///
+    /// ```
+    /// use rdma_channel::engine::card::{CardFlags, ConnCard};
+    /// use rdma_channel::fabric::RemoteRegion;
+    /// let ring = RemoteRegion { addr: 0x10000, len: 1 << 20, rkey: 7 };
+    /// let ctrl = RemoteRegion { addr: 0x20000, len: 4096, rkey: 8 };
+    /// let flags = CardFlags { wakes: false, lends: false };
+    /// let rails: [(&[u8], usize); 2] = [(b"rail1", 2), (b"rail2", 0)];
+    /// let bytes = ConnCard::encode_with_rails(ring, ctrl, flags, b"rail0", &rails)?;
+    /// let card = ConnCard::new_checked(&bytes[..])?;
+    /// assert_eq!(card.fabric_card(), b"rail0");
+    /// assert_eq!(card.rails(), rails.to_vec());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`encode`](Self::encode); `InvalidInput` for more than 7 extra rails, or
+    /// a rail card over 64 KiB or with over 255 descriptors.
+    pub fn encode_with_rails(
+        ring: RemoteRegion,
+        ctrl: RemoteRegion,
+        flags: CardFlags,
+        fabric: &[u8],
+        rails: &[(&[u8], usize)],
+    ) -> io::Result<Vec<u8>> {
+        let mut buf = Self::encode_with_flags(ring, ctrl, flags, fabric)?;
+        if rails.is_empty() {
+            return Ok(buf);
+        }
+        let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+        if rails.len() >= MAX_RAILS {
+            return Err(bad(format!(
+                "{} extra rails: at most {}",
+                rails.len(),
+                MAX_RAILS - 1
+            )));
+        }
+        buf[5] |= RAILS_FLAG;
+        buf.push(rails.len() as u8);
+        for (card, fds) in rails {
+            let len = u16::try_from(card.len()).map_err(|_| bad("rail card over 64 KiB".into()))?;
+            let fds = u8::try_from(*fds)
+                .map_err(|_| bad("rail card with over 255 descriptors".into()))?;
+            buf.extend_from_slice(&len.to_le_bytes());
+            buf.push(fds);
+            buf.extend_from_slice(card);
+        }
+        Ok(buf)
     }
 }
 
@@ -317,6 +433,41 @@ mod tests {
             assert_eq!(e.kind(), io::ErrorKind::InvalidData);
             assert!(e.to_string().contains(what), "{e} should say {what}");
         }
+    }
+
+    #[test]
+    fn a_rails_section_is_checked_to_the_byte() {
+        let (ring, ctrl) = regions();
+        let flags = CardFlags {
+            wakes: false,
+            lends: true,
+        };
+        let rails: [(&[u8], usize); 2] = [(b"one", 1), (b"", 0)];
+        let b = ConnCard::encode_with_rails(ring, ctrl, flags, b"zero", &rails).unwrap();
+        let c = ConnCard::new_checked(&b[..]).unwrap();
+        assert_eq!((c.fabric_card(), c.rails()), (&b"zero"[..], rails.to_vec()));
+        assert_eq!(c.ring(), ring, "the flag is not part of the ring size");
+        for n in HEADER_LEN + 4..b.len() {
+            let e = ConnCard::new_checked(&b[..n]).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "length {n}");
+        }
+        let mut longer = b.clone();
+        longer.push(0);
+        assert!(ConnCard::new_checked(&longer[..])
+            .unwrap_err()
+            .to_string()
+            .contains("after the last rail"));
+        let mut none = b.clone();
+        none[HEADER_LEN + 4] = 0;
+        assert!(ConnCard::new_checked(&none[..])
+            .unwrap_err()
+            .to_string()
+            .contains("extra rails"));
+        let plain = ConnCard::encode_with_rails(ring, ctrl, flags, b"zero", &[]).unwrap();
+        assert!(ConnCard::new_checked(&plain[..])
+            .unwrap()
+            .rails()
+            .is_empty());
     }
 
     #[test]

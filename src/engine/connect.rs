@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 use super::card::{CardFlags, ConnCard, CTRL_SIZE};
-use super::link::{IncomingRings, Link, SendQueue};
+use super::link::{IncomingRings, Link, Rail, SendQueue};
 use super::receiver::Receiver;
 use super::sender::{Sender, MAX_SGE};
 use super::wait::wait_policy_for;
@@ -49,6 +49,8 @@ pub struct Prepared<F: Fabric> {
     cfg: Config,
     /// The queue pair takes wakes (`PendingQp::accept_wakes`), which the card says.
     wakes: bool,
+    /// The queue pairs of the rails after rail 0 (`Config::with_rails`).
+    rails: Vec<F::Pending>,
 }
 
 impl<F: Fabric> Prepared<F> {
@@ -58,8 +60,12 @@ impl<F: Fabric> Prepared<F> {
     ///
     /// An invalid `cfg` or a fabric failure.
     pub fn new(fabric: F, cfg: Config) -> io::Result<Prepared<F>> {
-        let pending = fabric.create_qp()?;
-        Self::with_pending(fabric, pending, cfg)
+        cfg.validate()?;
+        let pending = match cfg.rails().first() {
+            Some(rail0) => fabric.create_rail_qp(rail0)?,
+            None => fabric.create_qp()?,
+        };
+        Self::prepare(fabric, pending, cfg)
     }
 
     /// As [`new`](Self::new), with a queue pair the caller created (for instance
@@ -68,13 +74,32 @@ impl<F: Fabric> Prepared<F> {
     /// # Errors
     ///
     /// An invalid `cfg` or a fabric failure.
-    pub fn with_pending(
-        fabric: F,
-        mut pending: F::Pending,
-        cfg: Config,
-    ) -> io::Result<Prepared<F>> {
+    /// # Errors
+    ///
+    /// An invalid `cfg` or a fabric failure; `InvalidInput` when `cfg` places rail 0
+    /// somewhere (a device, a rate): the caller made its queue pair.
+    pub fn with_pending(fabric: F, pending: F::Pending, cfg: Config) -> io::Result<Prepared<F>> {
+        if let Some(rail0) = cfg.rails().first().filter(|r| !r.is_plain()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "rail 0 is the queue pair the caller made; it cannot be placed by the \
+                     rail {rail0:?}"
+                ),
+            ));
+        }
+        Self::prepare(fabric, pending, cfg)
+    }
+
+    fn prepare(fabric: F, mut pending: F::Pending, cfg: Config) -> io::Result<Prepared<F>> {
         cfg.validate()?;
         let wakes = pending.accept_wakes()?;
+        let rails = cfg
+            .rails()
+            .iter()
+            .skip(1)
+            .map(|spec| fabric.create_rail_qp(spec))
+            .collect::<io::Result<Vec<_>>>()?;
         let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
         let ring = RingMemory::new(fabric.alloc_region(cfg.initial_ring_size(), rights)?)?;
         let ctrl = ControlWords::new(fabric.alloc_region(CTRL_SIZE, rights)?)?;
@@ -85,6 +110,7 @@ impl<F: Fabric> Prepared<F> {
             ctrl,
             cfg,
             wakes,
+            rails,
         })
     }
 
@@ -108,16 +134,37 @@ impl<F: Fabric> Prepared<F> {
             wakes: self.wakes,
             lends,
         };
-        let bytes = ConnCard::encode_with_flags(
+        let mut fds = fabric_card.fds;
+        let rail_cards = self
+            .rails
+            .iter()
+            .map(|p| p.card())
+            .collect::<io::Result<Vec<Card>>>()?;
+        let rails: Vec<(&[u8], usize)> = rail_cards
+            .iter()
+            .map(|c| (&c.bytes[..], c.fds.len()))
+            .collect();
+        let bytes = ConnCard::encode_with_rails(
             self.ring.region().remote(),
             self.ctrl.region().remote(),
             flags,
             &fabric_card.bytes,
+            &rails,
         )?;
-        Ok(Card {
-            bytes,
-            fds: fabric_card.fds,
-        })
+        for c in rail_cards {
+            fds.extend(c.fds);
+        }
+        if fds.len() > crate::fabric::MAX_CARD_FDS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the rails' cards carry {} descriptors, more than {} can travel",
+                    fds.len(),
+                    crate::fabric::MAX_CARD_FDS
+                ),
+            ));
+        }
+        Ok(Card { bytes, fds })
     }
 
     /// Connects to the peer described by `peer` and returns the channel.
@@ -129,10 +176,33 @@ impl<F: Fabric> Prepared<F> {
     pub fn connect(self, peer: Card) -> io::Result<Channel<F>> {
         let card = ConnCard::new_checked(&peer.bytes[..])?;
         let (peer_ring, peer_ctrl) = (card.ring(), card.ctrl());
+        let peer_rails = card.rails();
+        let mut fds = peer.fds;
+        let rail_fds: usize = peer_rails.iter().map(|r| r.1).sum();
+        if rail_fds > fds.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "bad connection card: its rails name {rail_fds} descriptors, {} came",
+                    fds.len()
+                ),
+            ));
+        }
+        let mut later = fds.split_off(fds.len() - rail_fds).into_iter();
         let qp = self.pending.connect(Card {
             bytes: card.fabric_card().to_vec(),
-            fds: peer.fds,
+            fds,
         })?;
+        // As many rails as the end with fewer has; both ends count the same.
+        let mut rails = Vec::with_capacity(self.rails.len().min(peer_rails.len()));
+        for (pending, (bytes, nfds)) in self.rails.into_iter().zip(&peer_rails) {
+            let rail_qp = pending.connect(Card {
+                bytes: bytes.to_vec(),
+                fds: later.by_ref().take(*nfds).collect(),
+            })?;
+            let sq = send_queue_for(&rail_qp.caps());
+            rails.push(Rail { qp: rail_qp, sq });
+        }
         if card.wakes() {
             qp.send_wakes();
         }
@@ -154,9 +224,13 @@ impl<F: Fabric> Prepared<F> {
         // peer's first ring is its smallest: it grows from there and shrinks back to it.
         let chunk = self.cfg.chunk_for(peer_ring.len);
         let staging = staging_for(&self.fabric, &self.cfg, inline_limit, peer_ring.len)?;
+        // Rails asked for (even one, placed somewhere): large transfers go zero-copy,
+        // the path that is striped, and that a rail's rate limit paces.
+        let striped = !self.cfg.rails().is_empty();
         let link = Arc::new(Link {
             serial: super::link::next_serial(),
             qp,
+            rails,
             left_staging: Mutex::new(Vec::new()),
             incoming: Mutex::new(IncomingRings {
                 current: self.ring.clone(),
@@ -178,7 +252,7 @@ impl<F: Fabric> Prepared<F> {
             sq: send_queue_for(&caps),
             broken: Mutex::new(None),
             is_broken: AtomicBool::new(false),
-            zc_thresholds: zero_copy_thresholds(&self.fabric, &self.cfg, loopback),
+            zc_thresholds: zero_copy_thresholds(&self.fabric, &self.cfg, loopback, striped),
             zc_adaptive_min: zero_copy_adaptive_min(&self.fabric, &self.cfg),
             zc_push: self
                 .cfg
@@ -254,13 +328,24 @@ fn send_queue_for(caps: &Caps) -> SendQueue {
 }
 
 /// The zero-copy thresholds in force: the configuration's, else the fabric's
-/// measured defaults for a peer on the same port (`loopback`) or elsewhere.
-fn zero_copy_thresholds<F: Fabric>(fabric: &F, cfg: &Config, loopback: bool) -> ZeroCopyThresholds {
-    let default = if loopback {
+/// measured defaults for a peer on the same port (`loopback`) or elsewhere, at most
+/// the smallest striped step where rails were asked for (`striped`: only zero-copy
+/// transfers are striped).
+fn zero_copy_thresholds<F: Fabric>(
+    fabric: &F,
+    cfg: &Config,
+    loopback: bool,
+    striped: bool,
+) -> ZeroCopyThresholds {
+    let mut default = if loopback {
         fabric.zero_copy_loopback_defaults()
     } else {
         fabric.zero_copy_defaults()
     };
+    if striped {
+        default.alloc_mem = default.alloc_mem.min(cfg.stripe_min());
+        default.other = default.other.min(cfg.stripe_min());
+    }
     let set = cfg.zero_copy_thresholds();
     let other = match fabric.zero_copy_outnumbered_default() {
         Some(n) if cfg.zero_copy_outnumbered => n.min(default.other),
@@ -302,13 +387,28 @@ mod tests {
     fn an_outnumbered_group_sends_large_heap_buffers_zero_copy() {
         let fabric = EmuFabric::new().unwrap();
         let mut cfg = Config::default();
-        assert_eq!(zero_copy_thresholds(&fabric, &cfg, true).other, usize::MAX);
+        assert_eq!(
+            zero_copy_thresholds(&fabric, &cfg, true, false).other,
+            usize::MAX
+        );
         cfg.zero_copy_outnumbered = true;
-        assert_eq!(zero_copy_thresholds(&fabric, &cfg, true).other, 1 << 20);
-        assert_eq!(zero_copy_thresholds(&fabric, &cfg, false).other, 1 << 20);
+        assert_eq!(
+            zero_copy_thresholds(&fabric, &cfg, true, false).other,
+            1 << 20
+        );
+        assert_eq!(
+            zero_copy_thresholds(&fabric, &cfg, false, false).other,
+            1 << 20
+        );
         let set = cfg.clone().with_zero_copy_private_threshold(Some(64 << 10));
-        assert_eq!(zero_copy_thresholds(&fabric, &set, true).other, 64 << 10);
+        assert_eq!(
+            zero_copy_thresholds(&fabric, &set, true, false).other,
+            64 << 10
+        );
         let off = cfg.with_zero_copy_private_threshold(Some(usize::MAX));
-        assert_eq!(zero_copy_thresholds(&fabric, &off, true).other, usize::MAX);
+        assert_eq!(
+            zero_copy_thresholds(&fabric, &off, true, false).other,
+            usize::MAX
+        );
     }
 }

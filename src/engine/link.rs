@@ -25,6 +25,10 @@ pub(crate) struct Link<F: Fabric> {
     /// Declared first, so dropped first: once it is gone no request reads the
     /// staging buffer or writes a caller's buffer (`StagingBuffer::post_write`).
     pub(crate) qp: F::Qp,
+    /// The connection's other rails (rail 1 first; empty for one rail): queue pairs
+    /// that only carry stripes of zero-copy reads ([`crate::engine::stripe`]).
+    /// Dropped right after rail 0, for the same reason.
+    pub(crate) rails: Vec<Rail<F>>,
     /// The incoming rings the peer may write: kept here, not only by the receiving
     /// half, so that they outlive it as long as the queue pair may take writes.
     pub(super) incoming: Mutex<IncomingRings<F::Region>>,
@@ -116,6 +120,12 @@ pub(crate) struct Link<F: Fabric> {
     /// theirs may be reused by a newer one.
     pub(crate) serial: u64,
     pub(crate) fabric: F,
+}
+
+/// A rail other than rail 0: its queue pair and that queue's accounting.
+pub(crate) struct Rail<F: Fabric> {
+    pub(crate) qp: F::Qp,
+    pub(crate) sq: SendQueue,
 }
 
 /// The incoming rings of a connection: the one being read, and the one offered to
@@ -315,20 +325,47 @@ impl<F: Fabric> Link<F> {
             return Err(e);
         }
         self.drain_completions()?;
-        if self.qp.state() == QpState::Error {
-            let why = self
-                .qp
-                .error_reason()
-                .map_or_else(String::new, |r| format!(" ({r})"));
-            return Err(self.fail(
-                io::ErrorKind::ConnectionReset,
-                format!("connection broken: the peer is gone or the queue pair failed{why}"),
-            ));
+        let qps = std::iter::once(&self.qp).chain(self.rails.iter().map(|r| &r.qp));
+        for (rail, qp) in qps.enumerate() {
+            if rail > 0 {
+                self.drain_rail(rail)?;
+            }
+            if qp.state() == QpState::Error {
+                let why = qp
+                    .error_reason()
+                    .map_or_else(String::new, |r| format!(" ({r})"));
+                let which = if rail > 0 {
+                    format!(" on rail {rail}")
+                } else {
+                    String::new()
+                };
+                return Err(self.fail(
+                    io::ErrorKind::ConnectionReset,
+                    format!(
+                        "connection broken: the peer is gone or the queue pair failed{which}{why}"
+                    ),
+                ));
+            }
         }
         Ok(())
     }
 
     pub(crate) fn drain_completions(&self) -> io::Result<()> {
+        self.drain_queue(&self.qp, &self.sq)
+    }
+
+    /// Drains the completions of rail `rail` (0: the connection's queue pair).
+    pub(crate) fn drain_rail(&self, rail: usize) -> io::Result<()> {
+        match rail {
+            0 => self.drain_completions(),
+            r => {
+                let rail = &self.rails[r - 1];
+                self.drain_queue(&rail.qp, &rail.sq)
+            }
+        }
+    }
+
+    fn drain_queue(&self, qp: &F::Qp, sq: &SendQueue) -> io::Result<()> {
         let mut wcs = [Completion {
             wr_id: 0,
             status: CompletionStatus::Success,
@@ -337,9 +374,9 @@ impl<F: Fabric> Link<F> {
         }; 16];
         let mut failure = None;
         loop {
-            let n = self.qp.poll(&mut wcs);
+            let n = qp.poll(&mut wcs);
             for wc in &wcs[..n] {
-                self.count_completion(wc, &mut failure);
+                self.count_completion_on(sq, wc, &mut failure);
             }
             if n < wcs.len() {
                 return failure.map_or(Ok(()), Err);
@@ -347,13 +384,45 @@ impl<F: Fabric> Link<F> {
         }
     }
 
-    /// Counts one completion, polled or handed back by the fabric at post time
+    /// True once request `seq` of rail `rail` has a completion, successful or not.
+    #[inline]
+    pub(crate) fn rail_completed(&self, rail: usize, seq: u64) -> bool {
+        match rail {
+            0 => self.sq.is_completed(seq),
+            r => self.rails[r - 1].sq.is_completed(seq),
+        }
+    }
+
+    /// Counts one completion of rail `rail` (0: the connection's queue pair),
+    /// polled or handed back by the fabric at post time
     /// ([`QueuePair::post_completing`]); a failed one breaks the connection first and
     /// leaves its error in `failure` unless one is there already.
     #[inline]
-    pub(crate) fn count_completion(&self, wc: &Completion, failure: &mut Option<io::Error>) {
+    pub(crate) fn count_completion(
+        &self,
+        rail: usize,
+        wc: &Completion,
+        failure: &mut Option<io::Error>,
+    ) {
+        let sq = if rail == 0 {
+            &self.sq
+        } else {
+            &self.rails[rail - 1].sq
+        };
+        self.count_completion_on(sq, wc, failure);
+    }
+
+    /// [`count_completion`](Self::count_completion) of a request of the queue
+    /// counted by `sq` (a rail's).
+    #[inline]
+    fn count_completion_on(
+        &self,
+        sq: &SendQueue,
+        wc: &Completion,
+        failure: &mut Option<io::Error>,
+    ) {
         let success = wc.status == CompletionStatus::Success;
-        self.sq.complete_with(wc.wr_id, success, || {
+        sq.complete_with(wc.wr_id, success, || {
             // The peer's memory refusing us (RemoteAccessError) is what a peer that
             // exited or died looks like from here: its regions are gone with it.
             // Local errors are ours.
@@ -457,6 +526,34 @@ impl<F: Fabric> Link<F> {
             staging.post_write(&self.qp, wr_id, signaled, at, list, peer_ring)
         })
         .map(drop)
+    }
+
+    /// Numbers and posts one signalled request on rail `rail` (0: the connection's
+    /// queue pair, [`post_numbered`](Self::post_numbered)), keeping its send queue
+    /// within its depth. Returns the request's number on that rail.
+    pub(crate) fn post_numbered_on(
+        &self,
+        rail: usize,
+        post: impl FnOnce(&F::Qp, u64, bool) -> Result<(), FabricError>,
+    ) -> io::Result<u64> {
+        if rail == 0 {
+            return self.post_numbered(true, |wr_id, signaled| post(&self.qp, wr_id, signaled));
+        }
+        let r = &self.rails[rail - 1];
+        let mut backoff = Backoff::new(1000, 100, std::time::Duration::from_micros(100));
+        r.sq.post_numbered(
+            true,
+            || {
+                self.drain_rail(rail)?;
+                if !r.sq.is_full() {
+                    return Ok(());
+                }
+                self.check_health()?;
+                backoff.snooze();
+                Ok(())
+            },
+            |wr_id, signaled| post(&r.qp, wr_id, signaled).map_err(io::Error::from),
+        )
     }
 
     /// Waits until request `seq` has a completion, successful or not. Never gives up

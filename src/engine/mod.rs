@@ -51,6 +51,7 @@ pub(crate) mod lane;
 mod link;
 mod receiver;
 mod sender;
+pub mod stripe;
 mod wait;
 mod zerocopy;
 
@@ -58,7 +59,7 @@ pub use card::CTRL_SIZE;
 pub use connect::Prepared;
 pub(crate) use link::Link;
 pub(crate) use receiver::{
-    GetMode, LentPart, QuietWatch, ReadsInFlight, QUIET_WATCH_WORDS, READ_PIECE,
+    GetMode, LentPart, QuietWatch, ReadsInFlight, Stripe, QUIET_WATCH_WORDS, READ_PIECE,
 };
 pub use receiver::{Peeked, Receiver};
 pub(crate) use sender::{Announce, InFlightSeg, PendingZc, ZeroCopy};

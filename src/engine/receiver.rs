@@ -9,8 +9,10 @@ use std::time::Instant;
 
 use super::link::{lock_incoming, Link, HEALTH_EVERY};
 use super::sender::copy_short;
+use super::stripe::Striper;
 use super::wait::{past, Backoff};
 use super::zerocopy::{serve_all_lends, Lent, PathMeter, MEASURE_MIN};
+use crate::config::MAX_RAILS;
 use crate::fabric::{Access, Fabric, GatherList, MemoryRegion};
 use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory, RingOffer, CTRL_SIZE, RING_OFFER_SLOT};
@@ -166,6 +168,9 @@ pub struct Receiver<F: Fabric> {
     /// Times large copies on the ring and zero-copy paths and advises the sender
     /// which costs less, where the link lets it choose (`Link::zc_adaptive_min`).
     meter: Option<PathMeter>,
+    /// The rails' weights, where the connection has more than one rail: zero-copy
+    /// steps of at least `Config::stripe_min` bytes are read in stripes across them.
+    pub(crate) striper: Option<Striper>,
 }
 
 /// What [`Receiver::peek`] found at the head of the stream.
@@ -196,6 +201,37 @@ pub(crate) struct ReadsInFlight<R> {
     pub(crate) lent: Option<LentPart<R>>,
     /// When the step started, if the path meter times it.
     pub(crate) started: Option<Instant>,
+    /// Per rail, where the step is read in stripes across the connection's rails
+    /// (rail 0's reads are also `last`).
+    pub(crate) stripes: Option<[Stripe; MAX_RAILS]>,
+}
+
+/// One rail's stripe of a step: its bytes, the number of its last read on that
+/// rail, when its first read was posted and when its completion was seen (the
+/// measurement adaptive striping learns from).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Stripe {
+    pub(crate) bytes: usize,
+    pub(crate) last: Option<u64>,
+    pub(crate) posted: Option<Instant>,
+    pub(crate) seen: Option<Instant>,
+}
+
+impl Stripe {
+    /// True once its reads completed (or it has none), noting when that was first
+    /// seen.
+    fn check<F: Fabric>(&mut self, link: &Link<F>, rail: usize) -> bool {
+        if self.seen.is_some() {
+            return true;
+        }
+        match self.last {
+            Some(seq) if !link.rail_completed(rail, seq) => false,
+            _ => {
+                self.seen = Some(Instant::now());
+                true
+            }
+        }
+    }
 }
 
 /// The part of a caller's buffer the peer pushes into: registered for it alone, so
@@ -237,6 +273,8 @@ impl<F: Fabric> Receiver<F> {
             grow_for_packets: false,
             growth_refused: false,
             meter: (link.zc_adaptive_min != usize::MAX).then(PathMeter::default),
+            striper: (!link.rails.is_empty())
+                .then(|| Striper::new(link.cfg.stripe_policy(), 1 + link.rails.len())),
             ring,
             retired_rings: Vec::new(),
             backoff_pauses: link.cfg.stream_backoff(),
@@ -701,12 +739,17 @@ impl<F: Fabric> Receiver<F> {
         wait: bool,
     ) -> io::Result<Option<usize>> {
         let link = self.link.clone();
-        if !wait && !self.step_done(&r)? {
+        let mut r = r;
+        if !wait && !self.step_done(&mut r)? {
             self.reads = Some(r);
             return Ok(None);
         }
-        // Completions arrive in order, so the last read's covers all of them.
-        let mut result = r.last.map_or(Ok(()), |last| link.wait_completed(last));
+        // Completions arrive in order on each queue pair, so the last read's covers
+        // all of them.
+        let mut result = match &mut r.stripes {
+            Some(stripes) => self.wait_stripes(stripes),
+            None => r.last.map_or(Ok(()), |last| link.wait_completed(last)),
+        };
         if let Some(h) = r.handle {
             link.rcache.release(h);
         }
@@ -716,6 +759,15 @@ impl<F: Fabric> Receiver<F> {
         // Drops the lent part's registration: the peer can no longer write there.
         drop(r.lent);
         result?;
+        if let (Some(striper), Some(stripes)) = (self.striper.as_mut(), &r.stripes) {
+            let mut took = [(0usize, std::time::Duration::ZERO); MAX_RAILS];
+            for (t, s) in took.iter_mut().zip(stripes) {
+                if let (Some(p), Some(seen)) = (s.posted, s.seen) {
+                    *t = (s.bytes, seen.saturating_duration_since(p));
+                }
+            }
+            striper.feedback(&took);
+        }
         let z = self.zc.as_mut().expect("reads belong to a transfer");
         let transfer = z.total as usize;
         z.done += r.len as u64;
@@ -754,12 +806,24 @@ impl<F: Fabric> Receiver<F> {
 
     /// True once every read of `r` completed and its lent part landed; checks the
     /// connection now and then while not.
-    fn step_done(&mut self, r: &ReadsInFlight<F::Region>) -> io::Result<bool> {
+    fn step_done(&mut self, r: &mut ReadsInFlight<F::Region>) -> io::Result<bool> {
         let link = &*self.link;
         let drained = link.drain_completions();
         // Acquire (in is_completed, lend_landed): the bytes placed are visible once
         // they are counted.
-        let read = r.last.is_none_or(|last| link.sq.is_completed(last));
+        let read = match &mut r.stripes {
+            Some(stripes) => {
+                let mut all = true;
+                for (rail, s) in stripes.iter_mut().enumerate().take(1 + link.rails.len()) {
+                    if rail > 0 && s.seen.is_none() {
+                        link.drain_rail(rail)?;
+                    }
+                    all &= s.check(link, rail);
+                }
+                all
+            }
+            None => r.last.is_none_or(|last| link.sq.is_completed(last)),
+        };
         let landed = r
             .lent
             .as_ref()
@@ -772,6 +836,47 @@ impl<F: Fabric> Receiver<F> {
             self.check_lend(l.number)?;
         }
         Ok(false)
+    }
+
+    /// Waits until every stripe's reads completed, noting when each was seen: the
+    /// rails are polled in turn, so each time is an upper bound of a few polls.
+    ///
+    /// # Errors
+    ///
+    /// The connection's error if a completion failed (after all completed: the
+    /// memory they target is handed back only then).
+    fn wait_stripes(&mut self, stripes: &mut [Stripe; MAX_RAILS]) -> io::Result<()> {
+        let link = &*self.link;
+        let mut b = Backoff::new(20_000, 1000, std::time::Duration::from_micros(50));
+        let mut failure = None;
+        loop {
+            let mut all = true;
+            for (rail, s) in stripes.iter_mut().enumerate().take(1 + link.rails.len()) {
+                if s.seen.is_none() {
+                    if let Err(e) = link.drain_rail(rail) {
+                        failure.get_or_insert(e);
+                    }
+                }
+                all &= s.check(link, rail);
+            }
+            if all {
+                break;
+            }
+            b.snooze();
+        }
+        match failure.or_else(|| link.error()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The weights of the connection's rails in the striping of zero-copy steps
+    /// (see [`stripe`](crate::engine::stripe)); `[1.0]` for one rail.
+    pub fn stripe_weights(&self) -> &[f64] {
+        match &self.striper {
+            Some(s) => s.weights(),
+            None => &[1.0],
+        }
     }
 
     /// Waits for lend `number` to land.
@@ -1862,8 +1967,8 @@ impl<F: Fabric> Receiver<F> {
         if self.quiet_poll() {
             return Ok(false);
         }
-        if let Some(r) = self.reads.take() {
-            let done = self.step_done(&r);
+        if let Some(mut r) = self.reads.take() {
+            let done = self.step_done(&mut r);
             self.reads = Some(r);
             return done;
         }

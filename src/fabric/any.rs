@@ -386,6 +386,14 @@ impl Fabric for AnyFabric {
         }
     }
 
+    fn create_rail_qp(&self, spec: &crate::config::RailSpec) -> io::Result<AnyPending> {
+        match self {
+            AnyFabric::Emulated(f) => f.create_rail_qp(spec).map(AnyPending::Emulated),
+            #[cfg(feature = "verbs")]
+            AnyFabric::Verbs(f) => f.create_rail_qp(spec).map(AnyPending::Verbs),
+        }
+    }
+
     fn name(&self) -> &'static str {
         forward!(self, AnyFabric, f => f.name())
     }

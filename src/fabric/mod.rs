@@ -309,6 +309,16 @@ pub struct WorkRequest<'a> {
     pub signaled: bool,
 }
 
+impl WorkRequest<'_> {
+    /// Bytes the request moves (the sum of its gather or scatter list).
+    pub fn bytes(&self) -> u64 {
+        let local = match self.opcode {
+            Opcode::Write { local, .. } | Opcode::Read { local, .. } => local,
+        };
+        local.iter().map(|s| u64::from(s.len)).sum()
+    }
+}
+
 /// Outcome of a work request, as `ibv_wc_status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CompletionStatus {
@@ -728,6 +738,30 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     ///
     /// Resource exhaustion or a device failure.
     fn create_qp(&self) -> io::Result<Self::Pending>;
+
+    /// Creates the unconnected queue pair of a rail
+    /// ([`RailSpec`](crate::config::RailSpec)) of a connection on this domain. The
+    /// default takes plain rails only (another queue pair like
+    /// [`create_qp`](Self::create_qp)'s).
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` naming the rail when it asks for what this fabric cannot
+    /// give it (a device other than the domain's, a rate on real hardware);
+    /// failures of `create_qp`.
+    fn create_rail_qp(&self, spec: &crate::config::RailSpec) -> io::Result<Self::Pending> {
+        if !spec.is_plain() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "rail {spec:?}: the {} fabric makes rails only as more queue pairs \
+                     on the connection's own device",
+                    self.name()
+                ),
+            ));
+        }
+        self.create_qp()
+    }
 
     /// A short name for messages and benchmark tables.
     fn name(&self) -> &'static str;

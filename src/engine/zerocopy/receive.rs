@@ -3,10 +3,13 @@
 use std::io::{self, IoSliceMut};
 
 use super::Lent;
-use crate::engine::{GetMode, LentPart, Link, ReadsInFlight, Receiver, READ_PIECE};
+use crate::config::MAX_RAILS;
+use crate::engine::{GetMode, LentPart, Link, ReadsInFlight, Receiver, Stripe, READ_PIECE};
 use crate::fabric::{Access, Fabric, MemoryRegion, Opcode, QueuePair, Sge, WorkRequest};
 use crate::rcache::RegHandle;
 use crate::ring::memory::Lend;
+use crate::ring::wire::RndvSeg;
+use std::time::Instant;
 
 impl<F: Fabric> Receiver<F> {
     /// As [`get`](Self::get), but never waits for the RDMA READs of a zero-copy
@@ -111,7 +114,14 @@ impl<F: Fabric> Receiver<F> {
         // the sender's extra system call cost more than half a read saves. The
         // sender keeps what a push needs by the same rule (`send::peer_may_lend`):
         // a change here goes there too.
-        let share = if !z.by_advice {
+        // A step read in stripes across several rails is read whole: the stripes'
+        // completion times are what adaptive striping learns from.
+        let window = self.max_reads * READ_PIECE * (1 + link.rails.len());
+        let striped = self.striper.is_some()
+            && (len as u64).min(z.total - z.done) >= link.cfg.stripe_min() as u64;
+        let share = if striped {
+            0
+        } else if !z.by_advice {
             link.zc_push
         } else if z.total < SPLIT_BY_ADVICE_MIN as u64
             || link.sending_zero_copy()
@@ -121,9 +131,11 @@ impl<F: Fabric> Receiver<F> {
         } else {
             link.zc_adaptive_push
         };
-        let n = (len as u64)
-            .min(z.total - z.done)
-            .min((self.max_reads * READ_PIECE) as u64) as usize;
+        let n = (len as u64).min(z.total - z.done).min(if striped {
+            window
+        } else {
+            self.max_reads * READ_PIECE
+        } as u64) as usize;
         let done = z.done;
         let started = self.times_copy(n).then(std::time::Instant::now);
         // Once the peer's sender closed, pushing needs its process to call us again
@@ -149,11 +161,23 @@ impl<F: Fabric> Receiver<F> {
             handle: None,
             lent,
             started,
+            stripes: None,
         };
-        if pull > 0 {
+        if pull > 0 && striped {
+            let mut parts = [0; MAX_RAILS];
+            self.striper
+                .as_mut()
+                .expect("striped only with rails")
+                .split(pull, &mut parts);
             // SAFETY: forwarded from this function's contract.
-            match unsafe { self.post_reads(&link, dst, pull) } {
-                Ok((last, h)) => (step.last, step.handle) = (Some(last), Some(h)),
+            let (stripes, h) = unsafe { self.post_reads(&link, dst, &parts) }?;
+            (step.last, step.handle, step.stripes) = (stripes[0].last, Some(h), Some(stripes));
+        } else if pull > 0 {
+            let mut parts = [0; MAX_RAILS];
+            parts[0] = pull;
+            // SAFETY: forwarded from this function's contract.
+            match unsafe { self.post_reads(&link, dst, &parts) } {
+                Ok((stripes, h)) => (step.last, step.handle) = (stripes[0].last, Some(h)),
                 // Dropping `step` revokes a lent part.
                 Err(e) => return Err(e),
             }
@@ -215,40 +239,98 @@ impl<F: Fabric> Receiver<F> {
         }))
     }
 
-    /// Posts RDMA READs of the transfer's next `n` bytes (from the cursor) into `dst`;
-    /// returns the last one's number and the registration of `dst..dst + n`.
+    /// Posts RDMA READs of the transfer's next bytes (from the cursor) into `dst`:
+    /// `parts[r]` bytes on rail `r`, each rail's following the one before it.
+    /// Returns each rail's stripe (its last read's number, when it was posted) and
+    /// the registration of `dst` over all of them.
     ///
     /// # Safety
     ///
-    /// As [`start_reads`](Self::start_reads), for `dst..dst + n`.
+    /// As [`start_reads`](Self::start_reads), for `dst..dst + parts.sum()`.
     unsafe fn post_reads(
         &mut self,
         link: &Link<F>,
         dst: *mut u8,
-        n: usize,
-    ) -> io::Result<(u64, RegHandle)> {
+        parts: &[usize; MAX_RAILS],
+    ) -> io::Result<([Stripe; MAX_RAILS], RegHandle)> {
         let z = self
             .zc
             .as_ref()
             .expect("called with a transfer in progress");
+        let n: usize = parts.iter().sum();
         // SAFETY: forwarded from this function's contract; released in finish_reads.
         let h = unsafe {
             link.rcache
                 .acquire(&link.fabric, dst, n, Access::LOCAL_WRITE)
         }?;
-        let (mut posted, mut last) = (0usize, None);
-        let mut seg = z.seg;
-        let mut seg_off = z.seg_off;
+        let mut stripes = [Stripe::default(); MAX_RAILS];
+        let mut cursor = (z.seg, z.seg_off);
+        let mut at = 0usize;
+        for (rail, &bytes) in parts.iter().enumerate() {
+            if bytes == 0 {
+                continue;
+            }
+            stripes[rail].bytes = bytes;
+            stripes[rail].posted = Some(Instant::now());
+            // SAFETY: at + bytes <= n, inside the registered dst..dst + n, which the
+            // caller keeps untouched until finish_reads (forwarded contract).
+            let posted = unsafe {
+                self.post_range(
+                    link,
+                    rail,
+                    h.lkey(),
+                    dst.add(at),
+                    cursor,
+                    bytes,
+                    &mut stripes[rail].last,
+                )
+            };
+            if let Err(e) = posted {
+                // Let what was posted land before the memory is handed back.
+                for (r, s) in stripes.iter().enumerate() {
+                    if let Some(seq) = s.last {
+                        let _ = wait_rail_completed(link, r, seq);
+                    }
+                }
+                link.rcache.release(h);
+                return Err(e);
+            }
+            cursor = advance(&self.zc_segs, cursor, bytes as u64);
+            at += bytes;
+        }
+        Ok((stripes, h))
+    }
+
+    /// Posts the reads of `n` bytes of the transfer from `cursor` (segment, offset
+    /// in it) into `dst` on rail `rail`, leaving the last one's number in `last`.
+    ///
+    /// # Safety
+    ///
+    /// `dst..dst + n` lies in memory registered with `lkey` that stays untouched
+    /// until the reads completed.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn post_range(
+        &self,
+        link: &Link<F>,
+        rail: usize,
+        lkey: u32,
+        dst: *mut u8,
+        cursor: (usize, u64),
+        n: usize,
+        last: &mut Option<u64>,
+    ) -> io::Result<()> {
+        let (mut seg, mut seg_off) = cursor;
         // Pieces let a NIC pipeline reads on the wire. A queue that carries each read
         // out inside its post (the emulated fabric: one process_vm_readv) gains
         // nothing from them, and one call per segment runs faster: 4 MiB read in one
         // call 420-436 us, in four 1 MiB calls 486-522 (two pinned processes, this
         // host; 1 MiB level either way), and IMB PingPing 4 MiB 497 -> 425 us.
-        let max_piece = if link.sq.is_unbounded() {
-            n
-        } else {
-            READ_PIECE
+        let unbounded = match rail {
+            0 => link.sq.is_unbounded(),
+            r => link.rails[r - 1].sq.is_unbounded(),
         };
+        let max_piece = if unbounded { n } else { READ_PIECE };
+        let mut posted = 0usize;
         while posted < n {
             let s = self.zc_segs[seg];
             let piece = ((s.len - seg_off) as usize).min(n - posted).min(max_piece);
@@ -256,21 +338,11 @@ impl<F: Fabric> Receiver<F> {
                 // SAFETY: posted + piece <= n, inside dst..dst + n.
                 addr: unsafe { dst.add(posted) },
                 len: piece as u32,
-                lkey: h.lkey(),
+                lkey,
             }];
             // SAFETY: the target lies in the registered dst, which the caller keeps
-            // untouched until finish_reads has seen this read complete.
-            match unsafe { post_read(link, &sge, s.addr + seg_off, s.rkey) } {
-                Ok(seq) => last = Some(seq),
-                Err(e) => {
-                    // Let what was posted land before the memory is handed back.
-                    if let Some(seq) = last {
-                        let _ = link.wait_completed(seq);
-                    }
-                    link.rcache.release(h);
-                    return Err(e);
-                }
-            }
+            // untouched until the read completed.
+            *last = Some(unsafe { post_read(link, rail, &sge, s.addr + seg_off, s.rkey) }?);
             posted += piece;
             seg_off += piece as u64;
             if seg_off == s.len {
@@ -278,8 +350,40 @@ impl<F: Fabric> Receiver<F> {
                 seg_off = 0;
             }
         }
-        Ok((last.expect("n >= 1, so a read was posted"), h))
+        Ok(())
     }
+}
+
+/// The cursor (segment, offset in it) `k` bytes after `cursor`.
+fn advance(segs: &[RndvSeg], cursor: (usize, u64), mut k: u64) -> (usize, u64) {
+    let (mut seg, mut off) = cursor;
+    while k > 0 {
+        let here = (segs[seg].len - off).min(k);
+        k -= here;
+        off += here;
+        if off == segs[seg].len {
+            seg += 1;
+            off = 0;
+        }
+    }
+    (seg, off)
+}
+
+/// Waits for request `seq` of rail `rail` (0: [`Link::wait_completed`]).
+fn wait_rail_completed<F: Fabric>(link: &Link<F>, rail: usize, seq: u64) -> io::Result<()> {
+    if rail == 0 {
+        return link.wait_completed(seq);
+    }
+    let mut b =
+        crate::engine::wait::Backoff::new(20_000, 1000, std::time::Duration::from_micros(50));
+    while !link.rail_completed(rail, seq) {
+        let _ = link.drain_rail(rail);
+        if link.rail_completed(rail, seq) {
+            break;
+        }
+        b.snooze();
+    }
+    link.error().map_or(Ok(()), Err)
 }
 
 /// Bytes of an `n`-byte step the peer pushes at `percent`: none when that would be
@@ -310,11 +414,12 @@ pub(super) const MIN_PUSH: usize = 4096;
 /// returned number (see `Link::wait_completed`).
 unsafe fn post_read<F: Fabric>(
     link: &Link<F>,
+    rail: usize,
     local: &[Sge],
     remote_addr: u64,
     rkey: u32,
 ) -> io::Result<u64> {
-    link.post_numbered(true, |wr_id, signaled| {
+    link.post_numbered_on(rail, |qp, wr_id, signaled| {
         let wr = WorkRequest {
             wr_id,
             opcode: Opcode::Read {
@@ -325,12 +430,12 @@ unsafe fn post_read<F: Fabric>(
             signaled,
         };
         // SAFETY: forwarded from this function's contract.
-        let handed_back = unsafe { link.qp.post_completing(&wr) }?;
+        let handed_back = unsafe { qp.post_completing(&wr) }?;
         // A read the fabric finished in the call (the emulated fabric) is counted
         // here, as a polled one would be; a failure is the connection's error, which
         // the wait for this read's number reports.
         if let Some(wc) = handed_back {
-            link.count_completion(&wc, &mut None);
+            link.count_completion(rail, &wc, &mut None);
         }
         Ok(())
     })

@@ -154,13 +154,18 @@
 
 pub(crate) mod card;
 mod copy;
+mod pace;
 mod peer;
 mod qp;
 mod remote;
 mod shm;
 mod table;
 
+pub use pace::Pacer;
 pub use qp::EmuQp;
+
+/// Send queue depth of a rail with a rate (`create_rail_qp`) when no depth was set.
+pub const PACED_SEND_QUEUE: usize = 256;
 
 use self::card::{CardInfo, CardSegment};
 use self::shm::Shm;
@@ -644,7 +649,36 @@ impl Fabric for EmuFabric {
         Ok(EmuPending {
             slot: QpSlot::new(&self.inner)?,
             send_queue_depth: self.send_queue_depth,
+            pacer: None,
         })
+    }
+
+    /// A rail with a rate (`@rate`, `@rate/link`) is a queue pair whose
+    /// completions a [`Pacer`] holds back; it models a finite send queue
+    /// ([`PACED_SEND_QUEUE`] deep unless a depth was set), so that the engine
+    /// waits for completions as on a NIC. A rail naming a device is refused: the
+    /// emulated fabric has none.
+    fn create_rail_qp(&self, spec: &crate::config::RailSpec) -> io::Result<EmuPending> {
+        if spec.device.is_some() || spec.port.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "rail {spec}: the emulated fabric has no devices; its rails take a rate \
+                     (@100m) or nothing"
+                ),
+            ));
+        }
+        let mut pending = self.create_qp()?;
+        if let Some(rate) = spec.rate {
+            pending.pacer = Some(match &spec.link {
+                Some(name) => Pacer::shared(name, rate),
+                None => Arc::new(Pacer::new(rate)),
+            });
+            if pending.send_queue_depth == usize::MAX {
+                pending.send_queue_depth = PACED_SEND_QUEUE;
+            }
+        }
+        Ok(pending)
     }
 
     fn name(&self) -> &'static str {
@@ -861,6 +895,8 @@ impl Drop for QpSlot {
 pub struct EmuPending {
     slot: QpSlot,
     send_queue_depth: usize,
+    /// The link a rail with a rate runs on.
+    pacer: Option<Arc<Pacer>>,
 }
 
 impl PendingQp for EmuPending {
@@ -891,7 +927,12 @@ impl PendingQp for EmuPending {
 
     fn connect(self, peer: Card) -> io::Result<EmuQp> {
         let peer = peer::Peer::connect(peer)?;
-        Ok(EmuQp::new(self.slot, peer, self.send_queue_depth))
+        Ok(EmuQp::new(
+            self.slot,
+            peer,
+            self.send_queue_depth,
+            self.pacer,
+        ))
     }
 }
 

@@ -1,6 +1,7 @@
 //! The emulated queue pair: executes work requests at post time.
 
 use super::copy;
+use super::pace::Pacer;
 use super::peer::{Fault, Peer};
 use super::shm;
 use super::table::NO_SEGMENT;
@@ -14,7 +15,8 @@ use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// [`QpState::ReadyToSend`] in the state word.
 const RTS: u32 = 0;
@@ -52,8 +54,9 @@ pub struct EmuQp {
     slot: QpSlot,
     peer: Peer,
     state: AtomicU32,
-    /// Completions, each with the posting index of its request (see `SendSlots`).
-    cq: Mutex<VecDeque<(Completion, u64)>>,
+    /// Completions, each with the posting index of its request (see `SendSlots`)
+    /// and, on a paced queue pair, when it may be polled.
+    cq: Mutex<VecDeque<(Completion, u64, Option<Instant>)>>,
     /// Length of `cq`, written under its lock, read without it by `poll`.
     cq_len: AtomicUsize,
     last_error: Mutex<Option<String>>,
@@ -61,6 +64,9 @@ pub struct EmuQp {
     send_slots: Option<Mutex<SendSlots>>,
     /// The peer's eventfd taken for `notify`, with its number and instance there.
     wake: Mutex<Option<(u32, u32, OwnedFd)>>,
+    /// The link of a rail with a rate: completions wait until it carried the bytes
+    /// (always with `send_slots`, so that every request is counted).
+    pacer: Option<Arc<Pacer>>,
 }
 
 /// The slots of a finite send queue, counted as a NIC does: every posted request
@@ -86,7 +92,13 @@ impl fmt::Debug for EmuQp {
 }
 
 impl EmuQp {
-    pub(super) fn new(slot: QpSlot, peer: Peer, send_queue_depth: usize) -> EmuQp {
+    pub(super) fn new(
+        slot: QpSlot,
+        peer: Peer,
+        send_queue_depth: usize,
+        pacer: Option<Arc<Pacer>>,
+    ) -> EmuQp {
+        debug_assert!(pacer.is_none() || send_queue_depth != usize::MAX);
         EmuQp {
             slot,
             peer,
@@ -102,6 +114,7 @@ impl EmuQp {
                 })
             }),
             wake: Mutex::new(None),
+            pacer,
         }
     }
 
@@ -154,9 +167,9 @@ impl EmuQp {
         self.peer.is_local()
     }
 
-    fn complete(&self, c: Completion, index: u64) {
+    fn complete(&self, c: Completion, index: u64, due: Option<Instant>) {
         let mut cq = lock(&self.cq);
-        cq.push_back((c, index));
+        cq.push_back((c, index, due));
         // Release (under the lock, so the count is exact): `poll` seeing a non-zero
         // count then takes the lock and finds the entry.
         self.cq_len.store(cq.len(), Ordering::Release);
@@ -319,10 +332,15 @@ impl EmuQp {
     ///
     /// As [`QueuePair::post`].
     #[inline(never)]
-    unsafe fn execute(&self, wr: &WorkRequest<'_>, index: u64) -> Result<(), FabricError> {
+    unsafe fn execute(
+        &self,
+        wr: &WorkRequest<'_>,
+        index: u64,
+        due: Option<Instant>,
+    ) -> Result<(), FabricError> {
         // SAFETY: forwarded from this function's contract.
         if let Some(c) = unsafe { self.execute_now(wr) }? {
-            self.complete(c, index);
+            self.complete(c, index, due);
         }
         Ok(())
     }
@@ -402,7 +420,7 @@ impl QueuePair for EmuQp {
                 return Ok(());
             }
             // SAFETY: forwarded from this function's contract.
-            return unsafe { self.execute(wr, 0) };
+            return unsafe { self.execute(wr, 0, None) };
         };
         // Held through the execution, so completions enter the queue in posting order.
         let mut slots = lock(slots);
@@ -410,12 +428,15 @@ impl QueuePair for EmuQp {
             return Err(FabricError::QueueFull);
         }
         let index = slots.posted;
+        // A paced request's bytes take their turn on the link whether or not it is
+        // signalled: its completion, and every later one, wait for that.
+        let due = self.pacer.as_ref().map(|p| p.reserve(wr.bytes()));
         // SAFETY: forwarded from this function's contract.
-        let result = if unsafe { self.fast_write(wr) } {
+        let result = if due.is_none() && unsafe { self.fast_write(wr) } {
             Ok(())
         } else {
             // SAFETY: forwarded from this function's contract.
-            unsafe { self.execute(wr, index) }
+            unsafe { self.execute(wr, index, due) }
         };
         if result.is_ok() {
             slots.posted += 1;
@@ -527,9 +548,18 @@ impl QueuePair for EmuQp {
             return 0;
         }
         let mut cq = lock(&self.cq);
-        let k = out.len().min(cq.len());
+        let mut k = out.len().min(cq.len());
+        if self.pacer.is_some() {
+            // Due times rise along the queue (one link, taken in posting order).
+            let now = Instant::now();
+            k = cq
+                .iter()
+                .take(k)
+                .take_while(|e| e.2.is_none_or(|d| d <= now))
+                .count();
+        }
         let mut freed = 0;
-        for (slot, (c, index)) in out.iter_mut().zip(cq.drain(..k)) {
+        for (slot, (c, index, _)) in out.iter_mut().zip(cq.drain(..k)) {
             *slot = c;
             freed = index + 1;
         }

@@ -1,0 +1,302 @@
+//! Multirail connections (seed 002): FIFO order across 2 and 3 rails against the
+//! byte-queue model, the adaptive weights' feedback loop on rails of different
+//! rates, a competing flow on a shared link, rail counts that differ between the
+//! ends, and rails refused with a clear error. On the fabric `RCH_FABRIC` selects;
+//! the rate-limited rails are the emulated fabric's (skipped on verbs, whose rails
+//! take their speed from the network).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use rdma_channel::config::{RailSpec, StripePolicy};
+use rdma_channel::fabric::AnyFabric;
+use rdma_channel::{Channel, Config, Prepared, RdmaStream};
+
+use common::zc::{run_zc_model, ZcCase};
+use common::{watched, Rng};
+
+fn on_verbs() -> bool {
+    std::env::var("RCH_FABRIC").is_ok_and(|f| f.trim() == "verbs")
+}
+
+/// Two connected channels with the given configurations, on the fabric
+/// `RCH_FABRIC` selects.
+fn chan_pair(ca: Config, cb: Config) -> (Channel<AnyFabric>, Channel<AnyFabric>) {
+    let fa = AnyFabric::from_env().unwrap();
+    let fb = fa.for_connection().unwrap();
+    let a = Prepared::new(fa, ca).unwrap();
+    let b = Prepared::new(fb, cb).unwrap();
+    let (card_a, card_b) = (a.card().unwrap(), b.card().unwrap());
+    (a.connect(card_b).unwrap(), b.connect(card_a).unwrap())
+}
+
+fn rails(spec: &str) -> Vec<RailSpec> {
+    RailSpec::parse_list(spec).unwrap()
+}
+
+/// Rails of a case: plain on verbs; on the emulated fabric plain or paced fast
+/// enough that a case stays short.
+fn rail_strategy() -> impl Strategy<Value = String> {
+    if on_verbs() {
+        prop_oneof![Just("2".to_string()), Just("3".to_string())].boxed()
+    } else {
+        prop_oneof![
+            Just("2".to_string()),
+            Just("3".to_string()),
+            Just("@2g,@500m".to_string()),
+            Just("@1g,,@250m".to_string()),
+        ]
+        .boxed()
+    }
+}
+
+fn policy_strategy() -> impl Strategy<Value = StripePolicy> {
+    prop_oneof![
+        Just(StripePolicy::default()),
+        (1u8..=100).prop_map(|a| StripePolicy::Adaptive { alpha_percent: a }),
+        Just(StripePolicy::Even),
+        proptest::collection::vec(0u32..5, 1..4)
+            .prop_filter("a weight", |w| w.iter().any(|&x| x > 0))
+            .prop_map(StripePolicy::Weights),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: common::scaled(120), max_shrink_iters: 100, max_shrink_time: 60_000, ..ProptestConfig::default() })]
+    /// Small messages (the ring, on rail 0) and zero-copy transfers striped across 2
+    /// or 3 rails interleave in one FIFO byte stream, whatever the receiver's buffer
+    /// sizes, the policy and the stripe minimum: every byte arrives once, in order.
+    #[test]
+    fn model_eager_and_striped_zero_copy_keep_fifo_order(
+        spec in rail_strategy(),
+        policy in policy_strategy(),
+        stripe_min_k in 12u32..=17,
+        ring_k in 13u32..=17,
+        seed in any::<u64>(),
+        messages in 1usize..=12,
+        buf_k in 10u32..=19,
+        alloc_in_8 in 0u64..=8,
+        threshold_k in 10u32..=18,
+    ) {
+        let ring = 1usize << ring_k;
+        let cfg = Config::default()
+            .with_ring_size(ring)
+            .with_chunk_size((ring / 2).min(64 << 10))
+            .with_rails(rails(&spec))
+            .with_stripe_policy(policy)
+            .with_stripe_min(1 << stripe_min_k)
+            .with_zero_copy_threshold(Some(1 << threshold_k))
+            .with_zero_copy_private_threshold(Some(1 << threshold_k));
+        let case = ZcCase { seed, messages, max_buf: 1 << buf_k, alloc_in_8 };
+        let what = format!("{cfg:?} {case:?}");
+        let r = watched("rails-model", common::limit(60), move || {
+            let (mut a, mut b) = chan_pair(cfg.clone(), cfg);
+            let rails = b.receiver().stripe_weights().len();
+            let run = run_zc_model(&mut a, &mut b, &case)?;
+            Ok((rails, run))
+        });
+        prop_assert!(r.is_ok(), "{what}: {:?}", r.err());
+        let (rails, _) = r.unwrap();
+        prop_assert_eq!(rails, spec.split(',').count().max(spec.parse().unwrap_or(0)));
+    }
+}
+
+/// Blocking streams in two threads over three rails: writes of random sizes (most
+/// of them striped zero-copy steps), reads of other random sizes; 48 MiB, every
+/// byte checked.
+#[test]
+fn blocking_streams_over_three_rails() {
+    let spec = if on_verbs() { "3" } else { "@3g,@2g,@1g" };
+    let cfg = Config::default()
+        .with_rails(rails(spec))
+        .with_stripe_min(16 << 10);
+    let (mut a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+    let total = common::scaled_bytes(48 << 20, 4 << 20) as usize;
+    let writer = std::thread::spawn(move || {
+        let mut rng = Rng::new(7);
+        let mut sent = 0usize;
+        while sent < total {
+            let n = rng.log_uniform(1, 2 << 20).min(total - sent);
+            let buf: Vec<u8> = (sent..sent + n).map(|i| (i % 253) as u8).collect();
+            a.write_all(&buf).unwrap();
+            sent += n;
+        }
+        a
+    });
+    let mut rng = Rng::new(8);
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 3 << 20];
+    while got < total {
+        let want = rng.log_uniform(1, buf.len()).min(total - got);
+        let n = b.read(&mut buf[..want]).unwrap();
+        assert!(n > 0, "end of stream after {got} of {total} bytes");
+        for (i, &x) in buf[..n].iter().enumerate() {
+            assert_eq!(x, ((got + i) % 253) as u8, "byte {}", got + i);
+        }
+        got += n;
+    }
+    let weights = b.channel().receiver().stripe_weights().to_vec();
+    assert_eq!(weights.len(), 3, "three rails: {weights:?}");
+    assert!((weights.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+    drop(writer.join().expect("writer"));
+}
+
+/// Streams `n` messages of `size` bytes from a to b (zero-copy, striped) and
+/// returns b's weights afterwards.
+fn stream_through(a: &mut RdmaStream, b: &mut RdmaStream, n: usize, size: usize) -> Vec<f64> {
+    let msg = vec![0x5au8; size];
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..n {
+                a.write_all(&msg).unwrap();
+            }
+        });
+        let mut buf = vec![0u8; size];
+        for _ in 0..n {
+            b.read_exact(&mut buf).unwrap();
+            assert!(buf.iter().all(|&x| x == 0x5a));
+        }
+    });
+    b.channel().receiver().stripe_weights().to_vec()
+}
+
+/// From equal weights, adaptive striping over rails of 400 and 100 MB/s moves most
+/// of each step to the faster rail (the best split is 4:1); even striping stays
+/// even. What is asserted is the direction and rough size of the move, with wide
+/// bounds: a busy host delays the polls that time the stripes (seed 002's case 2).
+#[test]
+fn adaptive_weights_move_toward_the_faster_rail() {
+    if on_verbs() {
+        return;
+    }
+    let cfg = |p| {
+        Config::default()
+            .with_rails(rails("@400m,@100m"))
+            .with_stripe_policy(p)
+    };
+    let (mut a, mut b) = RdmaStream::pair_with(cfg(StripePolicy::default())).unwrap();
+    let w = stream_through(&mut a, &mut b, 30, 1 << 20);
+    assert!(
+        w[0] > 0.65 && w[0] < 0.95,
+        "adaptive weights {w:?}, best 0.8:0.2"
+    );
+    let (mut a, mut b) = RdmaStream::pair_with(cfg(StripePolicy::Even)).unwrap();
+    let w = stream_through(&mut a, &mut b, 8, 1 << 20);
+    assert_eq!(w, vec![0.5, 0.5]);
+}
+
+/// A second connection streaming over the slower rail's link (rails naming one
+/// link share its rate) moves the weights further toward the other rail, and
+/// they come back once it stops (seed 002's figure 20).
+#[test]
+fn a_competing_flow_on_a_shared_link_moves_the_weights_and_they_come_back() {
+    if on_verbs() {
+        return;
+    }
+    let main = Config::default().with_rails(rails("@400m/mr-test-a,@100m/mr-test-b"));
+    let (mut a, mut b) = RdmaStream::pair_with(main).unwrap();
+    let alone = stream_through(&mut a, &mut b, 24, 1 << 20)[0];
+    let rival = Config::default().with_rails(rails("@100m/mr-test-b"));
+    let (mut ra, mut rb) = RdmaStream::pair_with(rival).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let loaded = std::thread::scope(|s| {
+        s.spawn(|| {
+            let msg = vec![1u8; 1 << 20];
+            let mut buf = vec![0u8; 1 << 20];
+            let reader = s.spawn(move || while rb.read_exact(&mut buf).is_ok() {});
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                ra.write_all(&msg).unwrap();
+            }
+            drop(ra);
+            reader.join().unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let w = stream_through(&mut a, &mut b, 40, 1 << 20)[0];
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        w
+    });
+    let after = stream_through(&mut a, &mut b, 40, 1 << 20)[0];
+    assert!(
+        loaded > alone + 0.04,
+        "the faster rail's weight: {alone:.3} alone, {loaded:.3} while the other link is shared"
+    );
+    assert!(
+        after < loaded - 0.04,
+        "{after:.3} after the competing flow stopped, {loaded:.3} while it ran"
+    );
+}
+
+/// Ends asking for different numbers of rails connect with the fewer, on both
+/// sides; an end asking for none makes a one-rail connection.
+#[test]
+fn ends_with_different_rail_counts_use_the_fewer() {
+    let zc = |c: Config| c.with_zero_copy_private_threshold(Some(64 << 10));
+    for (ra, rb, want) in [("3", "2", 2usize), ("2", "", 1), ("", "4", 1)] {
+        let ca = if ra.is_empty() {
+            Config::default()
+        } else {
+            Config::default().with_rails(rails(ra))
+        };
+        let cb = if rb.is_empty() {
+            Config::default()
+        } else {
+            Config::default().with_rails(rails(rb))
+        };
+        let (mut a, mut b) = chan_pair(zc(ca), zc(cb));
+        assert_eq!(
+            a.receiver().stripe_weights().len(),
+            want,
+            "{ra:?} against {rb:?}"
+        );
+        assert_eq!(
+            b.receiver().stripe_weights().len(),
+            want,
+            "{ra:?} against {rb:?}"
+        );
+        let data: Vec<u8> = (0..(1 << 20)).map(|i| (i % 199) as u8).collect();
+        let mut out = vec![0u8; data.len()];
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut sent = 0;
+                while sent < data.len() {
+                    sent += a.put(&[std::io::IoSlice::new(&data[sent..])]).unwrap();
+                }
+            });
+            let mut got = 0;
+            while got < out.len() {
+                got += b
+                    .get(&mut [std::io::IoSliceMut::new(&mut out[got..])])
+                    .unwrap();
+            }
+        });
+        assert!(out == data, "{ra:?} against {rb:?}: bytes differ");
+    }
+}
+
+/// Rails the fabric cannot make are refused when the connection is prepared, with
+/// an error naming the rail; nothing is connected.
+#[test]
+fn rails_the_fabric_cannot_make_are_refused_by_name() {
+    let fabric = AnyFabric::from_env().unwrap();
+    let bad = if on_verbs() { "@100m" } else { "mlx5_0:1" };
+    let cfg = Config::default().with_rails(vec![RailSpec::default(), rails(bad).remove(0)]);
+    let e = Prepared::new(fabric.clone(), cfg).err().expect("refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::Unsupported, "{e}");
+    assert!(e.to_string().contains("rail"), "{e}");
+    // A queue pair the caller made cannot be placed by rail 0's specification.
+    let placed = Config::default().with_rails(rails("@1g,@1g"));
+    let pending = rdma_channel::fabric::Fabric::create_qp(&fabric).unwrap();
+    if !on_verbs() {
+        let e = Prepared::with_pending(fabric, pending, placed)
+            .err()
+            .expect("refused");
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+    }
+    // Too many rails, from the environment's syntax or the builder.
+    assert!(RailSpec::parse_list("9").is_err());
+    let nine = Config::default().with_rails(vec![RailSpec::default(); 9]);
+    assert!(nine.validate().is_err());
+}

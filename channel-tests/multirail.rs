@@ -43,11 +43,16 @@ fn rail_strategy() -> impl Strategy<Value = String> {
     if on_verbs() {
         prop_oneof![Just("2".to_string()), Just("3".to_string())].boxed()
     } else {
+        // `domain`: a rail in a protection domain of its own (another HCA's), so
+        // announcements carry its keys and reads register there.
         prop_oneof![
             Just("2".to_string()),
             Just("3".to_string()),
             Just("@2g,@500m".to_string()),
             Just("@1g,,@250m".to_string()),
+            Just(",domain".to_string()),
+            Just("@2g,domain@1g,@500m".to_string()),
+            Just(",domain,domain".to_string()),
         ]
         .boxed()
     }
@@ -109,7 +114,7 @@ proptest! {
 /// byte checked.
 #[test]
 fn blocking_streams_over_three_rails() {
-    let spec = if on_verbs() { "3" } else { "@3g,@2g,@1g" };
+    let spec = if on_verbs() { "3" } else { "@3g,domain@2g,@1g" };
     let cfg = Config::default()
         .with_rails(rails(spec))
         .with_stripe_min(16 << 10);
@@ -234,7 +239,13 @@ fn a_competing_flow_on_a_shared_link_moves_the_weights_and_they_come_back() {
 #[test]
 fn ends_with_different_rail_counts_use_the_fewer() {
     let zc = |c: Config| c.with_zero_copy_private_threshold(Some(64 << 10));
-    for (ra, rb, want) in [("3", "2", 2usize), ("2", "", 1), ("", "4", 1)] {
+    let other = if on_verbs() { "3" } else { ",domain,domain" };
+    for (ra, rb, want) in [
+        ("3", "2", 2usize),
+        ("2", "", 1),
+        ("", "4", 1),
+        (other, "2", 2),
+    ] {
         let ca = if ra.is_empty() {
             Config::default()
         } else {
@@ -290,10 +301,21 @@ fn rails_the_fabric_cannot_make_are_refused_by_name() {
     let placed = Config::default().with_rails(rails("@1g,@1g"));
     let pending = rdma_channel::fabric::Fabric::create_qp(&fabric).unwrap();
     if !on_verbs() {
-        let e = Prepared::with_pending(fabric, pending, placed)
+        let e = Prepared::with_pending(fabric.clone(), pending, placed)
             .err()
             .expect("refused");
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+    }
+    // Rail 0 carries the ring: it cannot be on another device.
+    if !on_verbs() {
+        let e = Prepared::new(
+            fabric.clone(),
+            Config::default().with_rails(rails("domain,")),
+        )
+        .err()
+        .expect("refused");
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("rail 0"), "{e}");
     }
     // Too many rails, from the environment's syntax or the builder.
     assert!(RailSpec::parse_list("9").is_err());

@@ -177,9 +177,9 @@ settings! {
         "percent of each zero-copy transfer the receiver lends to the sender to push by \
          RDMA WRITE (0 to 100).";
     RAILS = "RCH_RAILS", default "one rail":
-        "a connection's rails: a count, or a comma-separated list of device[:port] \
-         (verbs) or @rate[/link] (emulated, bytes a second); zero-copy steps are striped \
-         across them.";
+        "a connection's rails: a count, or a comma-separated list of `device[:port]` \
+         (verbs; on the emulated fabric `domain` for a protection domain of its own) and \
+         `@rate[/link]` (emulated, bytes a second); zero-copy steps are striped across them.";
     STRIPE = "RCH_STRIPE", default "adaptive":
         "how striped steps are split: adaptive[:alpha percent], even, or weights like 4:1.";
     STRIPE_MIN = "RCH_STRIPE_MIN", default "64 KiB":

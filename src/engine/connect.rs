@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 use super::card::{CardFlags, ConnCard, CTRL_SIZE};
-use super::link::{IncomingRings, Link, Rail, SendQueue};
+use super::link::{IncomingRings, Link, Rail, RailDomain, SendQueue};
 use super::receiver::Receiver;
 use super::sender::{Sender, MAX_SGE};
 use super::wait::wait_policy_for;
@@ -49,8 +49,9 @@ pub struct Prepared<F: Fabric> {
     cfg: Config,
     /// The queue pair takes wakes (`PendingQp::accept_wakes`), which the card says.
     wakes: bool,
-    /// The queue pairs of the rails after rail 0 (`Config::with_rails`).
-    rails: Vec<F::Pending>,
+    /// The queue pairs of the rails after rail 0 (`Config::with_rails`), each with
+    /// its own protection domain where it is on another device.
+    rails: Vec<(F::Pending, Option<F>)>,
 }
 
 impl<F: Fabric> Prepared<F> {
@@ -62,7 +63,24 @@ impl<F: Fabric> Prepared<F> {
     pub fn new(fabric: F, cfg: Config) -> io::Result<Prepared<F>> {
         cfg.validate()?;
         let pending = match cfg.rails().first() {
-            Some(rail0) => fabric.create_rail_qp(rail0)?,
+            Some(rail0) => {
+                // Rail 0 carries the ring: it is on the connection's own domain.
+                if fabric.rail_domain(rail0)?.is_some() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "rail 0 ({rail0}) carries the ring and must be on the \
+                             connection's own device; name another device for rails 1 on"
+                        ),
+                    ));
+                }
+                let here = crate::config::RailSpec {
+                    device: None,
+                    port: None,
+                    ..rail0.clone()
+                };
+                fabric.create_rail_qp(&here)?
+            }
             None => fabric.create_qp()?,
         };
         Self::prepare(fabric, pending, cfg)
@@ -98,7 +116,17 @@ impl<F: Fabric> Prepared<F> {
             .rails()
             .iter()
             .skip(1)
-            .map(|spec| fabric.create_rail_qp(spec))
+            .map(|spec| match fabric.rail_domain(spec)? {
+                Some(domain) => {
+                    let here = crate::config::RailSpec {
+                        device: None,
+                        port: None,
+                        ..spec.clone()
+                    };
+                    Ok((domain.create_rail_qp(&here)?, Some(domain)))
+                }
+                None => Ok((fabric.create_rail_qp(spec)?, None)),
+            })
             .collect::<io::Result<Vec<_>>>()?;
         let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
         let ring = RingMemory::new(fabric.alloc_region(cfg.initial_ring_size(), rights)?)?;
@@ -138,7 +166,7 @@ impl<F: Fabric> Prepared<F> {
         let rail_cards = self
             .rails
             .iter()
-            .map(|p| p.card())
+            .map(|(p, _)| p.card())
             .collect::<io::Result<Vec<Card>>>()?;
         let rails: Vec<(&[u8], usize)> = rail_cards
             .iter()
@@ -195,13 +223,21 @@ impl<F: Fabric> Prepared<F> {
         })?;
         // As many rails as the end with fewer has; both ends count the same.
         let mut rails = Vec::with_capacity(self.rails.len().min(peer_rails.len()));
-        for (pending, (bytes, nfds)) in self.rails.into_iter().zip(&peer_rails) {
+        for ((pending, domain), (bytes, nfds)) in self.rails.into_iter().zip(&peer_rails) {
             let rail_qp = pending.connect(Card {
                 bytes: bytes.to_vec(),
                 fds: later.by_ref().take(*nfds).collect(),
             })?;
             let sq = send_queue_for(&rail_qp.caps());
-            rails.push(Rail { qp: rail_qp, sq });
+            let domain = domain.map(|fabric| RailDomain {
+                rcache: registration_cache(&fabric, &self.cfg),
+                fabric,
+            });
+            rails.push(Rail {
+                qp: rail_qp,
+                sq,
+                domain,
+            });
         }
         if card.wakes() {
             qp.send_wakes();
@@ -277,8 +313,10 @@ impl<F: Fabric> Prepared<F> {
             cfg: self.cfg,
             fabric: self.fabric,
         });
+        let keys = link.rail_keys();
         let max_rndv_segs = ((chunk as usize - OVERHEAD - Rendezvous::encoded_len(0))
-            / Rendezvous::encoded_len(1).saturating_sub(Rendezvous::encoded_len(0)))
+            / Rendezvous::encoded_len_with_keys(1, keys)
+                .saturating_sub(Rendezvous::encoded_len(0)))
         .clamp(1, MAX_RNDV_SEGS);
         Ok(Channel {
             tx: Sender::new(

@@ -122,10 +122,19 @@ pub(crate) struct Link<F: Fabric> {
     pub(crate) fabric: F,
 }
 
-/// A rail other than rail 0: its queue pair and that queue's accounting.
+/// A rail other than rail 0: its queue pair and that queue's accounting, and the
+/// protection domain it is in where that is not the connection's (a rail on
+/// another device: memory it reads or is read from is registered there too).
 pub(crate) struct Rail<F: Fabric> {
     pub(crate) qp: F::Qp,
     pub(crate) sq: SendQueue,
+    pub(crate) domain: Option<RailDomain<F>>,
+}
+
+/// A rail's own protection domain and its registration cache.
+pub(crate) struct RailDomain<F: Fabric> {
+    pub(crate) rcache: Arc<RegCache<F>>,
+    pub(crate) fabric: F,
 }
 
 /// The incoming rings of a connection: the one being read, and the one offered to
@@ -381,6 +390,33 @@ impl<F: Fabric> Link<F> {
             if n < wcs.len() {
                 return failure.map_or(Ok(()), Err);
             }
+        }
+    }
+
+    /// The extra rails whose keys announcements carry: all of them where any is in
+    /// a protection domain of its own on this end, else none (every rail reads with
+    /// rail 0's keys).
+    #[inline]
+    pub(crate) fn rail_keys(&self) -> usize {
+        if self.rails.iter().any(|r| r.domain.is_some()) {
+            self.rails.len()
+        } else {
+            0
+        }
+    }
+
+    /// How many rails have a protection domain of their own on this end.
+    #[inline]
+    pub(crate) fn foreign_rails(&self) -> usize {
+        self.rails.iter().filter(|r| r.domain.is_some()).count()
+    }
+
+    /// The protection domain of rail `rail` when it is not the connection's.
+    #[inline]
+    pub(crate) fn rail_domain(&self, rail: usize) -> Option<&RailDomain<F>> {
+        match rail {
+            0 => None,
+            r => self.rails[r - 1].domain.as_ref(),
         }
     }
 

@@ -105,6 +105,10 @@ pub struct Receiver<F: Fabric> {
     /// The segments of `zc` (its `count` first): decoded in place, so that taking
     /// an announcement moves no 16-segment array.
     pub(crate) zc_segs: [RndvSeg; MAX_RNDV_SEGS],
+    /// Per segment of `zc`, the keys of rails 1 to `zc_keys` (the sender's rails in
+    /// protection domains of their own; 0: every rail reads with the segment's).
+    pub(crate) zc_rail_keys: [[u32; MAX_RAILS]; MAX_RNDV_SEGS],
+    pub(crate) zc_keys: usize,
     /// Number the next announcement must carry.
     zc_expected_id: u64,
     /// Most RDMA READs in flight (the fabric's `max_rd_atomic`, capped).
@@ -206,6 +210,18 @@ pub(crate) struct ReadsInFlight<R> {
     pub(crate) stripes: Option<[Stripe; MAX_RAILS]>,
 }
 
+/// Releases the stripes' registrations in their rails' own domains.
+pub(crate) fn release_stripe_regs<F: Fabric>(link: &Link<F>, stripes: &mut [Stripe; MAX_RAILS]) {
+    for (rail, s) in stripes.iter_mut().enumerate() {
+        if let Some(h) = s.reg.take() {
+            link.rail_domain(rail)
+                .expect("a stripe registered in its rail's domain")
+                .rcache
+                .release(h);
+        }
+    }
+}
+
 /// One rail's stripe of a step: its bytes, the number of its last read on that
 /// rail, when its first read was posted and when its completion was seen (the
 /// measurement adaptive striping learns from).
@@ -215,6 +231,9 @@ pub(crate) struct Stripe {
     pub(crate) last: Option<u64>,
     pub(crate) posted: Option<Instant>,
     pub(crate) seen: Option<Instant>,
+    /// The registration of the stripe's part of the caller's buffer in the rail's
+    /// own protection domain, where it has one (released when the step is done).
+    pub(crate) reg: Option<RegHandle>,
 }
 
 impl Stripe {
@@ -290,6 +309,8 @@ impl<F: Fabric> Receiver<F> {
             quiet_polls: 0,
             zc: None,
             zc_segs: [RndvSeg::default(); MAX_RNDV_SEGS],
+            zc_rail_keys: [[0; MAX_RAILS]; MAX_RNDV_SEGS],
+            zc_keys: 0,
             zc_expected_id: 1,
             max_reads: max_rd_atomic.clamp(1, MAX_READS_IN_FLIGHT),
             reads: None,
@@ -686,7 +707,7 @@ impl<F: Fabric> Receiver<F> {
     /// Reads the rendezvous announcement of `len` bytes at the read position (the
     /// packet is fully visible) and makes it the transfer being read.
     fn take_rendezvous(&mut self, len: usize) -> io::Result<()> {
-        let mut desc = [0u8; Rendezvous::encoded_len(MAX_RNDV_SEGS)];
+        let mut desc = [0u8; Rendezvous::encoded_len_with_keys(MAX_RNDV_SEGS, MAX_RAILS - 1)];
         if len > desc.len() {
             return Err(self.link.fail(
                 io::ErrorKind::InvalidData,
@@ -709,8 +730,22 @@ impl<F: Fabric> Receiver<F> {
                 ),
             ));
         }
+        if r.rail_keys() > self.link.rails.len() {
+            return Err(self.link.fail(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "protocol error: rendezvous with keys for {} rails on a connection of {}",
+                    r.rail_keys() + 1,
+                    self.link.rails.len() + 1
+                ),
+            ));
+        }
+        self.zc_keys = r.rail_keys();
         for i in 0..r.count() {
             self.zc_segs[i] = r.seg(i);
+            for rail in 1..=self.zc_keys {
+                self.zc_rail_keys[i][rail] = r.rail_rkey(i, rail);
+            }
         }
         self.zc = Some(ZcRecv {
             id: r.id(),
@@ -752,6 +787,9 @@ impl<F: Fabric> Receiver<F> {
         };
         if let Some(h) = r.handle {
             link.rcache.release(h);
+        }
+        if let Some(stripes) = &mut r.stripes {
+            release_stripe_regs(&link, stripes);
         }
         if let (Ok(()), Some(lent)) = (&result, &r.lent) {
             result = self.wait_landed(lent.number);
@@ -2032,9 +2070,18 @@ impl<F: Fabric> Drop for Receiver<F> {
         // Reads left in flight by get_nowait target the caller's memory: let them land
         // before the caller can take that memory back.
         // A lent part needs no wait: dropping it revokes the peer's access.
-        if let Some(r) = self.reads.take() {
-            if let Some(last) = r.last {
-                let _ = self.link.wait_completed(last);
+        if let Some(mut r) = self.reads.take() {
+            match &mut r.stripes {
+                // Every rail's reads, not only rail 0's.
+                Some(stripes) => {
+                    let _ = self.wait_stripes(stripes);
+                    release_stripe_regs(&self.link, stripes);
+                }
+                None => {
+                    if let Some(last) = r.last {
+                        let _ = self.link.wait_completed(last);
+                    }
+                }
             }
             if let Some(h) = r.handle {
                 self.link.rcache.release(h);

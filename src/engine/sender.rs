@@ -111,6 +111,10 @@ pub struct Sender<F: Fabric> {
     /// and drop, not a 16-segment array moved each way (~250 instructions of copies
     /// a 16 KiB MPI round trip, 2026-12-03).
     pub(crate) in_flight_segs: VecDeque<InFlightSeg>,
+    /// The registrations of `in_flight_segs`' buffers in the protection domains of
+    /// the rails that have their own (`Link::rail_domain`), with the rail: for each
+    /// segment in turn, one per such rail.
+    pub(crate) in_flight_rail_regs: VecDeque<(usize, RegHandle)>,
     /// The newest of `in_flight` came from `put_nocopy`, whose caller offers its
     /// buffers again until a call counts them: nothing may follow it until then.
     pub(crate) held: bool,
@@ -191,6 +195,7 @@ impl<F: Fabric> Sender<F> {
             closed: false,
             in_flight: VecDeque::new(),
             in_flight_segs: VecDeque::new(),
+            in_flight_rail_regs: VecDeque::new(),
             held: false,
             zc_next_id: 1,
             zc_polls: 0,
@@ -633,6 +638,12 @@ impl<F: Fabric> Sender<F> {
                     .invalidate(s.seg.addr as *const u8, s.seg.len as usize);
             }
         }
+        for (rail, h) in self.in_flight_rail_regs.drain(..) {
+            let d = self.link.rail_domain(rail).expect("a rail with a domain");
+            d.rcache.release(h);
+            let range = h.range();
+            d.rcache.invalidate(range.start as *const u8, range.len());
+        }
         true
     }
 
@@ -654,6 +665,11 @@ impl<F: Fabric> Sender<F> {
                 self.in_flight.pop_front();
                 for s in self.in_flight_segs.drain(..p.count) {
                     self.link.rcache.release(s.handle);
+                }
+                let foreign = self.link.foreign_rails();
+                for (rail, h) in self.in_flight_rail_regs.drain(..p.count * foreign) {
+                    let d = self.link.rail_domain(rail).expect("a rail with a domain");
+                    d.rcache.release(h);
                 }
             }
             self.publish_unconfirmed();

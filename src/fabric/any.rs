@@ -386,6 +386,14 @@ impl Fabric for AnyFabric {
         }
     }
 
+    fn rail_domain(&self, spec: &crate::config::RailSpec) -> io::Result<Option<AnyFabric>> {
+        match self {
+            AnyFabric::Emulated(f) => Ok(f.rail_domain(spec)?.map(AnyFabric::Emulated)),
+            #[cfg(feature = "verbs")]
+            AnyFabric::Verbs(f) => Ok(f.rail_domain(spec)?.map(AnyFabric::Verbs)),
+        }
+    }
+
     fn create_rail_qp(&self, spec: &crate::config::RailSpec) -> io::Result<AnyPending> {
         match self {
             AnyFabric::Emulated(f) => f.create_rail_qp(spec).map(AnyPending::Emulated),

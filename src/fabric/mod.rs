@@ -739,6 +739,28 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     /// Resource exhaustion or a device failure.
     fn create_qp(&self) -> io::Result<Self::Pending>;
 
+    /// The protection domain a rail's queue pair goes in
+    /// ([`RailSpec`](crate::config::RailSpec)): `None` for this one (a rail
+    /// without a device, or on this domain's device and port), or a domain of
+    /// its own on the rail's device, whose registrations and keys are its own (a
+    /// second HCA, seed 002's sec. 5.1). The rail's queue pair is then made with
+    /// [`create_rail_qp`](Self::create_rail_qp) on the domain returned, from the
+    /// rail without its device. The default knows no devices.
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` for a rail naming a device this fabric cannot open; the
+    /// device's failures.
+    fn rail_domain(&self, spec: &crate::config::RailSpec) -> io::Result<Option<Self>> {
+        if spec.device.is_none() && spec.port.is_none() {
+            return Ok(None);
+        }
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("rail {spec}: the {} fabric has no devices", self.name()),
+        ))
+    }
+
     /// Creates the unconnected queue pair of a rail
     /// ([`RailSpec`](crate::config::RailSpec)) of a connection on this domain. The
     /// default takes plain rails only (another queue pair like

@@ -310,8 +310,15 @@ pub const RNDV_FIXED: usize = 24;
 /// ([`Fabric::zero_copy_adaptive_push_default`](crate::fabric::Fabric::zero_copy_adaptive_push_default)).
 pub const RNDV_BY_ADVICE: u32 = 1;
 
-/// Bytes of one segment entry of a [`Rendezvous`].
+/// Bytes of one segment entry of a [`Rendezvous`] (without rail keys).
 pub const RNDV_SEG: usize = 24;
+
+/// [`Rendezvous`] flags, bits 8-10: how many rails after rail 0 have a key of their
+/// own in each segment entry (0: every rail reads with the segment's `rkey`). A
+/// sender whose rails include one in another protection domain (another device)
+/// registers each buffer there too and sends one key per rail after rail 0.
+pub const RNDV_RAIL_KEYS_SHIFT: u32 = 8;
+const RNDV_RAIL_KEYS_MASK: u32 = 0x7 << RNDV_RAIL_KEYS_SHIFT;
 
 /// One buffer of a zero-copy announcement: where the receiver reads it from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -352,8 +359,12 @@ impl std::error::Error for RndvError {}
 /// [`PacketKind::Rendezvous`] packet):
 ///
 /// ```text
-/// | id u64 | total u64 | count u32 | flags u32 | count x (addr u64, len u64, rkey u32, 0 u32) |
+/// | id u64 | total u64 | count u32 | flags u32 | count x (addr u64, len u64, rkey u32, 0 u32, k x rail key u32) |
 /// ```
+///
+/// where `k` is in the flags' bits 8-10 ([`RNDV_RAIL_KEYS_SHIFT`]): rail `r`'s key
+/// of a segment, for rails 1 to `k`, when the sender's rails are in several
+/// protection domains.
 ///
 /// `id` numbers the sender's announcements from 1; the receiver reports `id` back in
 /// its control word when it has read them all. `flags` says why the buffers go
@@ -391,7 +402,9 @@ impl<T: AsRef<[u8]>> Rendezvous<T> {
         if count == 0 || count as usize > MAX_RNDV_SEGS {
             return Err(RndvError::BadCount(count));
         }
-        if b.len() != RNDV_FIXED + count as usize * RNDV_SEG {
+        let flags = u32::from_le_bytes(b[20..24].try_into().unwrap());
+        let keys = ((flags & RNDV_RAIL_KEYS_MASK) >> RNDV_RAIL_KEYS_SHIFT) as usize;
+        if b.len() != RNDV_FIXED + count as usize * (RNDV_SEG + 4 * keys) {
             return Err(RndvError::Truncated);
         }
         let view = Rendezvous { buffer };
@@ -429,9 +442,26 @@ impl<T: AsRef<[u8]>> Rendezvous<T> {
         u32::from_le_bytes(self.buffer.as_ref()[20..24].try_into().unwrap())
     }
 
+    /// How many rails after rail 0 have keys of their own (0 to 7).
+    pub fn rail_keys(&self) -> usize {
+        ((self.flags() & RNDV_RAIL_KEYS_MASK) >> RNDV_RAIL_KEYS_SHIFT) as usize
+    }
+
+    /// Rail `rail`'s key of segment `i`: the segment's `rkey` for rail 0 or a rail
+    /// without a key of its own (panics if `i >= count()`).
+    pub fn rail_rkey(&self, i: usize, rail: usize) -> u32 {
+        let k = self.rail_keys();
+        if rail == 0 || rail > k {
+            return self.seg(i).rkey;
+        }
+        let at = RNDV_FIXED + i * (RNDV_SEG + 4 * k) + RNDV_SEG + 4 * (rail - 1);
+        u32::from_le_bytes(self.buffer.as_ref()[at..at + 4].try_into().unwrap())
+    }
+
     /// Segment `i` (panics if `i >= count()`).
     pub fn seg(&self, i: usize) -> RndvSeg {
-        let b = &self.buffer.as_ref()[RNDV_FIXED + i * RNDV_SEG..][..RNDV_SEG];
+        let entry = RNDV_SEG + 4 * self.rail_keys();
+        let b = &self.buffer.as_ref()[RNDV_FIXED + i * entry..][..RNDV_SEG];
         RndvSeg {
             addr: u64::from_le_bytes(b[0..8].try_into().unwrap()),
             len: u64::from_le_bytes(b[8..16].try_into().unwrap()),
@@ -448,6 +478,55 @@ impl Rendezvous<&[u8]> {
     /// ```
     pub const fn encoded_len(count: usize) -> usize {
         RNDV_FIXED + count * RNDV_SEG
+    }
+
+    /// Bytes an announcement of `count` segments with `keys` rail keys each takes.
+    pub const fn encoded_len_with_keys(count: usize, keys: usize) -> usize {
+        RNDV_FIXED + count * (RNDV_SEG + 4 * keys)
+    }
+
+    /// Writes segment `i` of an announcement whose entries carry `rail_keys.len()`
+    /// rail keys (rails 1 on), for a sender encoding as it registers; then
+    /// [`encode_fixed_with_keys`](Self::encode_fixed_with_keys). Panics if `out` is
+    /// too short.
+    ///
+    /// ```
+    /// use rdma_channel::ring::wire::{Rendezvous, RndvSeg};
+    /// let seg = RndvSeg { addr: 0x1000, len: 64, rkey: 5 };
+    /// let mut buf = [0u8; 64];
+    /// Rendezvous::encode_seg_with_keys(&mut buf, 0, &seg, &[6, 7]);
+    /// let n = Rendezvous::encode_fixed_with_keys(&mut buf, 3, 64, 1, 0, 2);
+    /// let r = Rendezvous::new_checked(&buf[..n]).unwrap();
+    /// assert_eq!((r.seg(0), r.rail_keys()), (seg, 2));
+    /// assert_eq!((r.rail_rkey(0, 0), r.rail_rkey(0, 1), r.rail_rkey(0, 2)), (5, 6, 7));
+    /// ```
+    pub fn encode_seg_with_keys(out: &mut [u8], i: usize, s: &RndvSeg, rail_keys: &[u32]) {
+        let entry = RNDV_SEG + 4 * rail_keys.len();
+        let b = &mut out[RNDV_FIXED + i * entry..][..entry];
+        b[0..8].copy_from_slice(&s.addr.to_le_bytes());
+        b[8..16].copy_from_slice(&s.len.to_le_bytes());
+        b[16..20].copy_from_slice(&s.rkey.to_le_bytes());
+        b[20..24].fill(0);
+        for (j, k) in rail_keys.iter().enumerate() {
+            b[RNDV_SEG + 4 * j..][..4].copy_from_slice(&k.to_le_bytes());
+        }
+    }
+
+    /// Writes the fixed part of an announcement of `count` segments with `keys` rail
+    /// keys each (at most 7; the entries written by
+    /// [`encode_seg_with_keys`](Self::encode_seg_with_keys)); returns its length.
+    pub fn encode_fixed_with_keys(
+        out: &mut [u8],
+        id: u64,
+        total: u64,
+        count: usize,
+        flags: u32,
+        keys: usize,
+    ) -> usize {
+        assert!(keys <= 7);
+        let flags = (flags & !RNDV_RAIL_KEYS_MASK) | ((keys as u32) << RNDV_RAIL_KEYS_SHIFT);
+        Self::encode_fixed(out, id, total, count, flags);
+        Self::encoded_len_with_keys(count, keys)
     }
 
     /// Writes an announcement into `out` and returns its length. Panics if `out` is
@@ -504,6 +583,55 @@ impl Rendezvous<&[u8]> {
         out[16..20].copy_from_slice(&(count as u32).to_le_bytes());
         out[20..24].copy_from_slice(&flags.to_le_bytes());
         n
+    }
+}
+
+#[cfg(test)]
+mod rail_key_tests {
+    use super::*;
+
+    /// Announcements with 0 to 7 rail keys a segment round-trip; one byte short or
+    /// long, or a key count the length does not match, is refused.
+    #[test]
+    fn rail_keys_are_checked_against_the_length() {
+        let segs = [
+            RndvSeg {
+                addr: 0x1000,
+                len: 10,
+                rkey: 1,
+            },
+            RndvSeg {
+                addr: 0x9000,
+                len: 20,
+                rkey: 2,
+            },
+        ];
+        for k in 0..=7usize {
+            let mut buf = [0u8; 512];
+            for (i, s) in segs.iter().enumerate() {
+                let keys: Vec<u32> = (0..k as u32).map(|r| 100 * (i as u32 + 1) + r).collect();
+                Rendezvous::encode_seg_with_keys(&mut buf, i, s, &keys);
+            }
+            let n = Rendezvous::encode_fixed_with_keys(&mut buf, 9, 30, 2, RNDV_BY_ADVICE, k);
+            assert_eq!(n, Rendezvous::encoded_len_with_keys(2, k));
+            let r = Rendezvous::new_checked(&buf[..n]).unwrap();
+            assert_eq!(
+                (r.rail_keys(), r.seg(1), r.flags() & RNDV_BY_ADVICE),
+                (k, segs[1], 1)
+            );
+            for rail in 1..=k {
+                assert_eq!(r.rail_rkey(1, rail), 200 + rail as u32 - 1);
+            }
+            assert_eq!(r.rail_rkey(1, 0), 2);
+            assert_eq!(
+                Rendezvous::new_checked(&buf[..n - 1]).unwrap_err(),
+                RndvError::Truncated
+            );
+            assert_eq!(
+                Rendezvous::new_checked(&buf[..n + 4]).unwrap_err(),
+                RndvError::Truncated
+            );
+        }
     }
 }
 

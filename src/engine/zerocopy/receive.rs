@@ -271,20 +271,37 @@ impl<F: Fabric> Receiver<F> {
                 continue;
             }
             stripes[rail].bytes = bytes;
-            stripes[rail].posted = Some(Instant::now());
-            // SAFETY: at + bytes <= n, inside the registered dst..dst + n, which the
-            // caller keeps untouched until finish_reads (forwarded contract).
-            let posted = unsafe {
-                self.post_range(
-                    link,
-                    rail,
-                    h.lkey(),
-                    dst.add(at),
-                    cursor,
-                    bytes,
-                    &mut stripes[rail].last,
-                )
+            // A rail in a protection domain of its own writes through a
+            // registration there.
+            let lkey = match link.rail_domain(rail) {
+                None => Ok(h.lkey()),
+                // SAFETY: at + bytes <= n: inside the caller's buffer, which it keeps
+                // untouched until finish_reads, where this is released.
+                Some(d) => unsafe {
+                    d.rcache
+                        .acquire(&d.fabric, dst.add(at), bytes, Access::LOCAL_WRITE)
+                }
+                .map(|r| {
+                    stripes[rail].reg = Some(r);
+                    r.lkey()
+                }),
             };
+            stripes[rail].posted = Some(Instant::now());
+            let posted = lkey.and_then(|lkey| {
+                // SAFETY: at + bytes <= n, inside the registered dst..dst + n, which
+                // the caller keeps untouched until finish_reads (forwarded contract).
+                unsafe {
+                    self.post_range(
+                        link,
+                        rail,
+                        lkey,
+                        dst.add(at),
+                        cursor,
+                        bytes,
+                        &mut stripes[rail].last,
+                    )
+                }
+            });
             if let Err(e) = posted {
                 // Let what was posted land before the memory is handed back.
                 for (r, s) in stripes.iter().enumerate() {
@@ -292,6 +309,7 @@ impl<F: Fabric> Receiver<F> {
                         let _ = wait_rail_completed(link, r, seq);
                     }
                 }
+                crate::engine::receiver::release_stripe_regs(link, &mut stripes);
                 link.rcache.release(h);
                 return Err(e);
             }
@@ -340,9 +358,16 @@ impl<F: Fabric> Receiver<F> {
                 len: piece as u32,
                 lkey,
             }];
+            // The sender's key for this rail: its own where the sender's rail has a
+            // protection domain of its own.
+            let rkey = if rail > 0 && rail <= self.zc_keys {
+                self.zc_rail_keys[seg][rail]
+            } else {
+                s.rkey
+            };
             // SAFETY: the target lies in the registered dst, which the caller keeps
             // untouched until the read completed.
-            *last = Some(unsafe { post_read(link, rail, &sge, s.addr + seg_off, s.rkey) }?);
+            *last = Some(unsafe { post_read(link, rail, &sge, s.addr + seg_off, rkey) }?);
             posted += piece;
             seg_off += piece as u64;
             if seg_off == s.len {

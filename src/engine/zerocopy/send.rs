@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use super::receive::{MIN_PUSH, SPLIT_BY_ADVICE_MIN};
 use super::{Lent, PushSource};
+use crate::config::MAX_RAILS;
 use crate::engine::{Announce, InFlightSeg, Lending, Link, PendingZc, Sender, ZeroCopy};
 use crate::fabric::{Access, Fabric};
 use crate::ring::wire::{PacketKind, Rendezvous, RndvSeg, MAX_RNDV_SEGS, RNDV_BY_ADVICE};
@@ -151,7 +152,7 @@ impl<F: Fabric> Sender<F> {
         while count < iov.len().min(self.max_rndv_segs) && self.zc_eligible(&iov[count]) {
             count += 1;
         }
-        let need = Rendezvous::encoded_len(count);
+        let need = Rendezvous::encoded_len_with_keys(count, self.link.rail_keys());
         if !self.make_room_for(need)? {
             return Ok(Announce::NoRoom);
         }
@@ -160,30 +161,63 @@ impl<F: Fabric> Sender<F> {
         // The segments go straight into the queue of those in flight and into the
         // announcement, no array of them made and moved on the way.
         let first = self.in_flight_segs.len();
-        let mut desc = [0u8; Rendezvous::encoded_len(MAX_RNDV_SEGS)];
+        let first_rail_reg = self.in_flight_rail_regs.len();
+        // Rails in protection domains of their own read from registrations there.
+        let keys = link.rail_keys();
+        let mut desc = [0u8; Rendezvous::encoded_len_with_keys(MAX_RNDV_SEGS, MAX_RAILS - 1)];
         let mut total = 0u64;
         for buf in &iov[..count] {
             // SAFETY: `_lent` proves the caller of put_nocopy promised to keep these
             // buffers mapped until the transfer is counted (then the sender releases
             // the handles) or aborted (release and invalidate).
-            match unsafe {
+            let Ok(handle) = (unsafe {
                 link.rcache
                     .acquire(&link.fabric, buf.as_ptr(), buf.len(), Access::REMOTE_READ)
-            } {
-                Ok(handle) => {
-                    let seg = RndvSeg {
-                        addr: buf.as_ptr() as u64,
-                        len: buf.len() as u64,
-                        rkey: handle.rkey(),
-                    };
-                    Rendezvous::encode_seg(&mut desc, self.in_flight_segs.len() - first, &seg);
-                    total += seg.len;
-                    self.in_flight_segs.push_back(InFlightSeg { seg, handle });
-                }
+            }) else {
                 // Memory the fabric cannot register (read-only pages on verbs, say)
                 // simply goes through the ring.
-                Err(_) => break,
+                break;
+            };
+            let mut rail_keys = [handle.rkey(); MAX_RAILS - 1];
+            let before = self.in_flight_rail_regs.len();
+            let mut registered = true;
+            for (r, key) in rail_keys.iter_mut().enumerate().take(keys) {
+                let Some(d) = link.rail_domain(r + 1) else {
+                    continue;
+                };
+                // SAFETY: as above; these handles are released and invalidated with
+                // the segment's.
+                match unsafe {
+                    d.rcache
+                        .acquire(&d.fabric, buf.as_ptr(), buf.len(), Access::REMOTE_READ)
+                } {
+                    Ok(h) => {
+                        *key = h.rkey();
+                        self.in_flight_rail_regs.push_back((r + 1, h));
+                    }
+                    Err(_) => {
+                        registered = false;
+                        break;
+                    }
+                }
             }
+            if !registered {
+                for (rail, h) in self.in_flight_rail_regs.drain(before..) {
+                    let d = link.rail_domain(rail).expect("a rail with a domain");
+                    d.rcache.release(h);
+                }
+                link.rcache.release(handle);
+                break;
+            }
+            let seg = RndvSeg {
+                addr: buf.as_ptr() as u64,
+                len: buf.len() as u64,
+                rkey: handle.rkey(),
+            };
+            let i = self.in_flight_segs.len() - first;
+            Rendezvous::encode_seg_with_keys(&mut desc, i, &seg, &rail_keys[..keys]);
+            total += seg.len;
+            self.in_flight_segs.push_back(InFlightSeg { seg, handle });
         }
         let count = self.in_flight_segs.len() - first;
         if count == 0 {
@@ -208,7 +242,7 @@ impl<F: Fabric> Sender<F> {
                 ),
             );
         }
-        let n = Rendezvous::encode_fixed(&mut desc, id, total, count, flags);
+        let n = Rendezvous::encode_fixed_with_keys(&mut desc, id, total, count, flags, keys);
         let announcement = [IoSlice::new(&desc[..n])];
         let written = if self.stackable(n) {
             self.write_small_as(&announcement, 0, n, PacketKind::Rendezvous)
@@ -242,6 +276,10 @@ impl<F: Fabric> Sender<F> {
                 }
                 for s in self.in_flight_segs.drain(first..) {
                     link.rcache.release(s.handle);
+                }
+                for (rail, h) in self.in_flight_rail_regs.drain(first_rail_reg..) {
+                    let d = link.rail_domain(rail).expect("a rail with a domain");
+                    d.rcache.release(h);
                 }
                 Err(e)
             }

@@ -164,6 +164,10 @@ mod table;
 pub use pace::Pacer;
 pub use qp::EmuQp;
 
+/// The emulated fabric's one rail device: a rail on it gets a protection domain of
+/// its own (`RCH_RAILS=@400m,domain@100m`).
+pub const RAIL_DOMAIN_DEVICE: &str = "domain";
+
 /// Send queue depth of a rail with a rate (`create_rail_qp`) when no depth was set.
 pub const PACED_SEND_QUEUE: usize = 256;
 
@@ -653,6 +657,28 @@ impl Fabric for EmuFabric {
         })
     }
 
+    /// A rail on the device `domain` gets a protection domain of its own, as a rail
+    /// on a second HCA would (its registrations and keys are not this domain's):
+    /// how the per-domain keys of multirail are tested without hardware. Any other
+    /// device is refused.
+    fn rail_domain(&self, spec: &crate::config::RailSpec) -> io::Result<Option<EmuFabric>> {
+        match (spec.device.as_deref(), spec.port) {
+            (None, None) => Ok(None),
+            (Some(RAIL_DOMAIN_DEVICE), None) => Ok(Some(EmuFabric {
+                inner: DomainInner::create()?,
+                send_queue_depth: self.send_queue_depth,
+            })),
+            _ => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "rail {spec}: the emulated fabric has no devices; its rails take a \
+                     rate (@100m) and, for a protection domain of their own, the device \
+                     {RAIL_DOMAIN_DEVICE:?}"
+                ),
+            )),
+        }
+    }
+
     /// A rail with a rate (`@rate`, `@rate/link`) is a queue pair whose
     /// completions a [`Pacer`] holds back; it models a finite send queue
     /// ([`PACED_SEND_QUEUE`] deep unless a depth was set), so that the engine
@@ -662,10 +688,7 @@ impl Fabric for EmuFabric {
         if spec.device.is_some() || spec.port.is_some() {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                format!(
-                    "rail {spec}: the emulated fabric has no devices; its rails take a rate \
-                     (@100m) or nothing"
-                ),
+                format!("rail {spec}: a queue pair is made on its device's domain (rail_domain)"),
             ));
         }
         let mut pending = self.create_qp()?;

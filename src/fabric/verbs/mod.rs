@@ -554,6 +554,25 @@ impl Fabric for VerbsFabric {
         self.inner.caps
     }
 
+    /// A rail on another device or port opens that device (its own protection
+    /// domain, the GID chosen there); one on this domain's device and port is `None`.
+    fn rail_domain(&self, spec: &crate::config::RailSpec) -> io::Result<Option<VerbsFabric>> {
+        let device = spec.device.as_deref().unwrap_or(self.device_name());
+        let port = spec.port.unwrap_or(self.inner.cfg.port);
+        if device == self.device_name() && port == self.inner.cfg.port {
+            return Ok(None);
+        }
+        let cfg = VerbsConfig {
+            device: Some(device.to_string()),
+            port,
+            gid_index: None,
+            ..self.inner.cfg.clone()
+        };
+        VerbsFabric::open_with(cfg)
+            .map(Some)
+            .map_err(|e| io::Error::new(e.kind(), format!("rail {spec}: {e}")))
+    }
+
     fn create_qp(&self) -> io::Result<VerbsPending> {
         let i = &self.inner;
         VerbsPending::new(i.pd.clone(), i.request, self.endpoint()?, i.caps)

@@ -22,6 +22,14 @@ fn on_verbs() -> bool {
     std::env::var("RCH_FABRIC").is_ok_and(|f| f.trim() == "verbs")
 }
 
+/// A second RDMA device to put a rail on (`SOFTROCE_IBDEV2`: the Soft-RoCE VM
+/// with `RCH_VM_SECOND_RXE=1`).
+fn second_device() -> Option<String> {
+    std::env::var("SOFTROCE_IBDEV2")
+        .ok()
+        .filter(|d| !d.trim().is_empty() && on_verbs())
+}
+
 /// Two connected channels with the given configurations, on the fabric
 /// `RCH_FABRIC` selects.
 fn chan_pair(ca: Config, cb: Config) -> (Channel<AnyFabric>, Channel<AnyFabric>) {
@@ -41,7 +49,16 @@ fn rails(spec: &str) -> Vec<RailSpec> {
 /// enough that a case stays short.
 fn rail_strategy() -> impl Strategy<Value = String> {
     if on_verbs() {
-        prop_oneof![Just("2".to_string()), Just("3".to_string())].boxed()
+        match second_device() {
+            // A rail on the second device: a protection domain of its own.
+            Some(dev) => prop_oneof![
+                Just("2".to_string()),
+                Just(format!(",{dev}")),
+                Just(format!(",{dev},")),
+            ]
+            .boxed(),
+            None => prop_oneof![Just("2".to_string()), Just("3".to_string())].boxed(),
+        }
     } else {
         // `domain`: a rail in a protection domain of its own (another HCA's), so
         // announcements carry its keys and reads register there.
@@ -147,6 +164,33 @@ fn blocking_streams_over_three_rails() {
     assert_eq!(weights.len(), 3, "three rails: {weights:?}");
     assert!((weights.iter().sum::<f64>() - 1.0).abs() < 1e-9);
     drop(writer.join().expect("writer"));
+}
+
+/// On verbs with a second device, a rail there is in a protection domain of its
+/// own: every striped transfer reads with the keys its announcement carries for
+/// it, and lands whole. (Skipped without a second device.)
+#[test]
+fn a_rail_on_a_second_device_reads_with_its_own_keys() {
+    let Some(dev) = second_device() else {
+        return;
+    };
+    let cfg = Config::default()
+        .with_rails(rails(&format!(",{dev}")))
+        .with_stripe_policy(StripePolicy::Even)
+        .with_stripe_min(16 << 10);
+    let (mut a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+    let data: Vec<u8> = (0..(6 << 20)).map(|i| (i % 241) as u8).collect();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for piece in data.chunks(1 << 20) {
+                a.write_all(piece).unwrap();
+            }
+        });
+        let mut out = vec![0u8; data.len()];
+        b.read_exact(&mut out).unwrap();
+        assert!(out == data, "bytes differ");
+    });
+    assert_eq!(b.channel().receiver().stripe_weights(), &[0.5, 0.5]);
 }
 
 /// Streams `n` messages of `size` bytes from a to b (zero-copy, striped) and

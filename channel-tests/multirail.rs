@@ -193,6 +193,46 @@ fn a_rail_on_a_second_device_reads_with_its_own_keys() {
     assert_eq!(b.channel().receiver().stripe_weights(), &[0.5, 0.5]);
 }
 
+/// Through rdma_cm (by IP address: the Soft-RoCE VM's own), whose private data has
+/// no room for the rails' cards: they follow over rail 0 (`Channel::connect_rails`,
+/// which `connect` and `accept` call), and striped transfers land whole, on plain
+/// rails and on a rail on a second device. (Skipped without an RDMA address.)
+#[test]
+fn rails_through_rdma_cm_are_connected_over_rail_0() {
+    let Some(ip) = std::env::var("SOFTROCE_IP")
+        .ok()
+        .filter(|ip| !ip.is_empty() && on_verbs())
+    else {
+        return;
+    };
+    let mut specs = vec!["2".to_string()];
+    specs.extend(second_device().map(|d| format!(",{d}")));
+    for spec in specs {
+        let cfg = Config::default()
+            .with_rails(rails(&spec))
+            .with_stripe_policy(StripePolicy::Even)
+            .with_stripe_min(16 << 10);
+        let l = rdma_channel::RdmaListener::bind_with(format!("{ip}:0"), cfg.clone()).unwrap();
+        let rdma_channel::Address::Inet(addr) = l.local_addr().unwrap() else {
+            panic!("an IP listener reports a path");
+        };
+        let data: Vec<u8> = (0..(4 << 20)).map(|i| (i % 239) as u8).collect();
+        let reader = std::thread::spawn(move || {
+            let mut s = l.accept().unwrap();
+            let mut out = vec![0u8; 4 << 20];
+            s.read_exact(&mut out).unwrap();
+            (out, s.channel().receiver().stripe_weights().to_vec())
+        });
+        let mut w = RdmaStream::connect_with(addr, cfg).unwrap();
+        for piece in data.chunks(1 << 20) {
+            w.write_all(piece).unwrap();
+        }
+        let (out, weights) = reader.join().unwrap();
+        assert!(out == data, "{spec}: bytes differ");
+        assert_eq!(weights, vec![0.5, 0.5], "{spec}: two rails, even");
+    }
+}
+
 /// Streams `n` messages of `size` bytes from a to b (zero-copy, striped) and
 /// returns b's weights afterwards.
 fn stream_through(a: &mut RdmaStream, b: &mut RdmaStream, n: usize, size: usize) -> Vec<f64> {

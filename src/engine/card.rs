@@ -48,6 +48,8 @@ pub const FORMAT: CardFormat = CardFormat {
 /// on top.
 const RING_LOG2_MASK: u8 = 0x1f;
 const RAILS_FLAG: u8 = 0x20;
+/// In the rails section's count byte: the cards follow in band.
+const IN_BAND: u8 = 0x80;
 const LENDS_FLAG: u8 = 0x40;
 const WAKES_FLAG: u8 = 0x80;
 
@@ -121,6 +123,19 @@ impl<T: AsRef<[u8]>> ConnCard<T> {
                     "{len} bytes: no rails section after a {flen}-byte fabric card"
                 )));
             };
+            // Bit 7 of the count: the rails' cards follow over rail 0 (rdma_cm, whose
+            // private data has no room for them); the section is that one byte.
+            if count & IN_BAND != 0 {
+                let n = usize::from(count & !IN_BAND);
+                if !(1..MAX_RAILS).contains(&n) || !rest.is_empty() {
+                    return Err(FORMAT.invalid(format_args!(
+                        "{n} extra rails in band and {} bytes after (1 to {}, none)",
+                        rest.len(),
+                        MAX_RAILS - 1
+                    )));
+                }
+                return Ok(card);
+            }
             if !(1..MAX_RAILS).contains(&usize::from(count)) {
                 return Err(
                     FORMAT.invalid(format_args!("{count} extra rails (1 to {})", MAX_RAILS - 1))
@@ -184,11 +199,26 @@ impl<T: AsRef<[u8]>> ConnCard<T> {
         &self.buf.as_ref()[HEADER_LEN..HEADER_LEN + usize::from(self.fabric_len())]
     }
 
+    /// How many extra rails the end has whose cards follow over rail 0 once it is
+    /// up (a card sent through rdma_cm; 0 otherwise).
+    pub fn rails_in_band(&self) -> usize {
+        if self.size_flags() & RAILS_FLAG == 0 {
+            return 0;
+        }
+        let count = self.buf.as_ref()[HEADER_LEN + usize::from(self.fabric_len())];
+        if count & IN_BAND != 0 {
+            usize::from(count & !IN_BAND)
+        } else {
+            0
+        }
+    }
+
     /// The extra rails' fabric cards, in order, each with how many of the card's
-    /// descriptors are its (empty for a card without rails).
+    /// descriptors are its (empty for a card without rails, or whose rails' cards
+    /// follow in band).
     pub fn rails(&self) -> Vec<RailEntry<'_>> {
         let mut out = Vec::new();
-        if self.size_flags() & RAILS_FLAG == 0 {
+        if self.size_flags() & RAILS_FLAG == 0 || self.rails_in_band() > 0 {
             return out;
         }
         let section = &self.buf.as_ref()[HEADER_LEN + usize::from(self.fabric_len())..];
@@ -292,6 +322,46 @@ impl ConnCard<&[u8]> {
         card.set_ctrl_addr(ctrl.addr);
         card.buf[HEADER_LEN..].copy_from_slice(fabric);
         Ok(card.buf)
+    }
+
+    /// Encodes a card with `flags` saying that `rails` extra rails' cards follow over
+    /// rail 0 once it is up (one byte more: for rdma_cm's private data).
+    ///
+    /// ```
+    /// use rdma_channel::engine::card::{CardFlags, ConnCard};
+    /// use rdma_channel::fabric::RemoteRegion;
+    /// let ring = RemoteRegion { addr: 0x10000, len: 1 << 20, rkey: 7 };
+    /// let ctrl = RemoteRegion { addr: 0x20000, len: 4096, rkey: 8 };
+    /// let flags = CardFlags { wakes: false, lends: false };
+    /// let bytes = ConnCard::encode_with_rails_in_band(ring, ctrl, flags, b"RCHVcm", 2)?;
+    /// let card = ConnCard::new_checked(&bytes[..])?;
+    /// assert_eq!((card.rails_in_band(), card.rails().len(), bytes.len()), (2, 0, 32 + 6 + 1));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`encode`](Self::encode); `InvalidInput` for more than 7 extra rails.
+    pub fn encode_with_rails_in_band(
+        ring: RemoteRegion,
+        ctrl: RemoteRegion,
+        flags: CardFlags,
+        fabric: &[u8],
+        rails: usize,
+    ) -> io::Result<Vec<u8>> {
+        let mut buf = Self::encode_with_flags(ring, ctrl, flags, fabric)?;
+        if rails == 0 {
+            return Ok(buf);
+        }
+        if rails >= MAX_RAILS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{rails} extra rails: at most {}", MAX_RAILS - 1),
+            ));
+        }
+        buf[5] |= RAILS_FLAG;
+        buf.push(IN_BAND | rails as u8);
+        Ok(buf)
     }
 
     /// Encodes a card with `flags` and the extra rails' fabric cards, each with the

@@ -13,11 +13,14 @@ use super::wait::wait_policy_for;
 use super::zerocopy::PushState;
 use super::Channel;
 use crate::config::Config;
+use crate::fabric::GatherList;
 use crate::fabric::{
     Access, Caps, Card, Fabric, MemoryRegion, PendingQp, QueuePair, ZeroCopyThresholds,
 };
 use crate::rcache::RegCache;
-use crate::ring::memory::{ControlWords, RingMemory, StagingBuffer};
+use crate::ring::memory::{
+    ControlWords, CtrlWord, RingMemory, StagingBuffer, RAIL_CARDS_MAX, RAIL_CARDS_SLOT,
+};
 use crate::ring::wire::{Rendezvous, MAX_RNDV_SEGS, OVERHEAD};
 
 /// A connection being set up: create it, send [`card`](Prepared::card) to the peer,
@@ -149,19 +152,7 @@ impl<F: Fabric> Prepared<F> {
     /// A fabric failure.
     pub fn card(&self) -> io::Result<Card> {
         let fabric_card = self.pending.card()?;
-        // Whether this end may lend part of a transfer sent by threshold: its push
-        // share (`start_reads`), the fabric's for either kind of peer unless set.
-        let lends = self.cfg.zero_copy_push().map_or_else(
-            || {
-                self.fabric.zero_copy_push_default(false) > 0
-                    || self.fabric.zero_copy_push_default(true) > 0
-            },
-            |share| share > 0,
-        );
-        let flags = CardFlags {
-            wakes: self.wakes,
-            lends,
-        };
+        let flags = self.flags();
         let mut fds = fabric_card.fds;
         let rail_cards = self
             .rails
@@ -195,6 +186,46 @@ impl<F: Fabric> Prepared<F> {
         Ok(Card { bytes, fds })
     }
 
+    /// As [`card`](Self::card), for a handshake with no room for the rails' cards
+    /// (rdma_cm's private data): the card only says how many extra rails this end
+    /// has, and their cards follow over rail 0 once the channel is up
+    /// ([`Channel::connect_rails`], which both ends must then call).
+    ///
+    /// # Errors
+    ///
+    /// A fabric failure.
+    pub fn card_rails_in_band(&self) -> io::Result<Card> {
+        let fabric_card = self.pending.card()?;
+        let bytes = ConnCard::encode_with_rails_in_band(
+            self.ring.region().remote(),
+            self.ctrl.region().remote(),
+            self.flags(),
+            &fabric_card.bytes,
+            self.rails.len(),
+        )?;
+        Ok(Card {
+            bytes,
+            fds: fabric_card.fds,
+        })
+    }
+
+    /// The flags of this end's card.
+    fn flags(&self) -> CardFlags {
+        // Whether this end may lend part of a transfer sent by threshold: its push
+        // share (`start_reads`), the fabric's for either kind of peer unless set.
+        let lends = self.cfg.zero_copy_push().map_or_else(
+            || {
+                self.fabric.zero_copy_push_default(false) > 0
+                    || self.fabric.zero_copy_push_default(true) > 0
+            },
+            |share| share > 0,
+        );
+        CardFlags {
+            wakes: self.wakes,
+            lends,
+        }
+    }
+
     /// Connects to the peer described by `peer` and returns the channel.
     ///
     /// # Errors
@@ -221,9 +252,19 @@ impl<F: Fabric> Prepared<F> {
             bytes: card.fabric_card().to_vec(),
             fds,
         })?;
+        // Rails whose cards follow over rail 0 wait for `Channel::connect_rails`: as
+        // many as the end with fewer has, which both ends count the same.
+        let (own_rails, in_band) = match card.rails_in_band() {
+            0 => (self.rails, Vec::new()),
+            n => {
+                let mut later = self.rails;
+                later.truncate(n);
+                (Vec::new(), later)
+            }
+        };
         // As many rails as the end with fewer has; both ends count the same.
-        let mut rails = Vec::with_capacity(self.rails.len().min(peer_rails.len()));
-        for ((pending, domain), (bytes, nfds)) in self.rails.into_iter().zip(&peer_rails) {
+        let mut rails = Vec::with_capacity(own_rails.len().min(peer_rails.len()));
+        for ((pending, domain), (bytes, nfds)) in own_rails.into_iter().zip(&peer_rails) {
             let rail_qp = pending.connect(Card {
                 bytes: bytes.to_vec(),
                 fds: later.by_ref().take(*nfds).collect(),
@@ -266,7 +307,12 @@ impl<F: Fabric> Prepared<F> {
         let link = Arc::new(Link {
             serial: super::link::next_serial(),
             qp,
-            rails,
+            rails: if in_band.is_empty() {
+                std::sync::OnceLock::from(rails)
+            } else {
+                std::sync::OnceLock::new()
+            },
+            pending_rails: Mutex::new(in_band),
             left_staging: Mutex::new(Vec::new()),
             incoming: Mutex::new(IncomingRings {
                 current: self.ring.clone(),
@@ -313,7 +359,8 @@ impl<F: Fabric> Prepared<F> {
             cfg: self.cfg,
             fabric: self.fabric,
         });
-        let keys = link.rail_keys();
+        // Rails still to come may each have keys of their own: room for them.
+        let keys = link.rail_keys().max(lock_pending(&link).len());
         let max_rndv_segs = ((chunk as usize - OVERHEAD - Rendezvous::encoded_len(0))
             / Rendezvous::encoded_len_with_keys(1, keys)
                 .saturating_sub(Rendezvous::encoded_len(0)))
@@ -411,6 +458,134 @@ fn zero_copy_adaptive_min<F: Fabric>(fabric: &F, cfg: &Config) -> usize {
 /// The domain's registration cache (shared with every connection of the domain).
 fn registration_cache<F: Fabric>(fabric: &F, cfg: &Config) -> Arc<RegCache<F>> {
     RegCache::for_domain(fabric, cfg.registration_cache())
+}
+
+fn lock_pending<F: Fabric>(
+    link: &Link<F>,
+) -> std::sync::MutexGuard<'_, Vec<(F::Pending, Option<F>)>> {
+    link.pending_rails.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<F: Fabric> Link<F> {
+    /// Connects the rails whose cards follow over rail 0 (see
+    /// [`Channel::connect_rails`]): writes this end's rail cards into the peer's
+    /// control region (`RAIL_CARDS_SLOT`, then `CtrlWord::RailCards` behind them on
+    /// the same queue pair), waits for the peer's, connects the rails, and says so
+    /// (`CtrlWord::RailsReady`); returns once the peer said so too, so that neither
+    /// end reads through a rail the other has not connected.
+    pub(crate) fn connect_rails(&self, timeout: std::time::Duration) -> io::Result<()> {
+        let pending = std::mem::take(&mut *lock_pending(self));
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let mut blob = vec![pending.len() as u8];
+        for (p, _) in &pending {
+            let c = p.card()?;
+            if !c.fds.is_empty() {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "a rail whose card carries descriptors cannot be connected over rail 0",
+                ));
+            }
+            let len = u16::try_from(c.bytes.len()).map_err(|_| {
+                io::Error::new(io::ErrorKind::InvalidInput, "rail card over 64 KiB")
+            })?;
+            blob.extend_from_slice(&len.to_le_bytes());
+            blob.extend_from_slice(&c.bytes);
+        }
+        if blob.len() > RAIL_CARDS_MAX || blob.len() > self.qp.caps().max_inline {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "the rails' cards take {} bytes: more than one inline write carries",
+                    blob.len()
+                ),
+            ));
+        }
+        let mut list = GatherList::<1>::new();
+        list.push(&blob);
+        self.post_inline(
+            &list,
+            self.peer_ctrl.addr + RAIL_CARDS_SLOT,
+            self.peer_ctrl.rkey,
+        )?;
+        self.post_ctrl(CtrlWord::RailCards, blob.len() as u64 + 1)?;
+        let theirs = self.wait_for_peer(deadline, "its rails' cards", || self.ctrl.rail_cards())?;
+        let cards = parse_rail_cards(&theirs, pending.len())?;
+        let mut rails = Vec::with_capacity(pending.len());
+        for ((p, domain), bytes) in pending.into_iter().zip(cards) {
+            let qp = p.connect(Card {
+                bytes: bytes.to_vec(),
+                fds: Vec::new(),
+            })?;
+            let sq = send_queue_for(&qp.caps());
+            let domain = domain.map(|fabric| RailDomain {
+                rcache: registration_cache(&fabric, &self.cfg),
+                fabric,
+            });
+            rails.push(Rail { qp, sq, domain });
+        }
+        let count = rails.len() as u64;
+        if self.rails.set(rails).is_err() {
+            return Err(io::Error::other("the rails were connected already"));
+        }
+        self.post_ctrl(CtrlWord::RailsReady, count + 1)?;
+        self.wait_for_peer(deadline, "word that its rails are up", || {
+            (self.ctrl.rails_ready() != 0).then_some(())
+        })
+    }
+
+    /// Polls `look` until it gives something, the connection fails or `deadline`
+    /// passes.
+    fn wait_for_peer<T>(
+        &self,
+        deadline: std::time::Instant,
+        what: &str,
+        mut look: impl FnMut() -> Option<T>,
+    ) -> io::Result<T> {
+        let mut b = super::wait::Backoff::with_policy(self.wait);
+        loop {
+            if let Some(v) = look() {
+                return Ok(v);
+            }
+            self.check_health()?;
+            if std::time::Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the peer did not send {what} in time"),
+                ));
+            }
+            b.snooze();
+        }
+    }
+}
+
+/// The peer's rail cards (`[count][per rail: length u16, card]`), which must be
+/// `want` of them, the count this end connects too.
+fn parse_rail_cards(blob: &[u8], want: usize) -> io::Result<Vec<&[u8]>> {
+    let bad =
+        |m: String| io::Error::new(io::ErrorKind::InvalidData, format!("bad rail cards: {m}"));
+    let (&n, mut rest) = blob.split_first().ok_or_else(|| bad("empty".into()))?;
+    if usize::from(n) != want {
+        return Err(bad(format!("{n} rails where both ends connect {want}")));
+    }
+    let mut out = Vec::with_capacity(want);
+    for i in 0..want {
+        let len = match rest {
+            [a, b, ..] => usize::from(u16::from_le_bytes([*a, *b])),
+            _ => return Err(bad(format!("rail {} cut short", i + 1))),
+        };
+        let card = rest
+            .get(2..2 + len)
+            .ok_or_else(|| bad(format!("rail {} cut short", i + 1)))?;
+        out.push(card);
+        rest = &rest[2 + len..];
+    }
+    if !rest.is_empty() {
+        return Err(bad(format!("{} bytes after the last rail", rest.len())));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -27,8 +27,14 @@ pub(crate) struct Link<F: Fabric> {
     pub(crate) qp: F::Qp,
     /// The connection's other rails (rail 1 first; empty for one rail): queue pairs
     /// that only carry stripes of zero-copy reads ([`crate::engine::stripe`]).
-    /// Dropped right after rail 0, for the same reason.
-    pub(crate) rails: Vec<Rail<F>>,
+    /// Dropped right after rail 0, for the same reason. Set when the connection is
+    /// made, or, where the rails' cards follow over rail 0 (rdma_cm), once they are
+    /// connected ([`Channel::connect_rails`](super::Channel::connect_rails)): empty
+    /// until then.
+    pub(crate) rails: std::sync::OnceLock<Vec<Rail<F>>>,
+    /// The rails whose cards follow over rail 0: their queue pairs, with their own
+    /// domains, until `connect_rails` connects them.
+    pub(crate) pending_rails: Mutex<Vec<(F::Pending, Option<F>)>>,
     /// The incoming rings the peer may write: kept here, not only by the receiving
     /// half, so that they outlive it as long as the queue pair may take writes.
     pub(super) incoming: Mutex<IncomingRings<F::Region>>,
@@ -334,7 +340,7 @@ impl<F: Fabric> Link<F> {
             return Err(e);
         }
         self.drain_completions()?;
-        let qps = std::iter::once(&self.qp).chain(self.rails.iter().map(|r| &r.qp));
+        let qps = std::iter::once(&self.qp).chain(self.rails().iter().map(|r| &r.qp));
         for (rail, qp) in qps.enumerate() {
             if rail > 0 {
                 self.drain_rail(rail)?;
@@ -368,7 +374,7 @@ impl<F: Fabric> Link<F> {
         match rail {
             0 => self.drain_completions(),
             r => {
-                let rail = &self.rails[r - 1];
+                let rail = &self.rails()[r - 1];
                 self.drain_queue(&rail.qp, &rail.sq)
             }
         }
@@ -398,17 +404,24 @@ impl<F: Fabric> Link<F> {
     /// rail 0's keys).
     #[inline]
     pub(crate) fn rail_keys(&self) -> usize {
-        if self.rails.iter().any(|r| r.domain.is_some()) {
-            self.rails.len()
+        if self.rails().iter().any(|r| r.domain.is_some()) {
+            self.rails().len()
         } else {
             0
         }
     }
 
+    /// The connection's rails after rail 0 (empty for one, or while their cards are
+    /// on their way over rail 0).
+    #[inline]
+    pub(crate) fn rails(&self) -> &[Rail<F>] {
+        self.rails.get().map_or(&[], Vec::as_slice)
+    }
+
     /// How many rails have a protection domain of their own on this end.
     #[inline]
     pub(crate) fn foreign_rails(&self) -> usize {
-        self.rails.iter().filter(|r| r.domain.is_some()).count()
+        self.rails().iter().filter(|r| r.domain.is_some()).count()
     }
 
     /// The protection domain of rail `rail` when it is not the connection's.
@@ -416,7 +429,7 @@ impl<F: Fabric> Link<F> {
     pub(crate) fn rail_domain(&self, rail: usize) -> Option<&RailDomain<F>> {
         match rail {
             0 => None,
-            r => self.rails[r - 1].domain.as_ref(),
+            r => self.rails()[r - 1].domain.as_ref(),
         }
     }
 
@@ -425,7 +438,7 @@ impl<F: Fabric> Link<F> {
     pub(crate) fn rail_completed(&self, rail: usize, seq: u64) -> bool {
         match rail {
             0 => self.sq.is_completed(seq),
-            r => self.rails[r - 1].sq.is_completed(seq),
+            r => self.rails()[r - 1].sq.is_completed(seq),
         }
     }
 
@@ -443,7 +456,7 @@ impl<F: Fabric> Link<F> {
         let sq = if rail == 0 {
             &self.sq
         } else {
-            &self.rails[rail - 1].sq
+            &self.rails()[rail - 1].sq
         };
         self.count_completion_on(sq, wc, failure);
     }
@@ -575,7 +588,7 @@ impl<F: Fabric> Link<F> {
         if rail == 0 {
             return self.post_numbered(true, |wr_id, signaled| post(&self.qp, wr_id, signaled));
         }
-        let r = &self.rails[rail - 1];
+        let r = &self.rails()[rail - 1];
         let mut backoff = Backoff::new(1000, 100, std::time::Duration::from_micros(100));
         r.sq.post_numbered(
             true,

@@ -83,6 +83,22 @@ pub struct Channel<F: Fabric> {
 }
 
 impl<F: Fabric> Channel<F> {
+    /// Connects the rails whose cards did not travel with the connection's own
+    /// (a handshake through rdma_cm, whose private data has no room for them: the
+    /// card then says only how many rails an end has, and
+    /// [`Prepared::card_rails_in_band`] makes such a card). Both ends call it once
+    /// the channel is up; it exchanges the cards over rail 0 and returns once both
+    /// ends' rails are connected. Returns at once where there are none to connect.
+    /// `RdmaStream::connect` and `RdmaListener::accept` call it themselves.
+    ///
+    /// # Errors
+    ///
+    /// `TimedOut` when the peer's cards or its word that its rails are up do not
+    /// come within `timeout`; `InvalidData` for malformed cards; fabric failures.
+    pub fn connect_rails(&mut self, timeout: std::time::Duration) -> io::Result<()> {
+        self.rx.link.connect_rails(timeout)
+    }
+
     /// Non-blocking put: see [`Sender::put`].
     ///
     /// # Errors

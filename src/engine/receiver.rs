@@ -292,8 +292,8 @@ impl<F: Fabric> Receiver<F> {
             grow_for_packets: false,
             growth_refused: false,
             meter: (link.zc_adaptive_min != usize::MAX).then(PathMeter::default),
-            striper: (!link.rails.is_empty())
-                .then(|| Striper::new(link.cfg.stripe_policy(), 1 + link.rails.len())),
+            striper: (!link.rails().is_empty())
+                .then(|| Striper::new(link.cfg.stripe_policy(), 1 + link.rails().len())),
             ring,
             retired_rings: Vec::new(),
             backoff_pauses: link.cfg.stream_backoff(),
@@ -730,13 +730,13 @@ impl<F: Fabric> Receiver<F> {
                 ),
             ));
         }
-        if r.rail_keys() > self.link.rails.len() {
+        if r.rail_keys() > self.link.rails().len() {
             return Err(self.link.fail(
                 io::ErrorKind::InvalidData,
                 format!(
                     "protocol error: rendezvous with keys for {} rails on a connection of {}",
                     r.rail_keys() + 1,
-                    self.link.rails.len() + 1
+                    self.link.rails().len() + 1
                 ),
             ));
         }
@@ -852,7 +852,7 @@ impl<F: Fabric> Receiver<F> {
         let read = match &mut r.stripes {
             Some(stripes) => {
                 let mut all = true;
-                for (rail, s) in stripes.iter_mut().enumerate().take(1 + link.rails.len()) {
+                for (rail, s) in stripes.iter_mut().enumerate().take(1 + link.rails().len()) {
                     if rail > 0 && s.seen.is_none() {
                         link.drain_rail(rail)?;
                     }
@@ -889,7 +889,7 @@ impl<F: Fabric> Receiver<F> {
         let mut failure = None;
         loop {
             let mut all = true;
-            for (rail, s) in stripes.iter_mut().enumerate().take(1 + link.rails.len()) {
+            for (rail, s) in stripes.iter_mut().enumerate().take(1 + link.rails().len()) {
                 if s.seen.is_none() {
                     if let Err(e) = link.drain_rail(rail) {
                         failure.get_or_insert(e);

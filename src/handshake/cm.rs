@@ -291,7 +291,8 @@ impl Connector {
                     AnyPending::Verbs(pending),
                     self.cfg.clone(),
                 )?;
-                let card = prepared.card()?;
+                // Extra rails' cards follow over rail 0 (`Channel::connect_rails`).
+                let card = prepared.card_rails_in_band()?;
                 self.id
                     .connect(&params, &frame(&self.hello, &card.bytes)?)?;
                 self.step = Step::Request(Box::new(prepared));
@@ -368,6 +369,11 @@ pub(crate) struct CmListener {
 }
 
 impl CmListener {
+    /// The configuration its connections are made with.
+    pub(crate) fn config(&self) -> &Config {
+        &self.cfg
+    }
+
     /// Listens on `addr` (port 0: a free port, see [`local_addr`](Self::local_addr)).
     ///
     /// # Errors
@@ -555,7 +561,7 @@ impl CmListener {
             AnyPending::Verbs(pending),
             self.cfg.clone(),
         )?;
-        let reply = frame(&[], &prepared.card()?.bytes)?;
+        let reply = frame(&[], &prepared.card_rails_in_band()?.bytes)?;
         Ok(Answer {
             prepared,
             reply,

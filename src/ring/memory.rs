@@ -358,6 +358,13 @@ pub enum CtrlWord {
     /// while it waits for room (as [`CtrlWord::WakeFd`] encodes it; 0: none); when we
     /// answer a credit request we wake it through [`QueuePair::notify`].
     RoomWakeFd,
+    /// From the peer, once, on a connection whose rails' cards could not travel with
+    /// its own (rdma_cm): the length, plus one, of the rail cards it wrote into the
+    /// slot at [`RAIL_CARDS_SLOT`] before this word (0: none yet).
+    RailCards,
+    /// From the peer, once: its extra rails are connected and may be read from (their
+    /// count, plus one).
+    RailsReady,
 }
 
 impl CtrlWord {
@@ -379,6 +386,8 @@ impl CtrlWord {
             CtrlWord::RingWanted => 88,
             CtrlWord::RingDeclined => 96,
             CtrlWord::RoomWakeFd => 104,
+            CtrlWord::RailCards => 112,
+            CtrlWord::RailsReady => 120,
         }
     }
 }
@@ -396,6 +405,14 @@ pub(crate) fn encode_wake(fd: u32, instance: u32, hint: u32) -> u64 {
         | u64::from(hint & 31) << 32
         | u64::from(instance & 0xff_ffff) << 40
 }
+
+/// Where the peer writes its rail cards in our control region
+/// ([`CtrlWord::RailCards`]), and the most bytes they take.
+pub const RAIL_CARDS_SLOT: u64 = 1024;
+/// See [`RAIL_CARDS_SLOT`].
+pub const RAIL_CARDS_MAX: usize = 1024;
+const _: () = assert!(RAIL_CARDS_SLOT as usize + RAIL_CARDS_MAX <= CTRL_SIZE);
+const _: () = assert!(RAIL_CARDS_SLOT % 8 == 0 && RAIL_CARDS_MAX % 8 == 0);
 
 /// Words of the lend slot ([`Lend::to_words`]); the last is the lend's number.
 pub const LEND_WORDS: usize = 5;
@@ -619,6 +636,34 @@ impl<R: MemoryRegion> ControlWords<R> {
         // Relaxed: ordered by the Acquire above.
         let w = |i| self.offer_word(i).load(Ordering::Relaxed);
         RingOffer::from_words([w(0), w(1), w(2), number])
+    }
+
+    /// The rail cards the peer wrote ([`CtrlWord::RailCards`]), once it did: at most
+    /// [`RAIL_CARDS_MAX`] bytes (a longer length is cut there; the cards' own
+    /// format then finds them cut short).
+    pub fn rail_cards(&self) -> Option<Vec<u8>> {
+        // Acquire: the peer wrote the cards in an earlier request on the same queue
+        // pair, placed before this word (fabric guarantee 1).
+        let len = self.word(CtrlWord::RailCards).load(Ordering::Acquire);
+        let len = (len.checked_sub(1)? as usize).min(RAIL_CARDS_MAX);
+        let mut out = Vec::with_capacity(len.next_multiple_of(8));
+        for i in 0..len.div_ceil(8) {
+            let at = RAIL_CARDS_SLOT as usize + 8 * i;
+            // SAFETY: i < RAIL_CARDS_MAX / 8, so the word lies 8-aligned inside
+            // CTRL_SIZE (asserted above); as in `word`. Relaxed: ordered by the
+            // Acquire above.
+            let w = unsafe { &*self.mem.base.as_ptr().add(at).cast::<AtomicU64>() }
+                .load(Ordering::Relaxed);
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.truncate(len);
+        Some(out)
+    }
+
+    /// The peer's extra rails are connected: their count + 1 (0: not yet). Acquire:
+    /// what the peer did before (connecting them) is done.
+    pub fn rails_ready(&self) -> u64 {
+        self.word(CtrlWord::RailsReady).load(Ordering::Acquire)
     }
 
     #[inline]

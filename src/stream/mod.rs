@@ -214,7 +214,8 @@ impl RdmaStream<AnyFabric> {
     #[cfg(feature = "verbs")]
     fn connect_inet(addr: &std::net::SocketAddr, cfg: &Config) -> io::Result<RdmaStream> {
         inet_allowed(&Address::Inet(*addr))?;
-        let c = crate::handshake::cm::connect(addr, cfg, &[])?;
+        let mut c = crate::handshake::cm::connect(addr, cfg, &[])?;
+        c.channel.connect_rails(cfg.connect_timeout())?;
         let mut s = RdmaStream::from_channel(c.channel);
         s.local = Some(Address::Inet(c.local));
         Ok(s)
@@ -998,9 +999,10 @@ impl RdmaListener {
                     }
                 };
                 loop {
-                    if let Some(crate::handshake::cm::Accepted::Up(c)) =
+                    if let Some(crate::handshake::cm::Accepted::Up(mut c)) =
                         l.accept(None, &mut streams_only)?
                     {
+                        c.channel.connect_rails(l.config().connect_timeout())?;
                         let mut s = RdmaStream::from_channel(c.channel);
                         s.peer = Some(Address::Inet(c.peer));
                         s.local = Some(Address::Inet(c.local));

@@ -100,6 +100,13 @@ impl<F: Fabric> Receiver<F> {
         len: usize,
     ) -> io::Result<ReadsInFlight<F::Region>> {
         let link = self.link.clone();
+        // Rails connected after the channel was made (`Channel::connect_rails`).
+        if self.striper.is_none() && !link.rails().is_empty() {
+            self.striper = Some(crate::engine::stripe::Striper::new(
+                link.cfg.stripe_policy(),
+                1 + link.rails().len(),
+            ));
+        }
         let z = self
             .zc
             .as_ref()
@@ -116,7 +123,7 @@ impl<F: Fabric> Receiver<F> {
         // a change here goes there too.
         // A step read in stripes across several rails is read whole: the stripes'
         // completion times are what adaptive striping learns from.
-        let window = self.max_reads * READ_PIECE * (1 + link.rails.len());
+        let window = self.max_reads * READ_PIECE * (1 + link.rails().len());
         let striped = self.striper.is_some()
             && (len as u64).min(z.total - z.done) >= link.cfg.stripe_min() as u64;
         let share = if striped {
@@ -345,7 +352,7 @@ impl<F: Fabric> Receiver<F> {
         // host; 1 MiB level either way), and IMB PingPing 4 MiB 497 -> 425 us.
         let unbounded = match rail {
             0 => link.sq.is_unbounded(),
-            r => link.rails[r - 1].sq.is_unbounded(),
+            r => link.rails()[r - 1].sq.is_unbounded(),
         };
         let max_piece = if unbounded { n } else { READ_PIECE };
         let mut posted = 0usize;

@@ -41,6 +41,10 @@ struct Args {
     compete_to: f64,
     svg: Option<String>,
     csv: Option<String>,
+    /// Between the two VMs of `bench/multirail-cluster.sh`.
+    cluster: bool,
+    /// Bytes of a cell there.
+    cluster_bytes: usize,
 }
 
 fn args() -> Args {
@@ -55,6 +59,8 @@ fn args() -> Args {
         compete_to: 15.0,
         svg: None,
         csv: None,
+        cluster: false,
+        cluster_bytes: 12 << 20,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -78,6 +84,8 @@ fn args() -> Args {
                 a.compete_to = t.parse().expect("--compete FROM,TO");
             }
             "--svg" => a.svg = Some(val()),
+            "--cluster" => a.cluster = true,
+            "--cluster-bytes" => a.cluster_bytes = val().parse().expect("--cluster-bytes N"),
             "--csv" => a.csv = Some(val()),
             "--bench" => {}
             other => panic!("unknown argument {other}"),
@@ -488,7 +496,8 @@ while a second connection streams 1 MiB messages over the 100 MB/s link: 4 MiB \
 
 fn plot(
     path: &str,
-    a: &Args,
+    caption: &str,
+    secs: f64,
     series: &[(String, Trace)],
 ) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
@@ -502,17 +511,11 @@ fn plot(
         * 1.15;
     let colors = [RED, BLUE];
     let mut c = ChartBuilder::on(&top)
-        .caption(
-            format!(
-                "Multirail, emulated 400 + 100 MB/s rails, 4 MiB messages; competing flow on the 100 MB/s rail {:.0}-{:.0} s",
-                a.compete_from, a.compete_to
-            ),
-            ("sans-serif", 16),
-        )
+        .caption(caption, ("sans-serif", 16))
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..a.trace_secs, 0.0..max_bw)?;
+        .build_cartesian_2d(0.0..secs, 0.0..max_bw)?;
     c.configure_mesh()
         .x_desc("time (s)")
         .y_desc("MB/s")
@@ -528,10 +531,10 @@ fn plot(
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..a.trace_secs, 0.0..1.0)?;
+        .build_cartesian_2d(0.0..secs, 0.0..1.0)?;
     w.configure_mesh()
         .x_desc("time (s)")
-        .y_desc("weight of the 400 MB/s rail")
+        .y_desc("weight of rail 0 (the faster)")
         .draw()?;
     for (i, (name, rows)) in series.iter().enumerate() {
         let col = colors[i % colors.len()];
@@ -544,8 +547,270 @@ fn plot(
     Ok(())
 }
 
+/// Across the two Soft-RoCE VMs of `bench/multirail-cluster.sh` (two links, rxe0 and
+/// rxe1 in each VM, rate-limited with `tc`): VM 1 receives and prints the tables, VM 0
+/// sends. Each cell is a connection by IP address (rdma_cm; the rails' cards follow
+/// over rail 0) with the scheme's rails, `bytes` bytes of `size`-byte messages.
+mod cluster {
+    use super::*;
+    use rdma_channel::RdmaListener;
+
+    fn env(k: &str) -> String {
+        std::env::var(k)
+            .unwrap_or_else(|_| panic!("{k} is not set: run bench/multirail-cluster.sh"))
+    }
+
+    fn schemes(dev2: &str) -> Vec<(&'static str, String, StripePolicy)> {
+        vec![
+            ("one rail", "1".into(), StripePolicy::Even),
+            ("even", format!(",{dev2}"), StripePolicy::Even),
+            ("4:1", format!(",{dev2}"), StripePolicy::Weights(vec![4, 1])),
+            ("adaptive", format!(",{dev2}"), StripePolicy::default()),
+        ]
+    }
+
+    /// Connects, retrying while the listener is not up yet.
+    fn connect(addr: &str, cfg: &Config) -> std::io::Result<RdmaStream> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match RdmaStream::connect_with(addr, cfg.clone()) {
+                Ok(s) => return Ok(s),
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Sends `total` bytes of `size`-byte messages with a window of 4 lent buffers,
+    /// then waits for the receiver to close.
+    fn send(
+        mut a: RdmaStream,
+        size: usize,
+        total: usize,
+        stop: Option<&AtomicBool>,
+    ) -> std::io::Result<()> {
+        let stopped = || stop.is_some_and(|s| s.load(Ordering::Relaxed));
+        let bufs: Vec<Vec<u8>> = (0..4).map(|k| vec![k as u8 + 1; size]).collect();
+        let mut tickets = [0u64; 4];
+        let mut released = 0;
+        let mut sent = 0usize;
+        let mut i = 0;
+        let result = (|| {
+            while sent < total && !stopped() {
+                let k = i % 4;
+                while released < tickets[k] {
+                    released = a.channel().sender().lends_released()?;
+                }
+                let n = size.min(total - sent);
+                let mut done = 0;
+                while done < n {
+                    // SAFETY: buffer k is lent again only after lends_released passed
+                    // its ticket, and `a` is dropped before the buffers (below).
+                    let l = unsafe {
+                        a.channel()
+                            .sender()
+                            .put_lending(&[IoSlice::new(&bufs[k][done..n])])
+                    }?;
+                    done += l.bytes;
+                    if l.ticket > 0 {
+                        tickets[k] = l.ticket;
+                    }
+                }
+                sent += n;
+                i += 1;
+            }
+            a.shutdown_write()?;
+            // The receiver closes once it read everything: the buffers are free then.
+            let mut b = [0u8; 1];
+            let _ = std::io::Read::read(&mut a, &mut b);
+            Ok(())
+        })();
+        drop(a);
+        drop(bufs);
+        result
+    }
+
+    pub(super) fn run(a: &Args) -> std::io::Result<()> {
+        let node: usize = env("SOFTROCE_NODE").parse().expect("SOFTROCE_NODE");
+        let hosts: Vec<String> = env("SOFTROCE_HOSTS")
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        let hosts2: Vec<String> = env("SOFTROCE_HOSTS2")
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        let dev2 = env("SOFTROCE_IBDEV2");
+        let total = a.cluster_bytes;
+        let schemes = schemes(&dev2);
+        let mut port = 20000u16;
+        let mut cells = vec![vec![Vec::new(); schemes.len()]; a.sizes.len()];
+        if a.table {
+            for round in 0..a.rounds {
+                for (si, &size) in a.sizes.iter().enumerate() {
+                    for (ci, (_, rails, policy)) in schemes.iter().enumerate() {
+                        port += 1;
+                        let cfg = config(rails, policy.clone());
+                        let addr = format!("{}:{port}", hosts[1]);
+                        if node == 0 {
+                            send(connect(&addr, &cfg)?, size, total, None)?;
+                        } else {
+                            let l = RdmaListener::bind_with(addr.as_str(), cfg)?;
+                            let mut b = l.accept()?;
+                            let mut buf = vec![0u8; size];
+                            let mut got = 0;
+                            let mut t0 = None;
+                            while got < total {
+                                let n = b.get(&mut [IoSliceMut::new(&mut buf)])?;
+                                if n > 0 && t0.is_none() {
+                                    t0 = Some(Instant::now());
+                                }
+                                got += n;
+                            }
+                            let secs = t0.map_or(f64::NAN, |t| t.elapsed().as_secs_f64());
+                            cells[si][ci].push((total - size) as f64 / secs / 1e6);
+                        }
+                    }
+                }
+                if node == 1 {
+                    eprintln!("round {} of {} done", round + 1, a.rounds);
+                }
+            }
+            if node == 1 {
+                println!(
+                    "\nmultirail striping between two Soft-RoCE VMs, rxe0 on a link limited to {} and \
+                     rxe1 on one limited to {} (tc): {} round(s), medians, MB/s ({total} bytes a cell, \
+                     4 lent buffers in flight)",
+                    std::env::var("RCH_BENCH_RATE").unwrap_or_default(),
+                    std::env::var("RCH_BENCH_RATE2").unwrap_or_default(),
+                    a.rounds
+                );
+                print!("| size |");
+                for (name, _, _) in &schemes {
+                    print!(" {name} |");
+                }
+                println!(" adaptive / best static | adaptive / one rail |");
+                println!("| ---: |{}", " ---: |".repeat(schemes.len() + 2));
+                for (si, size) in a.sizes.iter().enumerate() {
+                    let meds: Vec<f64> = (0..schemes.len())
+                        .map(|ci| median(&mut cells[si][ci].clone()))
+                        .collect();
+                    print!("| {size} |");
+                    for m in &meds {
+                        print!(" {m:.2} |");
+                    }
+                    println!(
+                        " {:.3} | {:.2} |",
+                        meds[3] / meds[1].max(meds[2]),
+                        meds[3] / meds[0]
+                    );
+                }
+            }
+        }
+        if a.trace {
+            port += 10;
+            let main_addr = format!("{}:{port}", hosts[1]);
+            let rival_addr = format!("{}:{}", hosts2[1], port + 1);
+            let main_cfg = config(&format!(",{dev2}"), StripePolicy::default());
+            let rival_cfg = config("1", StripePolicy::Even);
+            let size = 1 << 20;
+            if node == 0 {
+                let stop = AtomicBool::new(false);
+                let rival_stop = AtomicBool::new(false);
+                thread::scope(|s| -> std::io::Result<()> {
+                    let main = s.spawn(|| {
+                        send(
+                            connect(&main_addr, &main_cfg)?,
+                            size,
+                            usize::MAX,
+                            Some(&stop),
+                        )
+                    });
+                    thread::sleep(Duration::from_secs_f64(a.compete_from));
+                    let rival = s.spawn(|| {
+                        send(
+                            connect(&rival_addr, &rival_cfg)?,
+                            size,
+                            usize::MAX,
+                            Some(&rival_stop),
+                        )
+                    });
+                    thread::sleep(Duration::from_secs_f64(a.compete_to - a.compete_from));
+                    rival_stop.store(true, Ordering::Relaxed);
+                    rival.join().expect("rival")?;
+                    thread::sleep(Duration::from_secs_f64(
+                        (a.trace_secs - a.compete_to).max(0.0),
+                    ));
+                    stop.store(true, Ordering::Relaxed);
+                    main.join().expect("main")
+                })?;
+            } else {
+                let ml = RdmaListener::bind_with(main_addr.as_str(), main_cfg)?;
+                let rl = RdmaListener::bind_with(rival_addr.as_str(), rival_cfg)?;
+                let rival = thread::spawn(move || -> std::io::Result<u64> {
+                    let mut r = rl.accept()?;
+                    let mut buf = vec![0u8; 1 << 20];
+                    let mut got = 0u64;
+                    loop {
+                        match std::io::Read::read(&mut r, &mut buf) {
+                            Ok(0) | Err(_) => return Ok(got),
+                            Ok(n) => got += n as u64,
+                        }
+                    }
+                });
+                let mut m = ml.accept()?;
+                let t0 = Instant::now();
+                let mut buf = vec![0u8; size];
+                let mut rows: Trace = Vec::new();
+                let (mut got, mut last_t, mut last_got) = (0u64, 0.0, 0u64);
+                loop {
+                    match std::io::Read::read(&mut m, &mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => got += n as u64,
+                    }
+                    let t = t0.elapsed().as_secs_f64();
+                    if t - last_t >= 0.5 {
+                        let w0 = m.channel().receiver().stripe_weights()[0];
+                        rows.push((t, (got - last_got) as f64 / (t - last_t) / 1e6, w0));
+                        (last_t, last_got) = (t, got);
+                    }
+                }
+                let rival_bytes = rival.join().expect("rival")?;
+                println!(
+                    "\ntrace between the VMs, adaptive striping: 1 MiB messages over rxe0 and rxe1; a \
+                     second connection streams over rxe1's link from {:.0} s to {:.0} s ({:.1} MB in all)",
+                    a.compete_from,
+                    a.compete_to,
+                    rival_bytes as f64 / 1e6
+                );
+                println!("| t (s) | MB/s | rxe0's weight |");
+                println!("| ---: | ---: | ---: |");
+                for (t, mbps, w0) in &rows {
+                    println!("| {t:.1} | {mbps:.2} | {w0:.3} |");
+                }
+                if let Some(path) = &a.svg {
+                    let series = vec![("adaptive".to_string(), rows)];
+                    let caption = format!(
+                        "Multirail between two Soft-RoCE VMs (rxe0 and rxe1 links, tc-limited); competing flow on rxe1's link {:.0}-{:.0} s",
+                        a.compete_from, a.compete_to
+                    );
+                    plot(path, &caption, a.trace_secs, &series)
+                        .map_err(|e| std::io::Error::other(e.to_string()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 fn main() -> std::io::Result<()> {
     let a = args();
+    if a.cluster {
+        return cluster::run(&a);
+    }
     if a.table {
         table(&a)?;
     }
@@ -553,7 +818,12 @@ fn main() -> std::io::Result<()> {
         competing_table(&a)?;
         let series = trace(&a)?;
         if let Some(path) = &a.svg {
-            plot(path, &a, &series).map_err(|e| std::io::Error::other(e.to_string()))?;
+            let caption = format!(
+                "Multirail, emulated 400 + 100 MB/s rails, 4 MiB messages; competing flow on the 100 MB/s rail {:.0}-{:.0} s",
+                a.compete_from, a.compete_to
+            );
+            plot(path, &caption, a.trace_secs, &series)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
             println!("\nwrote {path}");
         }
     }

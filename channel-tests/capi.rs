@@ -362,6 +362,23 @@ fn lend_external() {
     pmi("t_lend", 3, &[], &[ZC], "lend ok");
 }
 
+/// The C interface gets rails through configuration alone (issue #36): large
+/// messages and lent buffers between ranks on one host, striped over three rails
+/// (one of them in a protection domain of its own on the emulated fabric, so the
+/// announcements carry its keys), every byte checked by the programs.
+#[test]
+fn rails_through_configuration_only() {
+    let rails = if std::env::var("RCH_FABRIC").is_ok_and(|f| f.trim() == "verbs") {
+        "3"
+    } else {
+        "@2g,domain@1g,@500m"
+    };
+    let with = [("RCH_RAILS", rails), ("RCH_STRIPE_MIN", "16k")];
+    external("t_large", 2, &[], &with, "large ok");
+    let zc = [with[0], with[1], ("RCH_ZCOPY_PRIVATE_THRESHOLD", "32k")];
+    external("t_lend", 2, &[], &zc, "lend ok");
+}
+
 #[test]
 fn send_lane_external() {
     external("t_send_lane", 2, &[], &[], "send lane ok");

@@ -233,6 +233,14 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                     .collect::<Vec<_>>(),
             ),
         ),
+        ("rendezvous", "rail_keys", {
+            // Two segments with keys for two rails after rail 0.
+            let mut b = vec![0u8; Rendezvous::encoded_len_with_keys(2, 2)];
+            Rendezvous::encode_seg_with_keys(&mut b, 0, &seg(0x1000, 300, 9), &[20, 30]);
+            Rendezvous::encode_seg_with_keys(&mut b, 1, &seg(0x9000, 8, 10), &[21, 31]);
+            Rendezvous::encode_fixed_with_keys(&mut b, 4, 308, 2, 0, 2);
+            b
+        }),
         // Packets and tails in a 4 KiB ring with 1 KiB chunks, then a 1 MiB ring.
         (
             "ctrl_words",
@@ -259,6 +267,36 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             "conn_card",
             "emulated",
             conn(region(0x7f00_0001_0000, 1 << 30, 3), &emu.encode()),
+        ),
+        (
+            "conn_card",
+            "rails",
+            ConnCard::encode_with_rails(
+                region(0x7f00_0001_0000, 1 << 20, 7),
+                ctrl,
+                crate::engine::card::CardFlags {
+                    wakes: false,
+                    lends: true,
+                },
+                &emu.encode(),
+                &[(&emu_alone.encode()[..], 1), (&emu_alone.encode()[..], 1)],
+            )
+            .expect("valid card"),
+        ),
+        (
+            "conn_card",
+            "rails_in_band",
+            ConnCard::encode_with_rails_in_band(
+                region(0x7f00_0001_0000, 1 << 20, 7),
+                ctrl,
+                crate::engine::card::CardFlags {
+                    wakes: true,
+                    lends: false,
+                },
+                b"RCHVcm",
+                3,
+            )
+            .expect("valid card"),
         ),
         ("emu_card", "two_segments", with_fds(3, emu.encode())),
         ("emu_card", "domain_only", with_fds(1, emu_alone.encode())),

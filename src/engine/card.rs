@@ -134,23 +134,22 @@ impl<T: AsRef<[u8]>> ConnCard<T> {
                         MAX_RAILS - 1
                     )));
                 }
-                return Ok(card);
-            }
-            if !(1..MAX_RAILS).contains(&usize::from(count)) {
-                return Err(
-                    FORMAT.invalid(format_args!("{count} extra rails (1 to {})", MAX_RAILS - 1))
-                );
-            }
-            for i in 0..count {
-                let Some((_, after)) = split_rail(rest) else {
-                    return Err(FORMAT.invalid(format_args!("rail {} cut short", i + 1)));
-                };
-                rest = after;
-            }
-            if !rest.is_empty() {
-                return Err(
-                    FORMAT.invalid(format_args!("{} bytes after the last rail", rest.len()))
-                );
+            } else {
+                if !(1..MAX_RAILS).contains(&usize::from(count)) {
+                    return Err(FORMAT
+                        .invalid(format_args!("{count} extra rails (1 to {})", MAX_RAILS - 1)));
+                }
+                for i in 0..count {
+                    let Some((_, after)) = split_rail(rest) else {
+                        return Err(FORMAT.invalid(format_args!("rail {} cut short", i + 1)));
+                    };
+                    rest = after;
+                }
+                if !rest.is_empty() {
+                    return Err(
+                        FORMAT.invalid(format_args!("{} bytes after the last rail", rest.len()))
+                    );
+                }
             }
         }
         if card.ring_addr() % 64 != 0 || card.ctrl_addr() % 64 != 0 {
@@ -533,6 +532,16 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("extra rails"));
+        // A card whose rails follow in band is checked whole too (alignment after
+        // the section: the fuzzer found it skipped once).
+        let mut in_band = ConnCard::encode_with_rails_in_band(ring, ctrl, flags, b"cm", 2).unwrap();
+        assert_eq!(
+            ConnCard::new_checked(&in_band[..]).unwrap().rails_in_band(),
+            2
+        );
+        in_band[8] |= 0x32;
+        let e = ConnCard::new_checked(&in_band[..]).unwrap_err();
+        assert!(e.to_string().contains("aligned"), "{e}");
         let plain = ConnCard::encode_with_rails(ring, ctrl, flags, b"zero", &[]).unwrap();
         assert!(ConnCard::new_checked(&plain[..])
             .unwrap()

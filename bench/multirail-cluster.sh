@@ -13,7 +13,7 @@
 # usage: bench/multirail-cluster.sh [--svg FILE] [--no-trace] [--trace-only]
 # environment: RCH_BENCH_ROUNDS (3), RCH_BENCH_SIZES (262144,1048576,4194304),
 #   RCH_BENCH_RATE / RCH_BENCH_RATE2 (tc rates of the two links: 64mbit, 16mbit),
-#   RCH_BENCH_BYTES (bytes a table cell, 12 MiB), RCH_BENCH_TRACE_SECS (40),
+#   RCH_BENCH_BYTES (bytes a table cell, 16 MiB; the second half is timed), RCH_BENCH_TRACE_SECS (40),
 #   RCH_VM_* (scripts/softroce-vm). A benchmark, never a test: nothing asserts.
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,18s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
@@ -25,12 +25,13 @@ rounds=${RCH_BENCH_ROUNDS:-3}
 sizes=${RCH_BENCH_SIZES:-262144,1048576,4194304}
 rate=${RCH_BENCH_RATE:-64mbit}
 rate2=${RCH_BENCH_RATE2:-16mbit}
-bytes=${RCH_BENCH_BYTES:-$((12 << 20))}
+bytes=${RCH_BENCH_BYTES:-$((16 << 20))}
 secs=${RCH_BENCH_TRACE_SECS:-40}
 extra=()
+svg=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --svg) extra+=(--svg "$(realpath -m "${2:?--svg needs a file}")"); shift 2 ;;
+    --svg) svg=$(realpath -m "${2:?--svg needs a file}"); shift 2 ;;
     --no-trace|--trace-only) extra+=("$1"); shift ;;
     *) echo "multirail-cluster: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -42,12 +43,19 @@ cargo bench --features verbs --bench multirail --no-run 2>&1 | tee "$log_build" 
 bin=$(pwd -P)/$(sed -n 's|^ *Executable bench/multirail.rs (\(.*\))$|\1|p' "$log_build" | tail -1)
 [ -x "$bin" ] || { echo "multirail-cluster: no benchmark binary at $bin" >&2; exit 1; }
 
+# The VMs see the host's files read-only: the SVG is drawn into a writable share.
+share=$(mktemp -d)
+trap 'rm -f "$log_build"; rm -rf "$share"' EXIT
+[ -z "$svg" ] || extra+=(--svg "$share/trace.svg")
 echo "== two Soft-RoCE VMs, two links ($rate, $rate2), $rounds round(s)" >&2
 # RCH_IB_TIMEOUT: as the cluster's tests (a TCG guest that falls behind drops frames).
 scripts/softroce-cluster -q --vms 2 --two-links --rate "$rate" --rate2 "$rate2" \
-  --timeout "${RCH_VM_TIMEOUT:-3000}" \
+  --timeout "${RCH_VM_TIMEOUT:-3000}" --files "$share" --cwd "$(pwd -P)" \
   --env "RCH_IB_TIMEOUT=${RCH_IB_TIMEOUT:-18}" --env "RCH_BENCH_RATE=$rate" \
   --env "RCH_BENCH_RATE2=$rate2" -- \
   "$bin" --cluster --rounds "$rounds" --sizes "$sizes" --cluster-bytes "$bytes" \
   --trace-secs "$secs" --compete 10,25 "${extra[@]+"${extra[@]}"}" 2>&1 |
   grep -v '^\[vm0\] $' | sed 's/^\[vm1\] //'
+if [ -n "$svg" ] && [ -s "$share/trace.svg" ]; then
+  cp "$share/trace.svg" "$svg" && echo "wrote $svg" >&2
+fi

@@ -13,7 +13,6 @@ use super::wait::wait_policy_for;
 use super::zerocopy::PushState;
 use super::Channel;
 use crate::config::Config;
-use crate::fabric::GatherList;
 use crate::fabric::{
     Access, Caps, Card, Fabric, MemoryRegion, PendingQp, QueuePair, ZeroCopyThresholds,
 };
@@ -503,13 +502,7 @@ impl<F: Fabric> Link<F> {
                 ),
             ));
         }
-        let mut list = GatherList::<1>::new();
-        list.push(&blob);
-        self.post_inline(
-            &list,
-            self.peer_ctrl.addr + RAIL_CARDS_SLOT,
-            self.peer_ctrl.rkey,
-        )?;
+        self.post_ctrl_bytes(RAIL_CARDS_SLOT, &blob)?;
         self.post_ctrl(CtrlWord::RailCards, blob.len() as u64 + 1)?;
         let theirs = self.wait_for_peer(deadline, "its rails' cards", || self.ctrl.rail_cards())?;
         let cards = parse_rail_cards(&theirs, pending.len())?;

@@ -644,14 +644,15 @@ impl<F: Fabric> Link<F> {
 
     /// Writes one 8-byte control word into the peer's control region.
     pub(crate) fn post_ctrl(&self, word: CtrlWord, value: u64) -> io::Result<()> {
-        let bytes = value.to_le_bytes();
+        self.post_ctrl_bytes(word.offset(), &value.to_le_bytes())
+    }
+
+    /// Writes `bytes` at `offset` of the peer's control region, in one inline
+    /// request (so its last word becomes visible last: a slot's number).
+    pub(crate) fn post_ctrl_bytes(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
         let mut list = GatherList::<1>::new();
-        list.push(&bytes);
-        self.post_inline(
-            &list,
-            self.peer_ctrl.addr + word.offset(),
-            self.peer_ctrl.rkey,
-        )
+        list.push(bytes);
+        self.post_inline(&list, self.peer_ctrl.addr + offset, self.peer_ctrl.rkey)
     }
 
     /// Notes that this end's sender puts a large buffer now (for the path meter).

@@ -13,7 +13,7 @@ use super::stripe::Striper;
 use super::wait::{past, Backoff};
 use super::zerocopy::{serve_all_lends, Lent, PathMeter, MEASURE_MIN};
 use crate::config::MAX_RAILS;
-use crate::fabric::{Access, Fabric, GatherList, MemoryRegion};
+use crate::fabric::{Access, Fabric, MemoryRegion};
 use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory, RingOffer, CTRL_SIZE, RING_OFFER_SLOT};
 use crate::ring::wire::{
@@ -585,13 +585,7 @@ impl<F: Fabric> Receiver<F> {
         for (chunk, w) in bytes.chunks_exact_mut(8).zip(offer.to_words()) {
             chunk.copy_from_slice(&w.to_le_bytes());
         }
-        let mut list = GatherList::<1>::new();
-        list.push(&bytes);
-        link.post_inline(
-            &list,
-            link.peer_ctrl.addr + RING_OFFER_SLOT,
-            link.peer_ctrl.rkey,
-        )?;
+        link.post_ctrl_bytes(RING_OFFER_SLOT, &bytes)?;
         self.offers_made = offer.number;
         self.offered_len = Some(len);
         Ok(())

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::{process_nanos, Lent};
 use crate::engine::Link;
-use crate::fabric::{Fabric, GatherList, Opcode, QueuePair, Sge, WorkRequest};
+use crate::fabric::{Fabric, Opcode, QueuePair, Sge, WorkRequest};
 use crate::ring::memory::{CtrlWord, Lend, LEND_SLOT, LEND_WORDS};
 use crate::ring::wire::{RndvSeg, MAX_RNDV_SEGS};
 
@@ -295,9 +295,7 @@ impl<F: Fabric> Link<F> {
         for (chunk, w) in bytes.chunks_exact_mut(8).zip(lend.to_words()) {
             chunk.copy_from_slice(&w.to_le_bytes());
         }
-        let mut list = GatherList::<1>::new();
-        list.push(&bytes);
-        self.post_inline(&list, self.peer_ctrl.addr + LEND_SLOT, self.peer_ctrl.rkey)
+        self.post_ctrl_bytes(LEND_SLOT, &bytes)
     }
 }
 

@@ -903,7 +903,10 @@ impl<F: Fabric> Receiver<F> {
     }
 
     /// The weights of the connection's rails in the striping of zero-copy steps
-    /// (see [`stripe`](crate::engine::stripe)); `[1.0]` for one rail.
+    /// (see [`stripe`](crate::engine::stripe)); `[1.0]` for one rail, and, where
+    /// the rails were connected after the channel was made
+    /// ([`Channel::connect_rails`](crate::Channel::connect_rails)), until the first
+    /// striped step.
     pub fn stripe_weights(&self) -> &[f64] {
         match &self.striper {
             Some(s) => s.weights(),

@@ -717,6 +717,108 @@ mod cluster {
             }
         }
         if a.trace {
+            // The best split while a second connection streams over rxe1's link:
+            // each split on a new connection, measured over `secs` after a second.
+            let splits = [
+                ("rxe0 only (1:0)", StripePolicy::Weights(vec![1, 0])),
+                ("8:1", StripePolicy::Weights(vec![8, 1])),
+                ("4:1", StripePolicy::Weights(vec![4, 1])),
+                ("adaptive", StripePolicy::default()),
+            ];
+            let mut got = vec![Vec::new(); splits.len()];
+            for (si, (_, policy)) in splits
+                .iter()
+                .enumerate()
+                .cycle()
+                .take(a.rounds * splits.len())
+            {
+                port += 2;
+                let main_addr = format!("{}:{port}", hosts[1]);
+                let rival_addr = format!("{}:{}", hosts2[1], port + 1);
+                let main_cfg = config(&format!(",{dev2}"), policy.clone());
+                let rival_cfg = config("1", StripePolicy::Even);
+                let window = 1.0 + a.secs.max(4.0);
+                if node == 0 {
+                    let stop = AtomicBool::new(false);
+                    thread::scope(|s| -> std::io::Result<()> {
+                        let rival = s.spawn(|| {
+                            send(
+                                connect(&rival_addr, &rival_cfg)?,
+                                1 << 20,
+                                usize::MAX,
+                                Some(&stop),
+                            )
+                        });
+                        let main = s.spawn(|| {
+                            send(
+                                connect(&main_addr, &main_cfg)?,
+                                1 << 20,
+                                usize::MAX,
+                                Some(&stop),
+                            )
+                        });
+                        thread::sleep(Duration::from_secs_f64(window + 1.0));
+                        stop.store(true, Ordering::Relaxed);
+                        main.join().expect("main")?;
+                        rival.join().expect("rival")
+                    })?;
+                } else {
+                    let ml = RdmaListener::bind_with(main_addr.as_str(), main_cfg)?;
+                    let rl = RdmaListener::bind_with(rival_addr.as_str(), rival_cfg)?;
+                    let rival = thread::spawn(move || -> std::io::Result<()> {
+                        let mut r = rl.accept()?;
+                        let mut buf = vec![0u8; 1 << 20];
+                        while let Ok(n) = std::io::Read::read(&mut r, &mut buf) {
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                        Ok(())
+                    });
+                    let mut m = ml.accept()?;
+                    let mut buf = vec![0u8; 1 << 20];
+                    let t0 = Instant::now();
+                    let (mut got_bytes, mut from, mut measured) = (0u64, None, None);
+                    loop {
+                        match std::io::Read::read(&mut m, &mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => got_bytes += n as u64,
+                        }
+                        let t = t0.elapsed().as_secs_f64();
+                        if t >= 1.0 && from.is_none() {
+                            from = Some((t, got_bytes));
+                        }
+                        if let (true, None, Some((t1, b1))) = (t >= window, measured, from) {
+                            measured = Some((got_bytes - b1) as f64 / (t - t1) / 1e6);
+                        }
+                    }
+                    got[si].push(measured.unwrap_or(f64::NAN));
+                    drop(m);
+                    rival.join().expect("rival")?;
+                }
+            }
+            if node == 1 {
+                println!(
+                    "\nwhile a second connection streams 1 MiB messages over rxe1's link: 1 MiB \
+                     messages over both links, MB/s from 1 s to {:.0} s of each connection ({} \
+                     round(s), medians)",
+                    1.0 + a.secs.max(4.0),
+                    a.rounds
+                );
+                println!("| split | MB/s | rounds |");
+                println!("| --- | ---: | --- |");
+                let mut meds = Vec::new();
+                for ((name, _), v) in splits.iter().zip(&got) {
+                    let m = median(&mut v.clone());
+                    let all: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
+                    println!("| {name} | {m:.2} | {} |", all.join(" "));
+                    meds.push(m);
+                }
+                let best = meds[..3].iter().copied().fold(0.0, f64::max);
+                println!("| adaptive / best static | {:.3} | |", meds[3] / best);
+            }
+        }
+        if a.trace {
             port += 10;
             let main_addr = format!("{}:{port}", hosts[1]);
             let rival_addr = format!("{}:{}", hosts2[1], port + 1);

@@ -613,13 +613,18 @@ impl<F: Fabric> Link<F> {
     ///
     /// The connection's error if any completion failed.
     pub(crate) fn wait_completed(&self, seq: u64) -> io::Result<()> {
+        self.wait_rail_completed(0, seq)
+    }
+
+    /// [`wait_completed`](Self::wait_completed) for request `seq` of rail `rail`.
+    pub(crate) fn wait_rail_completed(&self, rail: usize, seq: u64) -> io::Result<()> {
         let mut backoff = Backoff::new(20_000, 1000, std::time::Duration::from_micros(50));
         let mut failure = None;
-        while !self.sq.is_completed(seq) {
-            if let Err(e) = self.drain_completions() {
+        while !self.rail_completed(rail, seq) {
+            if let Err(e) = self.drain_rail(rail) {
                 failure.get_or_insert(e);
             }
-            if self.sq.is_completed(seq) {
+            if self.rail_completed(rail, seq) {
                 break;
             }
             backoff.snooze();

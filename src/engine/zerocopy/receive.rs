@@ -313,7 +313,7 @@ impl<F: Fabric> Receiver<F> {
                 // Let what was posted land before the memory is handed back.
                 for (r, s) in stripes.iter().enumerate() {
                     if let Some(seq) = s.last {
-                        let _ = wait_rail_completed(link, r, seq);
+                        let _ = link.wait_rail_completed(r, seq);
                     }
                 }
                 crate::engine::receiver::release_stripe_regs(link, &mut stripes);
@@ -399,23 +399,6 @@ fn advance(segs: &[RndvSeg], cursor: (usize, u64), mut k: u64) -> (usize, u64) {
         }
     }
     (seg, off)
-}
-
-/// Waits for request `seq` of rail `rail` (0: [`Link::wait_completed`]).
-fn wait_rail_completed<F: Fabric>(link: &Link<F>, rail: usize, seq: u64) -> io::Result<()> {
-    if rail == 0 {
-        return link.wait_completed(seq);
-    }
-    let mut b =
-        crate::engine::wait::Backoff::new(20_000, 1000, std::time::Duration::from_micros(50));
-    while !link.rail_completed(rail, seq) {
-        let _ = link.drain_rail(rail);
-        if link.rail_completed(rail, seq) {
-            break;
-        }
-        b.snooze();
-    }
-    link.error().map_or(Ok(()), Err)
 }
 
 /// Bytes of an `n`-byte step the peer pushes at `percent`: none when that would be

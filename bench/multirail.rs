@@ -9,6 +9,7 @@
 //! cargo bench --bench multirail                                  # table and trace
 //! cargo bench --bench multirail -- --rounds 3 --secs 1 --sizes 65536,1048576,4194304
 //! cargo bench --bench multirail -- --trace-only --svg bench/results/multirail-trace.svg
+//! cargo bench --bench multirail -- --copying --no-trace            # copying puts (relayed)
 //! ```
 //!
 //! The rails are emulated queue pairs whose completions a pacer holds back until a
@@ -16,7 +17,8 @@
 //! syntax; `fabric::emulated::Pacer`); the copies themselves run at memory speed in
 //! the receiving thread. The sender lends a window of 16 heap buffers
 //! (`Sender::put_lending`), so transfers are read back to back, as `osu_bw` keeps a
-//! window in flight. Bandwidth is what the receiver got per second of wall time
+//! window in flight; with `--copying` it copies them with `put` instead (with rails,
+//! through its relay slots). Bandwidth is what the receiver got per second of wall time
 //! after a warm-up. Prints tables; asserts nothing about speed.
 
 use std::io::{IoSlice, IoSliceMut};
@@ -29,6 +31,9 @@ use rdma_channel::config::{RailSpec, StripePolicy};
 use rdma_channel::{Config, RdmaStream};
 
 const WINDOW: usize = 16;
+
+/// `--copying`: the sender uses `put` (copies) instead of lending.
+static COPYING: AtomicBool = AtomicBool::new(false);
 
 struct Args {
     rounds: usize,
@@ -87,6 +92,7 @@ fn args() -> Args {
             "--cluster" => a.cluster = true,
             "--cluster-bytes" => a.cluster_bytes = val().parse().expect("--cluster-bytes N"),
             "--csv" => a.csv = Some(val()),
+            "--copying" => COPYING.store(true, Ordering::Relaxed),
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
@@ -165,6 +171,9 @@ impl Flow {
 }
 
 fn send_loop(mut a: RdmaStream, size: usize, stop: &AtomicBool) -> std::io::Result<()> {
+    if COPYING.load(Ordering::Relaxed) {
+        return copy_loop(a, size, stop);
+    }
     let bufs: Vec<Vec<u8>> = (0..WINDOW).map(|k| vec![k as u8 + 1; size]).collect();
     let mut tickets = [0u64; WINDOW];
     let mut released = 0u64;
@@ -222,6 +231,30 @@ fn send_loop(mut a: RdmaStream, size: usize, stop: &AtomicBool) -> std::io::Resu
     // The sender first: dropping it revokes what is still lent, then the buffers go.
     drop(a);
     drop(bufs);
+    Ok(())
+}
+
+/// `send_loop` with copying puts: a message is the caller's again as soon as `put`
+/// counted it.
+fn copy_loop(mut a: RdmaStream, size: usize, stop: &AtomicBool) -> std::io::Result<()> {
+    let buf = vec![7u8; size];
+    while !stop.load(Ordering::Relaxed) {
+        let mut done = 0;
+        while done < size && !stop.load(Ordering::Relaxed) {
+            let r = a.put(&[IoSlice::new(&buf[done..])]).and_then(|n| {
+                if n == 0 {
+                    a.channel().sender().wait_writable()?;
+                }
+                Ok(n)
+            });
+            match r {
+                Ok(n) => done += n,
+                // The receiver may be gone first once told to stop.
+                Err(_) if stop.load(Ordering::Relaxed) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
     Ok(())
 }
 
@@ -313,8 +346,13 @@ fn table(a: &Args) -> std::io::Result<()> {
     }
     println!(
         "\nmultirail striping, emulated rails of 400 and 100 MB/s: {} round(s), medians, MB/s \
-         (window of {WINDOW} lent heap buffers)",
-        a.rounds
+         ({})",
+        a.rounds,
+        if COPYING.load(Ordering::Relaxed) {
+            "copying puts".to_string()
+        } else {
+            format!("window of {WINDOW} lent heap buffers")
+        }
     );
     print!("| size |");
     for (name, _, _) in &schemes {

@@ -406,3 +406,112 @@ fn rails_the_fabric_cannot_make_are_refused_by_name() {
     let nine = Config::default().with_rails(vec![RailSpec::default(); 9]);
     assert!(nine.validate().is_err());
 }
+
+/// Copying puts (`put`, which counts bytes once copied) of large messages go
+/// through the sender's relay slots and are read in stripes across the rails,
+/// not through the ring on rail 0: every byte arrives in order, nearly all of
+/// them relayed, and (rails of 400 and 100 MB/s) the adaptive weights move toward
+/// the faster rail as they do for lent buffers. One rail relays nothing.
+#[test]
+fn copying_puts_of_large_messages_are_striped_through_relay_slots() {
+    let spec = if on_verbs() { "2" } else { "@400m,@100m" };
+    for with_rails in [true, false] {
+        let cfg = if with_rails {
+            Config::default().with_rails(rails(spec))
+        } else {
+            Config::default()
+        };
+        let (mut a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+        let total = common::scaled_bytes(24 << 20, 6 << 20) as usize;
+        let data: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+        let relayed = std::thread::scope(|s| {
+            let writer = s.spawn(|| {
+                let mut rng = Rng::new(11);
+                let mut sent = 0;
+                while sent < total {
+                    let end = (sent + rng.log_uniform(1, 4 << 20)).min(total);
+                    let n = a.put(&[std::io::IoSlice::new(&data[sent..end])]).unwrap();
+                    if n == 0 {
+                        a.channel().sender().wait_writable().unwrap();
+                    }
+                    sent += n;
+                }
+                a.channel().sender().relayed_bytes()
+            });
+            let mut rng = Rng::new(12);
+            let mut out = vec![0u8; total];
+            let mut got = 0;
+            while got < total {
+                let end = (got + rng.log_uniform(1, 2 << 20)).min(total);
+                let n = b.read(&mut out[got..end]).unwrap();
+                assert!(n > 0, "end of stream after {got} of {total} bytes");
+                got += n;
+            }
+            assert!(out == data, "bytes differ");
+            writer.join().unwrap()
+        });
+        let w = b.channel().receiver().stripe_weights().to_vec();
+        if !with_rails {
+            assert_eq!(relayed, 0, "one rail: the ring carries everything");
+            continue;
+        }
+        assert!(
+            relayed as f64 > 0.9 * total as f64,
+            "{relayed} of {total} bytes relayed"
+        );
+        if !on_verbs() {
+            assert!(
+                w[0] > 0.65 && w[0] < 0.95,
+                "adaptive weights {w:?}, best 0.8:0.2"
+            );
+        }
+    }
+}
+
+/// A sender dropped right after its puts counted bytes it relayed waits for the
+/// peer to read them (they were reported sent): a reader that starts later gets
+/// every byte and then the end of the stream. A sender whose peer stopped
+/// reading does not wait.
+#[test]
+fn a_dropped_sender_lets_the_peer_read_what_it_relayed() {
+    let spec = if on_verbs() { "2" } else { "@2g,@1g" };
+    let cfg = Config::default().with_rails(rails(spec));
+    let (mut a, mut b) = RdmaStream::pair_with(cfg.clone()).unwrap();
+    let data: Vec<u8> = (0..(3 << 20) + 12345).map(|i| (i % 247) as u8).collect();
+    let mut sent = 0;
+    while sent < data.len() {
+        let n = a.put(&[std::io::IoSlice::new(&data[sent..])]).unwrap();
+        if n == 0 {
+            break;
+        }
+        sent += n;
+    }
+    assert_eq!(sent, data.len(), "four relay slots take it all");
+    assert!(a.channel().sender().relayed_bytes() >= 3 << 20);
+    let reader = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let mut out = Vec::new();
+        b.read_to_end(&mut out).unwrap();
+        out
+    });
+    drop(a);
+    let out = reader.join().unwrap();
+    assert!(
+        out == data,
+        "{} of {} bytes, or they differ",
+        out.len(),
+        data.len()
+    );
+
+    // The peer's reading half is gone: nothing will read the slots, no waiting.
+    let (mut a, b) = RdmaStream::pair_with(cfg).unwrap();
+    assert!(a.put(&[std::io::IoSlice::new(&data)]).unwrap() >= 1 << 20);
+    drop(b);
+    let t0 = std::time::Instant::now();
+    drop(a);
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "dropping took {:?} with no reader (the wait is 10 s)",
+        t0.elapsed()
+    );
+}

@@ -798,11 +798,19 @@ impl<F: Fabric> Link<F> {
             // The word is loaded after the tail went out (the sleeper's membarrier
             // orders the rest); a failed wake leaves it to its bounded nap.
             std::sync::atomic::compiler_fence(Ordering::SeqCst);
-            if let Some((fd, instance, value)) = self.ctrl.room_wake_fd() {
-                let _ = self.qp.notify(fd, instance, value);
-            }
+            self.wake_room_waiter();
         }
         Ok(true)
+    }
+
+    /// Wakes the peer's selector that sleeps until its sender can go on, if it named
+    /// one (`CtrlWord::RoomWakeFd`): after room in our ring, or after a zero-copy
+    /// read it may wait for (a relay slot or a held buffer is then free again).
+    /// A failed wake leaves the sleeper to its bounded nap.
+    pub(super) fn wake_room_waiter(&self) {
+        if let Some((fd, instance, value)) = self.ctrl.room_wake_fd() {
+            let _ = self.qp.notify(fd, instance, value);
+        }
     }
 }
 

@@ -811,6 +811,8 @@ impl<F: Fabric> Receiver<F> {
             // First: the peer's sender waits for this to complete its send (a
             // two-way exchange's critical path); the meter's sample can come after.
             link.post_ctrl(CtrlWord::ZeroCopyDone, id)?;
+            // Its selector may sleep until then (a relay slot, a held buffer).
+            link.wake_room_waiter();
         }
         if let Some(t0) = r.started {
             let put_at = link.own_puts().large_at;

@@ -12,7 +12,7 @@ use super::connect::staging_for;
 use super::lane::LaneCell;
 use super::link::{Link, HEALTH_EVERY};
 use super::wait::{past, Backoff};
-use super::zerocopy::{advice_bit, CopyInMeter, Lent, MEASURE_MIN};
+use super::zerocopy::{advice_bit, CopyInMeter, Lent, Relay, Relayed, MEASURE_MIN};
 use crate::fabric::{
     DirectTarget, Fabric, GatherList, QueuePair, RemoteRegion, ZeroCopyThresholds,
 };
@@ -129,6 +129,9 @@ pub struct Sender<F: Fabric> {
     /// Times large copies into the peer's ring for this end's path meter, where the
     /// adaptive choice is on.
     copy_in: Option<CopyInMeter>,
+    /// Where copying puts of large pieces go when the connection has rails
+    /// (`zerocopy::relay`).
+    pub(crate) relay: Relay<F>,
 }
 
 /// What a [`put_lending`](Sender::put_lending) did.
@@ -202,6 +205,7 @@ impl<F: Fabric> Sender<F> {
             max_rndv_segs,
             bell: None,
             copy_in,
+            relay: Relay::new(),
         }
     }
 
@@ -571,7 +575,15 @@ impl<F: Fabric> Sender<F> {
 
     /// Transfers lent by [`put_lending`](Sender::put_lending) and not released yet.
     pub fn lends_in_flight(&self) -> usize {
-        self.in_flight.len() - usize::from(self.held)
+        self.in_flight.len() - usize::from(self.held) - self.relay.in_flight()
+    }
+
+    /// Bytes this sender's copying puts sent through relay slots: with rails,
+    /// pieces of at least [`Config::stripe_min`](crate::Config::stripe_min) are
+    /// copied into registered buffers of the sender's and read by the peer in
+    /// stripes across the rails instead of going through the ring on rail 0.
+    pub fn relayed_bytes(&self) -> u64 {
+        self.relay.bytes
     }
 
     /// The number of the transfer `put_nocopy` holds, if any.
@@ -602,7 +614,7 @@ impl<F: Fabric> Sender<F> {
 
     /// True once the peer confirmed announcement `id`; checks the connection's health
     /// now and then while it has not.
-    fn zc_confirmed(&mut self, id: u64) -> io::Result<bool> {
+    pub(crate) fn zc_confirmed(&mut self, id: u64) -> io::Result<bool> {
         let link = &*self.link;
         // The peer may have lent part of its buffer for us to push instead of reading.
         link.serve_lend()?;
@@ -629,6 +641,7 @@ impl<F: Fabric> Sender<F> {
         Link::drop_push_sources(&self.link, u64::MAX);
         self.held = false;
         self.in_flight.clear();
+        self.relay.abort();
         self.publish_unconfirmed();
         for s in self.in_flight_segs.drain(..) {
             self.link.rcache.release(s.handle);
@@ -650,7 +663,7 @@ impl<F: Fabric> Sender<F> {
     /// Releases the transfers the peer confirmed, up to `upto`: their buffers are
     /// the caller's again. The held transfer is released only by the `put_nocopy`
     /// that counts it (`settle`). Returns the number of the last released.
-    fn release_confirmed(&mut self, upto: u64, settle: bool) -> u64 {
+    pub(crate) fn release_confirmed(&mut self, upto: u64, settle: bool) -> u64 {
         let upto = match self.held_id() {
             Some(held) if !settle => upto.min(held - 1),
             _ => upto,
@@ -676,6 +689,7 @@ impl<F: Fabric> Sender<F> {
             if self.in_flight.is_empty() {
                 self.held = false;
             }
+            self.relay.release_through(upto);
         }
         self.released_through()
     }
@@ -785,6 +799,18 @@ impl<F: Fabric> Sender<F> {
                 idx += 1;
                 off = 0;
             }
+            // With rails, large copied pieces go through relay slots, striped.
+            if matches!(mode, ZeroCopy::Never) && self.relays(total - done) {
+                match self.relay_put(iov, idx, off, total - done)? {
+                    Relayed::Sent(n) => {
+                        done += n;
+                        (idx, off) = advance(iov, idx, off, n);
+                        continue;
+                    }
+                    Relayed::Stopped => break,
+                    Relayed::Refused => {}
+                }
+            }
             // Eager bytes stop where the next zero-copy buffer starts.
             let mut eager_left = total - done;
             if let ZeroCopy::Hold(lent) | ZeroCopy::Lend(lent) = mode {
@@ -835,7 +861,7 @@ impl<F: Fabric> Sender<F> {
     /// True when one more transfer may be announced: fewer than
     /// [`MAX_TRANSFERS_IN_FLIGHT`] unreleased, after releasing those the peer
     /// confirmed.
-    fn room_for_a_transfer(&mut self) -> bool {
+    pub(crate) fn room_for_a_transfer(&mut self) -> bool {
         if self.in_flight.len() < MAX_TRANSFERS_IN_FLIGHT {
             return true;
         }
@@ -1337,6 +1363,17 @@ impl<F: Fabric> Sender<F> {
         if self.offer_pending() && !self.closed && !self.held {
             self.take_offer()?;
         }
+        if self.relay.blocked {
+            // The last put stopped at relay slots all in flight: writable once the
+            // peer confirmed one.
+            self.link.serve_lend()?;
+            self.release_confirmed(self.link.ctrl.zero_copy_done(), false);
+            if self.relay.blocked && !self.relay.has_room() {
+                self.link.check_peer_reading()?;
+                return Ok(false);
+            }
+            self.relay.blocked = false;
+        }
         if max_payload_now(self.ring_size, self.head(), self.tail, self.chunk) > 0 {
             return Ok(true);
         }
@@ -1513,9 +1550,20 @@ pub(crate) enum Announce {
 
 impl<F: Fabric> Drop for Sender<F> {
     fn drop(&mut self) {
+        // Relayed bytes were counted as sent: give the peer time to read them.
+        self.linger_for_relays();
         // Transfers still unreleased are revoked: the peer must not wait for a lend
         // of one to be pushed (a sender that only closed keeps serving them).
         let flags = if self.abort_pending() { EOS_ABORTED } else { 0 };
+        // The relay slots are freed with the sender; rails in domains of their own
+        // registered them as caller memory: forget those registrations first.
+        for r in 1..=self.link.rails().len() {
+            if let Some(d) = self.link.rail_domain(r) {
+                for (addr, len) in self.relay.ranges() {
+                    d.rcache.invalidate(addr, len);
+                }
+            }
+        }
         let _ = self.close_with(flags);
         // The end of stream and the last packets may not have been sent yet: their
         // staging copies go to the link, which frees them after its queue pair (a
@@ -1537,7 +1585,7 @@ impl<F: Fabric> Drop for Sender<F> {
 /// Copies `dst.len()` bytes of `iov`, from byte `skip` on, into `dst`, a piece at a
 /// time through [`copy_short`].
 #[inline(always)]
-fn gather_into(dst: &mut [u8], iov: &[IoSlice<'_>], skip: usize) {
+pub(crate) fn gather_into(dst: &mut [u8], iov: &[IoSlice<'_>], skip: usize) {
     let (mut i, mut o, mut at) = (0usize, skip, 0);
     while at < dst.len() {
         let n = (iov[i].len() - o).min(dst.len() - at);

@@ -20,10 +20,12 @@
 mod choose;
 mod push;
 mod receive;
+mod relay;
 mod send;
 
 pub(crate) use choose::{advice_bit, process_nanos, CopyInMeter, OwnPuts, PathMeter, MEASURE_MIN};
 pub(crate) use push::{serve_all_lends, PushSource, PushState};
+pub(crate) use relay::{Relay, Relayed};
 
 /// Proof that the caller of `put_nocopy`, `put_lending` or `get_nowait` made its
 /// promise: the buffers it names stay mapped and untouched until the transfer is

@@ -514,6 +514,16 @@ fn c_tests_across_hosts_under_hydra() {
     // back for the sender to push (verbs' default between hosts).
     let lend = [("RCH_ZCOPY_PRIVATE_THRESHOLD", "32k")];
     across("t_lend", "2", "1", &[], &lend, "lend ok");
+    // Two rails a connection: between the hosts the group connects them step by
+    // step over rail 0 (`Channel::poll_connect_rails`) before it uses the
+    // connection, and large transfers are read in stripes across both.
+    let rails = [
+        ("RCH_ZCOPY_PRIVATE_THRESHOLD", "64k"),
+        ("RCH_RAILS", "2"),
+        ("RCH_STRIPE_MIN", "16k"),
+    ];
+    across("t_large", &n4, "2", &[], &rails, "large ok");
+    across("t_alltoall", &n4, "2", &["2"], &rails, "alltoall ok");
 }
 
 #[test]

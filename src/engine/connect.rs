@@ -311,7 +311,7 @@ impl<F: Fabric> Prepared<F> {
             } else {
                 std::sync::OnceLock::new()
             },
-            pending_rails: Mutex::new(in_band),
+            rails_setup: Mutex::new(RailsSetup::new(in_band)),
             left_staging: Mutex::new(Vec::new()),
             incoming: Mutex::new(IncomingRings {
                 current: self.ring.clone(),
@@ -359,7 +359,7 @@ impl<F: Fabric> Prepared<F> {
             fabric: self.fabric,
         });
         // Rails still to come may each have keys of their own: room for them.
-        let keys = link.rail_keys().max(lock_pending(&link).len());
+        let keys = link.rail_keys().max(lock_setup(&link).pending.len());
         let max_rndv_segs = ((chunk as usize - OVERHEAD - Rendezvous::encoded_len(0))
             / Rendezvous::encoded_len_with_keys(1, keys)
                 .saturating_sub(Rendezvous::encoded_len(0)))
@@ -459,91 +459,47 @@ fn registration_cache<F: Fabric>(fabric: &F, cfg: &Config) -> Arc<RegCache<F>> {
     RegCache::for_domain(fabric, cfg.registration_cache())
 }
 
-fn lock_pending<F: Fabric>(
-    link: &Link<F>,
-) -> std::sync::MutexGuard<'_, Vec<(F::Pending, Option<F>)>> {
-    link.pending_rails.lock().unwrap_or_else(|p| p.into_inner())
+fn lock_setup<F: Fabric>(link: &Link<F>) -> std::sync::MutexGuard<'_, RailsSetup<F>> {
+    link.rails_setup.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Where connecting the rails whose cards follow over rail 0 stands
+/// ([`Link::step_rails`]).
+pub(crate) struct RailsSetup<F: Fabric> {
+    /// Their queue pairs, with their own domains, until connected.
+    pub(crate) pending: Vec<(F::Pending, Option<F>)>,
+    /// This end's cards and `CtrlWord::RailCards` went out.
+    cards_sent: bool,
+    /// This end's rails are connected and `CtrlWord::RailsReady` went out.
+    ready_sent: bool,
+}
+
+impl<F: Fabric> RailsSetup<F> {
+    pub(crate) fn new(pending: Vec<(F::Pending, Option<F>)>) -> RailsSetup<F> {
+        RailsSetup {
+            pending,
+            cards_sent: false,
+            ready_sent: false,
+        }
+    }
 }
 
 impl<F: Fabric> Link<F> {
     /// Connects the rails whose cards follow over rail 0 (see
-    /// [`Channel::connect_rails`]): writes this end's rail cards into the peer's
-    /// control region (`RAIL_CARDS_SLOT`, then `CtrlWord::RailCards` behind them on
-    /// the same queue pair), waits for the peer's, connects the rails, and says so
-    /// (`CtrlWord::RailsReady`); returns once the peer said so too, so that neither
-    /// end reads through a rail the other has not connected.
+    /// [`Channel::connect_rails`]), waiting up to `timeout` for the peer's steps.
     pub(crate) fn connect_rails(&self, timeout: std::time::Duration) -> io::Result<()> {
-        let pending = std::mem::take(&mut *lock_pending(self));
-        if pending.is_empty() {
-            return Ok(());
-        }
         let deadline = std::time::Instant::now() + timeout;
-        let mut blob = vec![pending.len() as u8];
-        for (p, _) in &pending {
-            let c = p.card()?;
-            if !c.fds.is_empty() {
-                return Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    "a rail whose card carries descriptors cannot be connected over rail 0",
-                ));
-            }
-            let len = u16::try_from(c.bytes.len()).map_err(|_| {
-                io::Error::new(io::ErrorKind::InvalidInput, "rail card over 64 KiB")
-            })?;
-            blob.extend_from_slice(&len.to_le_bytes());
-            blob.extend_from_slice(&c.bytes);
-        }
-        if blob.len() > RAIL_CARDS_MAX || blob.len() > self.qp.caps().max_inline {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!(
-                    "the rails' cards take {} bytes: more than one inline write carries",
-                    blob.len()
-                ),
-            ));
-        }
-        self.post_ctrl_bytes(RAIL_CARDS_SLOT, &blob)?;
-        self.post_ctrl(CtrlWord::RailCards, blob.len() as u64 + 1)?;
-        let theirs = self.wait_for_peer(deadline, "its rails' cards", || self.ctrl.rail_cards())?;
-        let cards = parse_rail_cards(&theirs, pending.len())?;
-        let mut rails = Vec::with_capacity(pending.len());
-        for ((p, domain), bytes) in pending.into_iter().zip(cards) {
-            let qp = p.connect(Card {
-                bytes: bytes.to_vec(),
-                fds: Vec::new(),
-            })?;
-            let sq = send_queue_for(&qp.caps());
-            let domain = domain.map(|fabric| RailDomain {
-                rcache: registration_cache(&fabric, &self.cfg),
-                fabric,
-            });
-            rails.push(Rail { qp, sq, domain });
-        }
-        let count = rails.len() as u64;
-        if self.rails.set(rails).is_err() {
-            return Err(io::Error::other("the rails were connected already"));
-        }
-        self.post_ctrl(CtrlWord::RailsReady, count + 1)?;
-        self.wait_for_peer(deadline, "word that its rails are up", || {
-            (self.ctrl.rails_ready() != 0).then_some(())
-        })
-    }
-
-    /// Polls `look` until it gives something, the connection fails or `deadline`
-    /// passes.
-    fn wait_for_peer<T>(
-        &self,
-        deadline: std::time::Instant,
-        what: &str,
-        mut look: impl FnMut() -> Option<T>,
-    ) -> io::Result<T> {
         let mut b = super::wait::Backoff::with_policy(self.wait);
         loop {
-            if let Some(v) = look() {
-                return Ok(v);
+            if self.step_rails()? {
+                return Ok(());
             }
-            self.check_health()?;
             if std::time::Instant::now() >= deadline {
+                let what = if lock_setup(self).ready_sent {
+                    "word that its rails are up"
+                } else {
+                    "its rails' cards"
+                };
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!("the peer did not send {what} in time"),
@@ -551,6 +507,81 @@ impl<F: Fabric> Link<F> {
             }
             b.snooze();
         }
+    }
+
+    /// One step of connecting the rails whose cards follow over rail 0, never
+    /// waiting: writes this end's rail cards into the peer's control region
+    /// (`RAIL_CARDS_SLOT`, then `CtrlWord::RailCards` behind them on the same queue
+    /// pair); once the peer's are there, connects the rails and says so
+    /// (`CtrlWord::RailsReady`); true once the peer said so too (at once where no
+    /// rails' cards follow), so that neither end reads through a rail the other
+    /// has not connected.
+    pub(crate) fn step_rails(&self) -> io::Result<bool> {
+        let mut setup = lock_setup(self);
+        if !setup.cards_sent {
+            if setup.pending.is_empty() {
+                return Ok(true);
+            }
+            let mut blob = vec![setup.pending.len() as u8];
+            for (p, _) in &setup.pending {
+                let c = p.card()?;
+                if !c.fds.is_empty() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        "a rail whose card carries descriptors cannot be connected over rail 0",
+                    ));
+                }
+                let len = u16::try_from(c.bytes.len()).map_err(|_| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "rail card over 64 KiB")
+                })?;
+                blob.extend_from_slice(&len.to_le_bytes());
+                blob.extend_from_slice(&c.bytes);
+            }
+            if blob.len() > RAIL_CARDS_MAX || blob.len() > self.qp.caps().max_inline {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!(
+                        "the rails' cards take {} bytes: more than one inline write carries",
+                        blob.len()
+                    ),
+                ));
+            }
+            self.post_ctrl_bytes(RAIL_CARDS_SLOT, &blob)?;
+            self.post_ctrl(CtrlWord::RailCards, blob.len() as u64 + 1)?;
+            setup.cards_sent = true;
+        }
+        if !setup.ready_sent {
+            let Some(theirs) = self.ctrl.rail_cards() else {
+                self.check_health()?;
+                return Ok(false);
+            };
+            let pending = std::mem::take(&mut setup.pending);
+            let cards = parse_rail_cards(&theirs, pending.len())?;
+            let mut rails = Vec::with_capacity(pending.len());
+            for ((p, domain), bytes) in pending.into_iter().zip(cards) {
+                let qp = p.connect(Card {
+                    bytes: bytes.to_vec(),
+                    fds: Vec::new(),
+                })?;
+                let sq = send_queue_for(&qp.caps());
+                let domain = domain.map(|fabric| RailDomain {
+                    rcache: registration_cache(&fabric, &self.cfg),
+                    fabric,
+                });
+                rails.push(Rail { qp, sq, domain });
+            }
+            let count = rails.len() as u64;
+            if self.rails.set(rails).is_err() {
+                return Err(io::Error::other("the rails were connected already"));
+            }
+            self.post_ctrl(CtrlWord::RailsReady, count + 1)?;
+            setup.ready_sent = true;
+        }
+        if self.ctrl.rails_ready() != 0 {
+            return Ok(true);
+        }
+        self.check_health()?;
+        Ok(false)
     }
 }
 

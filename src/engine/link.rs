@@ -33,8 +33,8 @@ pub(crate) struct Link<F: Fabric> {
     /// until then.
     pub(crate) rails: std::sync::OnceLock<Vec<Rail<F>>>,
     /// The rails whose cards follow over rail 0: their queue pairs, with their own
-    /// domains, until `connect_rails` connects them.
-    pub(crate) pending_rails: Mutex<Vec<(F::Pending, Option<F>)>>,
+    /// domains, until `step_rails` connects them, and how far that got.
+    pub(crate) rails_setup: Mutex<super::connect::RailsSetup<F>>,
     /// The incoming rings the peer may write: kept here, not only by the receiving
     /// half, so that they outlive it as long as the queue pair may take writes.
     pub(super) incoming: Mutex<IncomingRings<F::Region>>,

@@ -99,6 +99,20 @@ impl<F: Fabric> Channel<F> {
         self.rx.link.connect_rails(timeout)
     }
 
+    /// One step of [`connect_rails`](Self::connect_rails) that never waits, for
+    /// callers that drive many connections from one loop (a process group does):
+    /// true once both ends' rails are connected (at once where there are none to
+    /// connect). Until then, neither put nor get on this channel: the peer may not
+    /// be able to serve a read through its rails yet.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect_rails`](Self::connect_rails), but never `TimedOut`: the caller
+    /// keeps its own deadline.
+    pub fn poll_connect_rails(&mut self) -> io::Result<bool> {
+        self.rx.link.step_rails()
+    }
+
     /// Non-blocking put: see [`Sender::put`].
     ///
     /// # Errors

@@ -176,6 +176,11 @@ enum Conn {
     /// connection to be established.
     #[cfg(feature = "verbs")]
     CmAccepting,
+    /// A peer on another host: connected through rdma_cm, the rails' cards on their
+    /// way over rail 0 (`Channel::poll_connect_rails`), not used until both ends'
+    /// rails are up or the deadline passes.
+    #[cfg(feature = "verbs")]
+    CmRails(Box<crate::engine::Channel<AnyFabric>>, std::time::Instant),
     Up(Up),
     Closed,
     Failed(Error),
@@ -723,7 +728,7 @@ impl Group {
                 }
             }
             #[cfg(feature = "verbs")]
-            Conn::CmOutbound(_) => {
+            Conn::CmOutbound(_) | Conn::CmRails(..) => {
                 if !self.advance(rank) {
                     self.maybe_progress();
                 }
@@ -1079,7 +1084,7 @@ impl Group {
                 }
             }
             #[cfg(feature = "verbs")]
-            Conn::CmOutbound(_) => {
+            Conn::CmOutbound(_) | Conn::CmRails(..) => {
                 if !self.advance(rank) {
                     self.maybe_progress();
                 }
@@ -1352,7 +1357,10 @@ impl Group {
             self.handshakes -= 1;
         }
         #[cfg(feature = "verbs")]
-        if matches!(vc.conn, Conn::CmOutbound(_) | Conn::CmAccepting) {
+        if matches!(
+            vc.conn,
+            Conn::CmOutbound(_) | Conn::CmAccepting | Conn::CmRails(..)
+        ) {
             self.handshakes -= 1;
         }
         vc.conn = Conn::Closed;
@@ -1547,9 +1555,8 @@ impl Group {
                     };
                     // Closed meanwhile: dropping the channel disconnects it.
                     if matches!(self.vcs[from].conn, Conn::CmAccepting) {
-                        let (rx, tx) = c.channel.split();
-                        self.vcs[from].conn = Conn::Up(Up::new(rx, tx, None, None));
-                        self.handshakes -= 1;
+                        // Its rails next (`advance`, in this same pass).
+                        self.vcs[from].conn = self.cm_rails(c.channel);
                     }
                 }
                 Ok(Some(Accepted::Failed { hello, error })) => {
@@ -1570,15 +1577,63 @@ impl Group {
         }
     }
 
+    /// A connection through rdma_cm that just came up, its rails still to connect.
+    #[cfg(feature = "verbs")]
+    fn cm_rails(&self, channel: crate::engine::Channel<AnyFabric>) -> Conn {
+        Conn::CmRails(
+            Box::new(channel),
+            std::time::Instant::now() + self.cfg.connect_timeout(),
+        )
+    }
+
+    /// Steps the rails of connection `r` (in `Conn::CmRails`): up once both ends'
+    /// are. True if its state changed.
+    #[cfg(feature = "verbs")]
+    fn step_cm_rails(&mut self, r: usize) -> bool {
+        let Conn::CmRails(chan, deadline) = &mut self.vcs[r].conn else {
+            return false;
+        };
+        let next = match chan.poll_connect_rails() {
+            Ok(false) if std::time::Instant::now() < *deadline => return false,
+            Ok(false) => Conn::Failed(Error::from_conn(
+                &io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the peer's rails did not come up in time",
+                ),
+                &format!("connecting the rails of rank {r}"),
+            )),
+            Ok(true) => {
+                let Conn::CmRails(chan, _) = std::mem::replace(&mut self.vcs[r].conn, Conn::Idle)
+                else {
+                    unreachable!("matched above");
+                };
+                let (rx, tx) = chan.split();
+                Conn::Up(Up::new(rx, tx, None, None))
+            }
+            Err(e) => Conn::Failed(Error::from_conn(
+                &e,
+                &format!("connecting the rails of rank {r}"),
+            )),
+        };
+        self.vcs[r].conn = next;
+        self.handshakes -= 1;
+        true
+    }
+
     /// Advances the handshake of connection `r`, if its socket has news.
     fn advance(&mut self, r: usize) -> bool {
+        #[cfg(feature = "verbs")]
+        if matches!(self.vcs[r].conn, Conn::CmRails(..)) {
+            return self.step_cm_rails(r);
+        }
         #[cfg(feature = "verbs")]
         if let Conn::CmOutbound(c) = &mut self.vcs[r].conn {
             let next = match c.poll(std::time::Duration::ZERO) {
                 Ok(None) => return false,
                 Ok(Some(conn)) => {
-                    let (rx, tx) = conn.channel.split();
-                    Conn::Up(Up::new(rx, tx, None, None))
+                    self.vcs[r].conn = self.cm_rails(conn.channel);
+                    self.step_cm_rails(r);
+                    return true;
                 }
                 // Both started at once and the peer's attempt wins: it is on its way.
                 Err(e) if e.to_string().contains(LOST_RACE) => Conn::AwaitPeer,
@@ -1725,7 +1780,7 @@ impl Group {
             }
             // That rank is on another host for us: it cannot say HELLO on our socket.
             #[cfg(feature = "verbs")]
-            Conn::CmOutbound(_) | Conn::CmAccepting => {
+            Conn::CmOutbound(_) | Conn::CmAccepting | Conn::CmRails(..) => {
                 let _ = unix::send(
                     &s,
                     unix::TAG_CLOSED,

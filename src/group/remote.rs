@@ -56,10 +56,9 @@ impl Remote {
             },
             port,
         );
-        // Rails across hosts need `Channel::connect_rails` after the connection,
-        // which the group's step-by-step connections do not take yet: one rail.
-        let one_rail = cfg.clone().with_rails(Vec::new());
-        let listener = CmListener::bind(&bind, one_rail).map_err(|e| e.to_string())?;
+        // Rails asked for follow over rail 0 once a connection is up: the group
+        // steps them (`Channel::poll_connect_rails`) before it uses the connection.
+        let listener = CmListener::bind(&bind, cfg.clone()).map_err(|e| e.to_string())?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
         Ok(Remote {
             listener,
@@ -82,8 +81,7 @@ impl Remote {
         from: u32,
         to: u32,
     ) -> io::Result<Connector> {
-        // One rail, as the listener (see `listen`).
-        Connector::start(peer, &cfg.clone().with_rails(Vec::new()), &hello(from, to))
+        Connector::start(peer, cfg, &hello(from, to))
     }
 }
 

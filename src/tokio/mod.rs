@@ -554,6 +554,36 @@ mod tests {
         });
     }
 
+    /// With rails, a large write goes through the sender's relay slots; with all of
+    /// them unread it parks, and the peer's confirmation of a read wakes it (the
+    /// receiver wakes the named room waiter after each): 8 MiB, twice the slots,
+    /// arrive whole. A lost wake would leave the writer parked past the limit.
+    #[test]
+    fn a_write_parked_on_relay_slots_is_woken_by_the_peers_read() {
+        runtime().block_on(async {
+            let rails = crate::config::RailSpec::parse_list("@4g,@2g").unwrap();
+            let cfg = crate::Config::default().with_rails(rails);
+            let (a, b) = crate::RdmaStream::pair_with(cfg).unwrap();
+            let (mut a, mut b) = (AsyncStream::new(a).unwrap(), AsyncStream::new(b).unwrap());
+            let len = 8 << 20;
+            let data: Vec<u8> = (0..len).map(|i| (i % 241) as u8).collect();
+            let sent = data.clone();
+            let writer = ::tokio::spawn(async move {
+                a.write_all(&sent).await.unwrap();
+                a
+            });
+            let mut got = vec![0u8; len];
+            ::tokio::time::timeout(std::time::Duration::from_secs(60), b.read_exact(&mut got))
+                .await
+                .expect("the writer was woken each time a slot was read")
+                .unwrap();
+            let mut a = writer.await.unwrap();
+            assert!(got == data, "bytes differ");
+            let relayed = a.get_mut().channel().sender().relayed_bytes();
+            assert!(relayed >= 7 << 20, "{relayed} bytes relayed");
+        });
+    }
+
     /// A task parked on an empty stream is woken by the peer's write through its
     /// eventfd: the writer (a thread with the blocking stream) writes only once the
     /// request for the wake is out, and a task whose peer can wake it sets no timer,

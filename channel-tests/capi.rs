@@ -514,9 +514,8 @@ fn c_tests_across_hosts_under_hydra() {
     // back for the sender to push (verbs' default between hosts).
     let lend = [("RCH_ZCOPY_PRIVATE_THRESHOLD", "32k")];
     across("t_lend", "2", "1", &[], &lend, "lend ok");
-    // Two rails a connection: between the hosts the group connects them step by
-    // step over rail 0 (`Channel::poll_connect_rails`) before it uses the
-    // connection, and large transfers are read in stripes across both.
+    // Rails asked for: pairs on one host take them, pairs across hosts keep one
+    // rail (`group::remote`), and the job runs as without.
     let rails = [
         ("RCH_ZCOPY_PRIVATE_THRESHOLD", "64k"),
         ("RCH_RAILS", "2"),

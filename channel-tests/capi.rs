@@ -374,7 +374,9 @@ fn rails_through_configuration_only() {
         "@2g,domain@1g,@500m"
     };
     let with = [("RCH_RAILS", rails), ("RCH_STRIPE_MIN", "16k")];
-    external("t_large", 2, &[], &with, "large ok");
+    // t_large also checks that it read over all three rails (rch_get_rail_stats).
+    let counted = [with[0], with[1], ("T_LARGE_RAILS", "3")];
+    external("t_large", 2, &[], &counted, "large ok");
     let zc = [with[0], with[1], ("RCH_ZCOPY_PRIVATE_THRESHOLD", "32k")];
     external("t_lend", 2, &[], &zc, "lend ok");
 }
@@ -514,14 +516,18 @@ fn c_tests_across_hosts_under_hydra() {
     // back for the sender to push (verbs' default between hosts).
     let lend = [("RCH_ZCOPY_PRIVATE_THRESHOLD", "32k")];
     across("t_lend", "2", "1", &[], &lend, "lend ok");
-    // Rails asked for: pairs on one host take them, pairs across hosts keep one
-    // rail (`group::remote`), and the job runs as without.
+    // Rails asked for: every pair takes them, a pair across hosts stepping its
+    // second rail up over rail 0 (`Conn::CmRails`); t_large checks that each rank
+    // read over both (rch_get_rail_stats), with its pair on one host (-ppn 2) and
+    // across the two (-ppn 1).
     let rails = [
         ("RCH_ZCOPY_PRIVATE_THRESHOLD", "64k"),
         ("RCH_RAILS", "2"),
         ("RCH_STRIPE_MIN", "16k"),
+        ("T_LARGE_RAILS", "2"),
     ];
     across("t_large", &n4, "2", &[], &rails, "large ok");
+    across("t_large", "2", "1", &[], &rails, "large ok");
     across("t_alltoall", &n4, "2", &["2"], &rails, "alltoall ok");
 }
 

@@ -451,19 +451,31 @@ fn copying_puts_of_large_messages_are_striped_through_relay_slots() {
             writer.join().unwrap()
         });
         let w = b.channel().receiver().stripe_weights().to_vec();
+        let per_rail = b.channel().receiver().rail_read_bytes().to_vec();
         if !with_rails {
             assert_eq!(relayed, 0, "one rail: the ring carries everything");
+            assert_eq!(per_rail, [0], "one rail: nothing read");
             continue;
         }
         assert!(
             relayed as f64 > 0.9 * total as f64,
             "{relayed} of {total} bytes relayed"
         );
+        // The relayed bytes were read over one rail or the other (a step below
+        // the stripe size may be pushed instead, where the fabric pushes).
+        assert_eq!(per_rail.len(), 2);
+        let read: u64 = per_rail.iter().sum();
+        assert!(
+            read <= relayed && read as f64 > 0.5 * relayed as f64,
+            "read per rail {per_rail:?} of {relayed} relayed"
+        );
+        assert!(per_rail[1] > 0, "read per rail {per_rail:?}");
         if !on_verbs() {
             assert!(
                 w[0] > 0.65 && w[0] < 0.95,
                 "adaptive weights {w:?}, best 0.8:0.2"
             );
+            assert!(per_rail[0] > 2 * per_rail[1], "read per rail {per_rail:?}");
         }
     }
 }

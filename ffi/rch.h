@@ -123,7 +123,7 @@ extern "C" {
 
 /* Version of this interface. */
 #define RCH_VERSION_MAJOR 1
-#define RCH_VERSION_MINOR 13
+#define RCH_VERSION_MINOR 14
 
 /* The header's inline helpers (the lanes): inlined into the caller's loop even where
  * the compiler judges that loop too large (a call costs such a helper a third of its
@@ -803,6 +803,27 @@ typedef struct rch_watch_stats {
 
 /* Fills *stats. Errors: RCH_ERR_NULL, RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
 int rch_get_watch_stats(rch_watch_stats *stats);
+
+/* Most rails a connection may have (RCH_RAILS). */
+#define RCH_MAX_RAILS 8
+
+/* Where the zero-copy reads of this process's connections went, rail by rail
+ * (RCH_RAILS), over the connections up now: for an operator checking that every
+ * rail carries its share. Since interface 1.14. */
+typedef struct rch_rail_stats {
+    /* Connections up with more than one rail. */
+    int connections;
+    /* Rails of the connection with the most (1 without RCH_RAILS; 0 with no
+     * connection up). */
+    int rails;
+    /* Bytes this process RDMA-read over rail i (rail 0 carries the ring), counted
+     * as the reads are posted; 0 past `rails`. Bytes a peer pushed into a lent
+     * buffer and bytes through the ring are not counted. */
+    unsigned long long read_bytes[RCH_MAX_RAILS];
+} rch_rail_stats;
+
+/* Fills *stats. Errors: RCH_ERR_NULL, RCH_ERR_NOT_INITIALIZED, RCH_ERR_FINALIZED. */
+int rch_get_rail_stats(rch_rail_stats *stats);
 
 /* The busy polls rch_wait makes in this process before it yields or sleeps (its
  * wait policy: RCH_SPIN, lowered to 0 when the group's ranks on this host outnumber

@@ -175,6 +175,8 @@ pub struct Receiver<F: Fabric> {
     /// The rails' weights, where the connection has more than one rail: zero-copy
     /// steps of at least `Config::stripe_min` bytes are read in stripes across them.
     pub(crate) striper: Option<Striper>,
+    /// Bytes RDMA-read over each rail so far (rail 0 first).
+    pub(crate) rail_read: [u64; MAX_RAILS],
 }
 
 /// What [`Receiver::peek`] found at the head of the stream.
@@ -294,6 +296,7 @@ impl<F: Fabric> Receiver<F> {
             meter: (link.zc_adaptive_min != usize::MAX).then(PathMeter::default),
             striper: (!link.rails().is_empty())
                 .then(|| Striper::new(link.cfg.stripe_policy(), 1 + link.rails().len())),
+            rail_read: [0; MAX_RAILS],
             ring,
             retired_rings: Vec::new(),
             backoff_pauses: link.cfg.stream_backoff(),
@@ -914,6 +917,29 @@ impl<F: Fabric> Receiver<F> {
             Some(s) => s.weights(),
             None => &[1.0],
         }
+    }
+
+    /// Bytes this end has RDMA-read over each of the connection's rails (rail 0
+    /// first; one entry per rail), counted as the reads are posted: with several
+    /// rails, where a connection's zero-copy bytes went. Bytes the peer pushed into
+    /// a lent buffer and bytes of the ring are not in it.
+    ///
+    /// ```
+    /// use std::io::{IoSlice, IoSliceMut};
+    /// let (mut a, mut b) = rdma_channel::RdmaStream::pair()?;
+    /// let big = a.alloc_mem(256 << 10)?;
+    /// // SAFETY: `big` stays untouched until put_nocopy counts it.
+    /// unsafe { a.channel().sender().put_nocopy(&[IoSlice::new(&big)]) }?;
+    /// let mut out = vec![1u8; 256 << 10];
+    /// let mut got = 0;
+    /// while got < out.len() {
+    ///     got += b.channel().receiver().get(&mut [IoSliceMut::new(&mut out[got..])])?;
+    /// }
+    /// assert_eq!(b.channel().receiver().rail_read_bytes(), &[256 << 10]);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn rail_read_bytes(&self) -> &[u64] {
+        &self.rail_read[..1 + self.link.rails().len()]
     }
 
     /// Waits for lend `number` to land.

@@ -42,8 +42,8 @@ use error::{report, Error};
 use exchange::Callbacks;
 use state::{lock, Phase};
 use sys::{
-    iovec, rch_exchange, rch_lane, rch_send_lane, rch_stats, rch_status, rch_vc, rch_watch,
-    rch_watch_stats, size_t,
+    iovec, rch_exchange, rch_lane, rch_rail_stats, rch_send_lane, rch_stats, rch_status, rch_vc,
+    rch_watch, rch_watch_stats, size_t,
 };
 
 /// Most iovec entries per data call (`RCH_IOV_MAX`).
@@ -1141,6 +1141,26 @@ pub unsafe extern "C" fn rch_get_watch_stats(stats: *mut rch_watch_stats) -> c_i
     }
 }
 
+/// See `rch_get_rail_stats` in `ffi/rch.h`.
+///
+/// # Safety
+///
+/// `stats` is NULL or valid for writing an `rch_rail_stats`.
+#[no_mangle]
+pub unsafe extern "C" fn rch_get_rail_stats(stats: *mut rch_rail_stats) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        write_stats(stats, "stats", |g| {
+            let r = g.rail_stats();
+            rch_rail_stats {
+                connections: r.connections as c_int,
+                rails: r.rails as c_int,
+                read_bytes: r.read_bytes,
+            }
+        })
+    }
+}
+
 /// The calls that read a figure of the group (rch_get_*stats, rch_wait_spins):
 /// `RCH_ERR_NULL` naming `what` for a NULL `dst`, else writes what `read` makes of
 /// the group into it.
@@ -1204,6 +1224,7 @@ same_signature!(
     rch_vc_close,
     rch_get_stats,
     rch_get_watch_stats,
+    rch_get_rail_stats,
     rch_wait_spins,
     rch_strerror,
     rch_last_error,

@@ -72,6 +72,13 @@ const_assert_eq!(offset_of!(rch_watch_stats, found_by_bell), 24);
 const_assert_eq!(offset_of!(rch_watch_stats, found_in_turn), 32);
 const_assert_eq!(size_of::<rch_watch_stats>(), 40);
 
+// rch_rail_stats: two ints, then RCH_MAX_RAILS unsigned long longs, one a rail.
+const_assert_eq!(RCH_MAX_RAILS as usize, crate::config::MAX_RAILS);
+const_assert_eq!(offset_of!(rch_rail_stats, connections), 0);
+const_assert_eq!(offset_of!(rch_rail_stats, rails), 4);
+const_assert_eq!(offset_of!(rch_rail_stats, read_bytes), 8);
+const_assert_eq!(size_of::<rch_rail_stats>(), 8 + 8 * RCH_MAX_RAILS as usize);
+
 // rch_watch: RCH_WATCH_WORDS pointers, as many unsigned 64-bit values, two ints.
 const W: usize = RCH_WATCH_WORDS as usize;
 const_assert_eq!(offset_of!(rch_watch, word), 0);

@@ -71,6 +71,18 @@ pub(crate) struct WatchStats {
     pub(crate) found_in_turn: u64,
 }
 
+/// Where the zero-copy reads of the connections up went, rail by rail
+/// (rch_get_rail_stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RailStats {
+    /// Connections up with more than one rail.
+    pub(crate) connections: usize,
+    /// Rails of the connection with the most.
+    pub(crate) rails: usize,
+    /// Bytes read over each rail.
+    pub(crate) read_bytes: [u64; crate::config::MAX_RAILS],
+}
+
 /// A connection that is up: our sending and receiving halves.
 struct Up {
     // Fields drop in order: the receiver first, so that the peer sees "stopped
@@ -1914,6 +1926,24 @@ impl Group {
             found_by_bell: self.watch.found_by_bell,
             found_in_turn: self.watch.found_in_turn,
         }
+    }
+
+    /// rch_get_rail_stats, over the connections up now.
+    pub(crate) fn rail_stats(&self) -> RailStats {
+        let mut s = RailStats::default();
+        for vc in &self.vcs {
+            if let Conn::Up(u) = &vc.conn {
+                let bytes = u.rx.rail_read_bytes();
+                if bytes.len() > 1 {
+                    s.connections += 1;
+                }
+                s.rails = s.rails.max(bytes.len());
+                for (sum, b) in s.read_bytes.iter_mut().zip(bytes) {
+                    *sum += b;
+                }
+            }
+        }
+        s
     }
 
     /// rch_get_stats: connections up, handshakes, and the memory registered for

@@ -56,12 +56,9 @@ impl Remote {
             },
             port,
         );
-        // One rail across hosts for now. The group can step a connection's rails up
-        // over rail 0 (`Conn::CmRails`, `Channel::poll_connect_rails`), and small jobs
-        // run so, but MPICH's probe_unexp (4 ranks over two Soft-RoCE VMs) hung with
-        // `RCH_RAILS=2` where it takes 41 s with one rail: not found yet
-        // (bench/notebook/2026-12.md).
-        let listener = CmListener::bind(&bind, one_rail(cfg)).map_err(|e| e.to_string())?;
+        // Every rail of `cfg`: a connection comes up over rail 0 and the group steps
+        // its other rails up before any data moves (`Conn::CmRails`).
+        let listener = CmListener::bind(&bind, cfg.clone()).map_err(|e| e.to_string())?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
         Ok(Remote {
             listener,
@@ -84,14 +81,8 @@ impl Remote {
         from: u32,
         to: u32,
     ) -> io::Result<Connector> {
-        // One rail, as the listener (see `open`).
-        Connector::start(peer, &one_rail(cfg), &hello(from, to))
+        Connector::start(peer, cfg, &hello(from, to))
     }
-}
-
-/// `cfg` with one rail (see [`Remote::open`]).
-fn one_rail(cfg: &Config) -> Config {
-    cfg.clone().with_rails(Vec::new())
 }
 
 /// The address and port to publish (port 0: any).

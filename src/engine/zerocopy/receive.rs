@@ -320,6 +320,7 @@ impl<F: Fabric> Receiver<F> {
                 link.rcache.release(h);
                 return Err(e);
             }
+            self.rail_read[rail] += bytes as u64;
             cursor = advance(&self.zc_segs, cursor, bytes as u64);
             at += bytes;
         }

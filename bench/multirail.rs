@@ -903,25 +903,26 @@ mod cluster {
             } else {
                 let ml = RdmaListener::bind_with(main_addr.as_str(), main_cfg)?;
                 let rl = RdmaListener::bind_with(rival_addr.as_str(), rival_cfg)?;
-                // The rival's bytes, and when its last data came, its end of stream
-                // came, and its drop returned.
-                let rival = thread::spawn(move || -> std::io::Result<(u64, [Instant; 3])> {
+                // The rival's bytes, and when its first and last data came, its end
+                // of stream came, and its drop returned.
+                let rival = thread::spawn(move || -> std::io::Result<(u64, [Instant; 4])> {
                     let mut r = rl.accept()?;
                     let mut buf = vec![0u8; 1 << 20];
                     let mut got = 0u64;
-                    let mut last = Instant::now();
+                    let (mut first, mut last) = (None, Instant::now());
                     loop {
                         match std::io::Read::read(&mut r, &mut buf) {
                             Ok(0) | Err(_) => break,
                             Ok(n) => {
                                 got += n as u64;
                                 last = Instant::now();
+                                first.get_or_insert(last);
                             }
                         }
                     }
                     let eof = Instant::now();
                     drop(r);
-                    Ok((got, [last, eof, Instant::now()]))
+                    Ok((got, [first.unwrap_or(last), last, eof, Instant::now()]))
                 });
                 let mut m = ml.accept()?;
                 let t0 = Instant::now();
@@ -943,11 +944,12 @@ mod cluster {
                 let (rival_bytes, ends) = rival.join().expect("rival")?;
                 let at = |i: Instant| i.saturating_duration_since(t0).as_secs_f64();
                 println!(
-                    "\nthe competing connection's last data came at {:.2} s, its end of stream at \
-                     {:.2} s, its receiving end was dropped by {:.2} s",
+                    "\nthe competing connection's first data came at {:.2} s, its last at {:.2} s, \
+                     its end of stream at {:.2} s, its receiving end was dropped by {:.2} s",
                     at(ends[0]),
                     at(ends[1]),
-                    at(ends[2])
+                    at(ends[2]),
+                    at(ends[3])
                 );
                 println!(
                     "\ntrace between the VMs, adaptive striping: 1 MiB messages over rxe0 and rxe1; a \
@@ -964,8 +966,8 @@ mod cluster {
                 if let Some(path) = &a.svg {
                     let series = vec![("adaptive".to_string(), rows)];
                     let caption = format!(
-                        "Multirail between two Soft-RoCE VMs (rxe0 and rxe1 links, tc-limited); competing flow on rxe1's link from {:.0} s, stopped at {:.0} s, its last data at {:.1} s",
-                        a.compete_from, a.compete_to, at(ends[0])
+                        "Multirail between two Soft-RoCE VMs (rxe0 and rxe1 links, tc-limited); competing flow on rxe1's link started at {:.0} s (first data {:.1} s), stopped at {:.0} s (last data {:.1} s)",
+                        a.compete_from, at(ends[0]), a.compete_to, at(ends[1])
                     );
                     plot(path, &caption, a.trace_secs, &series)
                         .map_err(|e| std::io::Error::other(e.to_string()))?;

@@ -527,3 +527,64 @@ fn a_dropped_sender_lets_the_peer_read_what_it_relayed() {
         t0.elapsed()
     );
 }
+
+/// `poll_released` answers for the caller's lends: a relayed transfer (a copying
+/// put's, with rails) ahead of a lend, once read, releases nothing of the caller's,
+/// so the look stays false until the lend itself is read.
+#[test]
+fn a_relayed_transfer_read_ahead_of_a_lend_does_not_report_the_lend_released() {
+    let spec = if on_verbs() { "2" } else { "@2g,@1g" };
+    let cfg = Config::default()
+        .with_rails(rails(spec))
+        .with_stripe_min(16 << 10);
+    let (mut a, mut b) = RdmaStream::pair_with(cfg).unwrap();
+    let lent = a.alloc_mem(256 << 10).unwrap();
+    let copied = vec![7u8; 64 << 10];
+    assert_eq!(
+        a.put(&[std::io::IoSlice::new(&copied)]).unwrap(),
+        copied.len()
+    );
+    assert_eq!(a.channel().sender().relayed_bytes(), 64 << 10);
+    // SAFETY: `lent` stays untouched until the lend is released; the streams are
+    // dropped before it.
+    let lending = unsafe {
+        a.channel()
+            .sender()
+            .put_lending(&[std::io::IoSlice::new(&lent)])
+    }
+    .unwrap();
+    assert_eq!(lending.bytes, 256 << 10);
+    assert_eq!(
+        a.channel().sender().lends_in_flight(),
+        1,
+        "lent, not copied"
+    );
+
+    // The relayed bytes alone: the relay transfer is confirmed, the lend is not.
+    let mut out = vec![0u8; 64 << 10];
+    b.read_exact(&mut out).unwrap();
+    assert!(out.iter().all(|&x| x == 7));
+    let until = std::time::Instant::now() + Duration::from_millis(200);
+    while std::time::Instant::now() < until {
+        assert!(
+            !a.channel().sender().poll_released().unwrap(),
+            "the lend reported released before it was read"
+        );
+    }
+
+    let mut rest = vec![1u8; 256 << 10];
+    b.read_exact(&mut rest).unwrap();
+    assert!(rest.iter().all(|&x| x == 0));
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while !a.channel().sender().poll_released().unwrap() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the lend was never released"
+        );
+        std::thread::yield_now();
+    }
+    assert!(a.channel().sender().lends_released().unwrap() >= lending.ticket);
+    drop(b);
+    drop(a);
+    drop(lent);
+}

@@ -569,7 +569,18 @@ impl<F: Fabric> Sender<F> {
         if self.lends_in_flight() == 0 {
             return Ok(false);
         }
-        let id = self.in_flight.front().map_or(0, |p| p.id);
+        // The oldest lend's confirmation: a relay transfer ahead of it (a copying
+        // put's) releases nothing of the caller's.
+        let held = self.held_id();
+        let relay = &self.relay;
+        let Some(id) = self
+            .in_flight
+            .iter()
+            .map(|p| p.id)
+            .find(|&id| Some(id) != held && !relay.holds(id))
+        else {
+            return Ok(false);
+        };
         self.zc_confirmed(id)
     }
 

@@ -66,6 +66,11 @@ impl<F: Fabric> Relay<F> {
         self.busy.back().map(|&(id, _)| id)
     }
 
+    /// True when transfer `id` is one of the relay's.
+    pub(crate) fn holds(&self, id: u64) -> bool {
+        self.busy.iter().any(|&(i, _)| i == id)
+    }
+
     /// True when a slot is free or can still be made.
     pub(crate) fn has_room(&self) -> bool {
         !self.free.is_empty() || self.slots.len() < RELAY_SLOTS

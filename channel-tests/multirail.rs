@@ -8,6 +8,7 @@
 mod common;
 
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -290,21 +291,50 @@ fn a_competing_flow_on_a_shared_link_moves_the_weights_and_they_come_back() {
     let alone = stream_through(&mut a, &mut b, 24, 1 << 20)[0];
     let rival = Config::default().with_rails(rails("@100m/mr-test-b"));
     let (mut ra, mut rb) = RdmaStream::pair_with(rival).unwrap();
-    let stop = std::sync::atomic::AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
+    // The rival's bytes read so far: a window in which it moved little (its threads
+    // starved by the host's other work) says nothing about a shared link, so the
+    // loaded weight is taken from a window in which it really streamed.
+    let rival_got = AtomicU64::new(0);
     let loaded = std::thread::scope(|s| {
         s.spawn(|| {
             let msg = vec![1u8; 1 << 20];
             let mut buf = vec![0u8; 1 << 20];
-            let reader = s.spawn(move || while rb.read_exact(&mut buf).is_ok() {});
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let got = &rival_got;
+            let reader = s.spawn(move || {
+                while rb.read_exact(&mut buf).is_ok() {
+                    got.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                }
+            });
+            while !stop.load(Ordering::Relaxed) {
                 ra.write_all(&msg).unwrap();
             }
             drop(ra);
             reader.join().unwrap();
         });
-        std::thread::sleep(Duration::from_millis(100));
-        let w = stream_through(&mut a, &mut b, 40, 1 << 20)[0];
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        while rival_got.load(Ordering::Relaxed) < 2 << 20 {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the rival never streamed"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut windows = Vec::new();
+        let w = loop {
+            let before = rival_got.load(Ordering::Relaxed);
+            let w = stream_through(&mut a, &mut b, 40, 1 << 20)[0];
+            let moved = rival_got.load(Ordering::Relaxed) - before;
+            windows.push((w, moved));
+            if moved >= 4 << 20 {
+                break w;
+            }
+            assert!(
+                windows.len() < 5,
+                "the rival hardly streamed: (weight, its bytes) {windows:?}"
+            );
+        };
+        stop.store(true, Ordering::Relaxed);
         w
     });
     let after = stream_through(&mut a, &mut b, 40, 1 << 20)[0];

@@ -477,7 +477,9 @@ fn alltoall_and_pingpong_under_hydra() {
 /// `RCH_TEST_HYDRA_HOSTS` names the hosts (`scripts/softroce-cluster-test` sets it
 /// to the two Soft-RoCE VMs, with Hydra's launcher variables): two ranks per host,
 /// so pairs on one host use shared memory and the others rdma_cm and verbs; the
-/// ping-pong and the lent sends (`t_lend`) with one rank on each host. (A rank's death is tested across hosts by
+/// ping-pong and the lent sends (`t_lend`) with one rank on each host; large messages
+/// over two rails, on one device and, where the hosts have a second device
+/// (`SOFTROCE_IBDEV2`), on two. (A rank's death is tested across hosts by
 /// the inet suite: Hydra itself ends a job whose rank exits without finalizing.)
 /// Skipped otherwise.
 #[test]
@@ -528,6 +530,16 @@ fn c_tests_across_hosts_under_hydra() {
     ];
     across("t_large", &n4, "2", &[], &rails, "large ok");
     across("t_large", "2", "1", &[], &rails, "large ok");
+    // A dual-rail cluster: rail 1 on each host's second device, on a link of its
+    // own (`scripts/softroce-cluster --two-links` names it in SOFTROCE_IBDEV2).
+    if let Some(dev2) = std::env::var("SOFTROCE_IBDEV2")
+        .ok()
+        .filter(|d| !d.trim().is_empty())
+    {
+        let spec = format!(",{}", dev2.trim());
+        let two_devices = [rails[0], ("RCH_RAILS", spec.as_str()), rails[2], rails[3]];
+        across("t_large", "2", "1", &[], &two_devices, "large ok");
+    }
     across("t_alltoall", &n4, "2", &["2"], &rails, "alltoall ok");
 }
 

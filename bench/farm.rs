@@ -15,6 +15,11 @@
 //! Prints "farm SIZE MB/s" lines (task bytes over the time from the first task sent
 //! to the last result taken, at most 100,000 tasks a size); every result is
 //! checked against the sum the master expects. Asserts nothing about speed.
+//!
+//! The emitter batches its tasks (`Scatter::send_more`, flushed when a size's
+//! tasks are out) and each worker its results (`Messages::send_more`, flushed when
+//! no task is waiting), as a runtime's producers would; `RCH_BENCH_BATCH=0` sends
+//! one put a message.
 
 use std::io::{self, Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -73,9 +78,21 @@ fn worker() -> io::Result<()> {
     let mut tasks = open(TASKS_TAG)?;
     let mut results = open(RESULTS_TAG)?;
     let mut t = Vec::new();
-    while tasks.recv(&mut t)? {
+    let batch = seed004::batching();
+    loop {
+        // The results batched so far go before this worker waits for a task.
+        if batch && !tasks.ready()? {
+            results.flush()?;
+        }
+        if !tasks.recv(&mut t)? {
+            break;
+        }
         let sum: u64 = t.iter().map(|&b| u64::from(b)).sum();
-        results.send(&sum.to_le_bytes())?;
+        if batch {
+            results.send_more(&sum.to_le_bytes())?;
+        } else {
+            results.send(&sum.to_le_bytes())?;
+        }
     }
     results.close()
 }
@@ -151,10 +168,16 @@ fn main() -> io::Result<()> {
                 break;
             }
             let mut task = vec![0u8; s];
+            let batch = seed004::batching();
             for k in 0..n {
                 fill(&mut task, k);
-                scatter.send(&task)?;
+                if batch {
+                    scatter.send_more(&task)?;
+                } else {
+                    scatter.send(&task)?;
+                }
             }
+            scatter.flush()?;
         }
         scatter.close()
     });

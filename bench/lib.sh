@@ -128,12 +128,14 @@ table_head() {
 }
 
 # runtime_row VALUE_FN PATTERN SIZE: a row of bench/runtime.sh's (and
-# runtime-cluster.sh's) tables: rdma-channel, ZeroMQ/TCP, TCP (VALUE_FN SYS PATTERN
+# runtime-cluster.sh's) tables: rdma-channel (batching where the sender knows more
+# follow), rdma-channel with a put a message (rch1), ZeroMQ/TCP, TCP (VALUE_FN SYS PATTERN
 # SIZE prints a median) and ours over the better of the two (lower is better for
 # the ping-pong's latency, higher for the rest).
 runtime_row() {
-    local r z t best
+    local r r1 z t best
     r=$("$1" rch "$2" "$3")
+    r1=$("$1" rch1 "$2" "$3")
     z=$("$1" zmq "$2" "$3")
     t=$("$1" tcp "$2" "$3")
     if [ "$2" = pingpong ]; then
@@ -141,7 +143,7 @@ runtime_row() {
     else
         best=$(printf '%s\n%s\n' "$z" "$t" | grep -E '^[0-9.]+$' | sort -g | tail -1)
     fi
-    echo "| $3 | ${r:--} | ${z:--} | ${t:--} | $(ratio "${r:-0}" "${best:-0}") |"
+    echo "| $3 | ${r:--} | ${r1:--} | ${z:--} | ${t:--} | $(ratio "${r:-0}" "${best:-0}") |"
 }
 
 # ---------------------------------------------- the Soft-RoCE benches' report

@@ -33,27 +33,29 @@ if [ "${1:-}" = --in-vm ]; then
   vm0=${hosts[0]} vm1=${hosts[1]}
   workers=2
   port=19000
-  systems=(rch zmq tcp)
+  systems=(rch rch1 zmq tcp)
   tmp=$(mktemp -d)
   for r in $(seq "$rounds"); do
     order=()
-    for k in 0 1 2; do order+=("${systems[$(( (k + r) % 3 ))]}"); done
+    for k in 0 1 2 3; do order+=("${systems[$(( (k + r) % 4 ))]}"); done
     for pattern in peers farm; do
       for sys in "${order[@]}"; do
         port=$((port + 10))
         tag=$pattern.$sys.$r
-        case "$pattern/$sys" in
+        batch=1
+        [ "$sys" = rch1 ] && batch=0
+        case "$pattern/${sys%1}" in
           # ping-pong and stream: VM 1 serves, VM 0 measures
           peers/rch)
-            there="env RCH_IB_TIMEOUT=$RCH_IB_TIMEOUT RCH_BENCH_LISTEN=$vm1:$port $rt $sizes $iters $bytes"
-            here=(env RCH_BENCH_CONNECT="$vm1:$port" "$rt" "$sizes" "$iters" "$bytes") ;;
+            there="env RCH_IB_TIMEOUT=$RCH_IB_TIMEOUT RCH_BENCH_BATCH=$batch RCH_BENCH_LISTEN=$vm1:$port $rt $sizes $iters $bytes"
+            here=(env RCH_BENCH_BATCH=$batch RCH_BENCH_CONNECT="$vm1:$port" "$rt" "$sizes" "$iters" "$bytes") ;;
           peers/*)
             there="env MSG_ROLE=server MSG_HOST=$vm1 $peers $sys $port $sizes $iters $bytes"
             here=(env MSG_ROLE=client MSG_HOST="$vm1" "$peers" "$sys" "$port" "$sizes" "$iters" "$bytes") ;;
           # the farm: VM 0's master listens, VM 1's workers connect
           farm/rch)
-            there="env RCH_IB_TIMEOUT=$RCH_IB_TIMEOUT RCH_BENCH_CONNECT=$vm0:$port $farm $sizes $bytes $workers $min_tasks"
-            here=(env RCH_BENCH_LISTEN="$vm0:$port" "$farm" "$sizes" "$bytes" "$workers" "$min_tasks") ;;
+            there="env RCH_IB_TIMEOUT=$RCH_IB_TIMEOUT RCH_BENCH_BATCH=$batch RCH_BENCH_CONNECT=$vm0:$port $farm $sizes $bytes $workers $min_tasks"
+            here=(env RCH_BENCH_BATCH=$batch RCH_BENCH_LISTEN="$vm0:$port" "$farm" "$sizes" "$bytes" "$workers" "$min_tasks") ;;
           farm/*)
             there="env MSG_ROLE=workers MSG_HOST=$vm0 $mfarm $sys $port $sizes $bytes $workers $min_tasks"
             here=(env MSG_ROLE=master MSG_HOST="$vm0" "$mfarm" "$sys" "$port" "$sizes" "$bytes" "$workers" "$min_tasks") ;;
@@ -137,8 +139,8 @@ value() {
   done | median
 }
 
-systems=(rch zmq tcp)
-declare -A label=([rch]="rdma-channel" [zmq]="ZeroMQ/TCP" [tcp]="TCP")
+systems=(rch rch1 zmq tcp)
+declare -A label=([rch]="rdma-channel" [rch1]="rdma-channel, a put a message" [zmq]="ZeroMQ/TCP" [tcp]="TCP")
 echo
 echo "runtime across two Soft-RoCE VMs: $rounds round(s), $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD), host load $load0-$load1, medians"
 for pattern in pingpong stream farm; do
@@ -153,5 +155,7 @@ for pattern in pingpong stream farm; do
 done
 echo
 echo "(rdma-channel: patterns::Messages on RdmaStream over verbs (rxe, rdma_cm), default"
-echo " settings; ZeroMQ: libzmq's PAIR / PUSH-PULL over TCP; TCP: 4-byte-framed messages,"
+echo " settings, senders batching with send_more where they know more follow (the stream's"
+echo " sender, the farm's emitter and workers); 'a put a message': RCH_BENCH_BATCH=0;"
+echo " ZeroMQ: libzmq's PAIR / PUSH-PULL over TCP; TCP: 4-byte-framed messages,"
 echo " TCP_NODELAY. Both VMs TCG, 1 vCPU each, on one 2-core host; RCH_IB_TIMEOUT=${RCH_IB_TIMEOUT:-18}.)"

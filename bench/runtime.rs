@@ -9,7 +9,8 @@
 //! ```
 //!
 //! `pingpong`: a message to the peer and the same size back (Table II), one-way us;
-//! `stream`: messages sent continuously one way, then a 1-byte answer (Table I), MB/s.
+//! `stream`: messages sent continuously one way, then a 1-byte answer (Table I), MB/s;
+//! the sender batches them (`Messages::send_more`) unless `RCH_BENCH_BATCH=0`.
 //! The parent (CPU 0) is the client, a child (CPU 1) the server, connected on a Unix
 //! socket in a scratch folder. Across hosts (`bench/runtime-cluster.sh`) each host
 //! runs one side: `RCH_BENCH_LISTEN=ip:port` the server, `RCH_BENCH_CONNECT=ip:port`
@@ -87,10 +88,16 @@ fn client(o: &Opts, m: &mut Messages) -> io::Result<()> {
         let us = t0.elapsed().as_secs_f64() * 1e6;
         println!("pingpong {s} {:.3}", us / o.iters as f64 / 2.0);
         let count = stream_count(o, s);
+        let batch = seed004::batching();
         let t0 = Instant::now();
         for _ in 0..count {
-            m.send(&msg)?;
+            if batch {
+                m.send_more(&msg)?;
+            } else {
+                m.send(&msg)?;
+            }
         }
+        // A batching sender's last batch goes before this waits.
         m.recv(&mut buf)?;
         let us = t0.elapsed().as_secs_f64() * 1e6;
         println!("stream {s} {:.1}", (s as u64 * count) as f64 / us);

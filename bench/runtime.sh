@@ -38,13 +38,15 @@ workers=2
 iters=2000
 bytes=$((64 << 20))
 
-systems=(rch zmq tcp)
-declare -A label=([rch]="rdma-channel" [zmq]="ZeroMQ/TCP" [tcp]="TCP")
+systems=(rch rch1 zmq tcp)
+declare -A label=([rch]="rdma-channel" [rch1]="rdma-channel, a put a message" [zmq]="ZeroMQ/TCP" [tcp]="TCP")
 run() {
     # A fresh port each run (run is called in a subshell: nothing carries over).
     local port=$((20000 + RANDOM % 20000))
     case "$1" in
         rch) "$rt" "$sizes" "$iters" "$bytes" && "$farm" "$sizes" "$bytes" "$workers" ;;
+        rch1) export RCH_BENCH_BATCH=0
+            "$rt" "$sizes" "$iters" "$bytes" && "$farm" "$sizes" "$bytes" "$workers" ;;
         zmq) "$work/msg_peers" zmq "$port" "$sizes" "$iters" "$bytes" &&
             "$work/msg_farm" zmq "$((port + 5000))" "$sizes" "$bytes" "$workers" ;;
         tcp) "$work/msg_peers" tcp "$port" "$sizes" "$iters" "$bytes" &&

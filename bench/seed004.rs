@@ -26,6 +26,13 @@ pub fn sizes(arg: Option<&String>) -> Vec<usize> {
         .unwrap_or_else(|| TABLE_SIZES.to_vec())
 }
 
+/// `RCH_BENCH_BATCH`: whether senders that know more messages follow say so
+/// (`Messages::send_more`, `Scatter::send_more`), as a runtime's producer does;
+/// on unless it is `0` (then one put a message).
+pub fn batching() -> bool {
+    std::env::var("RCH_BENCH_BATCH").map_or(true, |v| v != "0")
+}
+
 /// `RCH_BENCH_LISTEN`: across hosts, the address this side listens at (it plays
 /// one role only; the other host's side connects).
 pub fn listen_address() -> Option<String> {

@@ -17,6 +17,8 @@
 # environment: RCH_BENCH_ROUNDS (3), RCH_BENCH_SIZES (Table I: 10,...,400000),
 #   RCH_BENCH_ITERS (ping-pong round trips a size, 200), RCH_BENCH_BYTES (stream and
 #   farm bytes a size, 2 MiB), RCH_BENCH_MIN_TASKS (fewest farm tasks a size, 20),
+#   RCH_BENCH_ALT='LABEL:VAR=VALUE ...' (the second rdma-channel column, run with
+#   those variables on both VMs; default 'a put a message:RCH_BENCH_BATCH=0'),
 #   RCH_VM_* (scripts/softroce-vm), SOFTROCE_BENCH_LOG=FILE keeps VM 0's raw output.
 # The VMs are TCG guests of one CPU each on this 2-core host: absolute figures are the
 # emulation's, the ratios are the point. Each step is bounded (300 s). It is a
@@ -29,6 +31,7 @@ set -euo pipefail
 if [ "${1:-}" = --in-vm ]; then
   set +e
   rounds=$2 rt=$3 farm=$4 peers=$5 mfarm=$6 sizes=$7 iters=$8 bytes=$9 min_tasks=${10}
+  alt_env=${11}
   read -r -a hosts <<<"$SOFTROCE_HOSTS"
   vm0=${hosts[0]} vm1=${hosts[1]}
   workers=2
@@ -42,20 +45,23 @@ if [ "${1:-}" = --in-vm ]; then
       for sys in "${order[@]}"; do
         port=$((port + 10))
         tag=$pattern.$sys.$r
-        batch=1
-        [ "$sys" = rch1 ] && batch=0
+        # The second rdma-channel column: the same programs with RCH_BENCH_ALT's
+        # variables (after the defaults, so that they override them).
+        extra="RCH_BENCH_BATCH=1"
+        [ "$sys" = rch1 ] && extra="$extra $alt_env"
+        read -r -a extra_arr <<<"$extra"
         case "$pattern/${sys%1}" in
           # ping-pong and stream: VM 1 serves, VM 0 measures
           peers/rch)
-            there="env RCH_IB_TIMEOUT=$RCH_IB_TIMEOUT RCH_BENCH_BATCH=$batch RCH_BENCH_LISTEN=$vm1:$port $rt $sizes $iters $bytes"
-            here=(env RCH_BENCH_BATCH=$batch RCH_BENCH_CONNECT="$vm1:$port" "$rt" "$sizes" "$iters" "$bytes") ;;
+            there="env RCH_IB_TIMEOUT=$RCH_IB_TIMEOUT $extra RCH_BENCH_LISTEN=$vm1:$port $rt $sizes $iters $bytes"
+            here=(env "${extra_arr[@]}" RCH_BENCH_CONNECT="$vm1:$port" "$rt" "$sizes" "$iters" "$bytes") ;;
           peers/*)
             there="env MSG_ROLE=server MSG_HOST=$vm1 $peers $sys $port $sizes $iters $bytes"
             here=(env MSG_ROLE=client MSG_HOST="$vm1" "$peers" "$sys" "$port" "$sizes" "$iters" "$bytes") ;;
           # the farm: VM 0's master listens, VM 1's workers connect
           farm/rch)
-            there="env RCH_IB_TIMEOUT=$RCH_IB_TIMEOUT RCH_BENCH_BATCH=$batch RCH_BENCH_CONNECT=$vm0:$port $farm $sizes $bytes $workers $min_tasks"
-            here=(env RCH_BENCH_BATCH=$batch RCH_BENCH_LISTEN="$vm0:$port" "$farm" "$sizes" "$bytes" "$workers" "$min_tasks") ;;
+            there="env RCH_IB_TIMEOUT=$RCH_IB_TIMEOUT $extra RCH_BENCH_CONNECT=$vm0:$port $farm $sizes $bytes $workers $min_tasks"
+            here=(env "${extra_arr[@]}" RCH_BENCH_LISTEN="$vm0:$port" "$farm" "$sizes" "$bytes" "$workers" "$min_tasks") ;;
           farm/*)
             there="env MSG_ROLE=workers MSG_HOST=$vm0 $mfarm $sys $port $sizes $bytes $workers $min_tasks"
             here=(env MSG_ROLE=master MSG_HOST="$vm0" "$mfarm" "$sys" "$port" "$sizes" "$bytes" "$workers" "$min_tasks") ;;
@@ -93,6 +99,10 @@ rounds=${RCH_BENCH_ROUNDS:-3}
 iters=${RCH_BENCH_ITERS:-200}
 bytes=${RCH_BENCH_BYTES:-$((2 << 20))}
 min_tasks=${RCH_BENCH_MIN_TASKS:-20}
+alt=${RCH_BENCH_ALT:-a put a message:RCH_BENCH_BATCH=0}
+alt_label=${alt%%:*} alt_env=${alt#*:}
+[ "$alt_label" != "$alt" ] && [[ "$alt_env" =~ ^([A-Z_][A-Z0-9_]*=[^\ ]*( |$))+$ ]] ||
+  { echo "RCH_BENCH_ALT must be 'LABEL:VAR=VALUE ...'" >&2; exit 1; }
 for v in "$rounds" "$iters" "$bytes" "$min_tasks"; do
   case "$v" in ''|*[!0-9]*|0) echo "RCH_BENCH_ROUNDS/ITERS/BYTES/MIN_TASKS must be positive numbers" >&2; exit 1 ;; esac
 done
@@ -123,7 +133,7 @@ load0=$(cut -d' ' -f1 /proc/loadavg)
 # between two TCG guests drops frames when a guest falls behind.
 RCH_IB_TIMEOUT=${RCH_IB_TIMEOUT:-18} scripts/softroce-cluster -q --vms 2 --hydra \
   --timeout "${RCH_VM_TIMEOUT:-3000}" -- "$self" --in-vm "$rounds" "$rt" "$farm" \
-  "$out/msg_peers" "$out/msg_farm" "$sizes" "$iters" "$bytes" "$min_tasks" \
+  "$out/msg_peers" "$out/msg_farm" "$sizes" "$iters" "$bytes" "$min_tasks" "$alt_env" \
   2>&1 | sed -n 's/^\[vm0\] //p' >"$log"
 load1=$(cut -d' ' -f1 /proc/loadavg)
 echo "== cluster done in $((SECONDS - t0)) s" >&2
@@ -140,7 +150,7 @@ value() {
 }
 
 systems=(rch rch1 zmq tcp)
-declare -A label=([rch]="rdma-channel" [rch1]="rdma-channel, a put a message" [zmq]="ZeroMQ/TCP" [tcp]="TCP")
+declare -A label=([rch]="rdma-channel" [rch1]="rdma-channel, $alt_label" [zmq]="ZeroMQ/TCP" [tcp]="TCP")
 echo
 echo "runtime across two Soft-RoCE VMs: $rounds round(s), $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD), host load $load0-$load1, medians"
 for pattern in pingpong stream farm; do
@@ -156,6 +166,6 @@ done
 echo
 echo "(rdma-channel: patterns::Messages on RdmaStream over verbs (rxe, rdma_cm), default"
 echo " settings, senders batching with send_more where they know more follow (the stream's"
-echo " sender, the farm's emitter and workers); 'a put a message': RCH_BENCH_BATCH=0;"
+echo " sender, the farm's emitter and workers); '$alt_label': $alt_env;"
 echo " ZeroMQ: libzmq's PAIR / PUSH-PULL over TCP; TCP: 4-byte-framed messages,"
 echo " TCP_NODELAY. Both VMs TCG, 1 vCPU each, on one 2-core host; RCH_IB_TIMEOUT=${RCH_IB_TIMEOUT:-18}.)"

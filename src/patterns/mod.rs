@@ -54,6 +54,7 @@
 //! ```
 
 use std::io::{self, IoSlice, IoSliceMut, Read};
+use std::time::Instant;
 
 use crate::select::{Interest, Select, Selector};
 use crate::stream::RdmaStream;
@@ -127,7 +128,8 @@ impl Messages {
     }
 
     /// Puts all of `iov`, waiting while the peer's ring is full.
-    fn put_all(&mut self, iov: &[IoSlice<'_>]) -> io::Result<()> {
+    fn put_all(&mut self, iov: &[IoSlice<'_>], deadline: Option<Instant>) -> io::Result<()> {
+        debug_assert!(iov.len() <= 3, "put_all takes at most three slices");
         let total: usize = iov.iter().map(|s| s.len()).sum();
         let mut done = 0;
         while done < total {
@@ -147,7 +149,7 @@ impl Messages {
             match self.stream.put(&rest[..k])? {
                 0 => {
                     let tx = self.stream.channel().sender();
-                    tx.wait_writable()?;
+                    tx.wait_writable_until(deadline)?;
                 }
                 n => done += n,
             }
@@ -155,21 +157,29 @@ impl Messages {
         Ok(())
     }
 
-    /// Puts the batch of [`send_more`](Self::send_more), if any.
-    ///
-    /// # Errors
-    ///
-    /// The stream's; the batch is kept (and put again by the next flush) when
-    /// none of it was put.
-    pub fn flush(&mut self) -> io::Result<()> {
+    /// Puts the batch, waiting for room until `deadline`; the batch is empty after
+    /// it, whatever it returns.
+    fn flush_until(&mut self, deadline: Option<Instant>) -> io::Result<()> {
         if self.batch.is_empty() {
             return Ok(());
         }
         let batch = std::mem::take(&mut self.batch);
-        let r = self.put_all(&[IoSlice::new(&batch)]);
+        let r = self.put_all(&[IoSlice::new(&batch)], deadline);
+        // The allocation is kept for the next batch.
         self.batch = batch;
         self.batch.clear();
         r
+    }
+
+    /// Puts the batch of [`send_more`](Self::send_more), if any, waiting while the
+    /// peer's ring is full.
+    ///
+    /// # Errors
+    ///
+    /// The stream's. A stream's errors are final (its connection is broken or the
+    /// peer stopped reading), and what the batch held is dropped with the error.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.flush_until(None)
     }
 
     /// Bytes held by [`send_more`](Self::send_more) and not yet put (the 4-byte
@@ -255,7 +265,10 @@ impl Messages {
         }
         // The batch, the length and the bytes in one put: one packet when they fit.
         let batch = std::mem::take(&mut self.batch);
-        let r = self.put_all(&[IoSlice::new(&batch), IoSlice::new(&len), IoSlice::new(msg)]);
+        let r = self.put_all(
+            &[IoSlice::new(&batch), IoSlice::new(&len), IoSlice::new(msg)],
+            None,
+        );
         self.batch = batch;
         self.batch.clear();
         r
@@ -308,10 +321,10 @@ impl Messages {
         &mut self.stream
     }
 
-    /// The stream back, after the batch is put (an error putting it is lost, as
-    /// at drop: [`flush`](Self::flush) first to see it).
+    /// The stream back, after the batch is put (as at drop: waiting at most 10 s
+    /// for room, an error lost; [`flush`](Self::flush) first to see it).
     pub fn into_inner(mut self) -> RdmaStream {
-        let _ = self.flush();
+        let _ = self.flush_until(Some(Instant::now() + DROP_LINGER));
         let mut me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never used or dropped after this: the stream is moved out
         // once, and the other fields are dropped in place once.
@@ -323,11 +336,17 @@ impl Messages {
     }
 }
 
+/// How long a drop waits for room to put the batch: a peer that stopped reading
+/// without closing must not hang its sender's drop (the stream's own drop waits as
+/// long for relayed bytes to be read).
+const DROP_LINGER: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Drop for Messages {
-    /// Puts the batch, as a `BufWriter` does its buffer (an error is lost: call
-    /// [`flush`](Self::flush) or [`close`](Self::close) to see it).
+    /// Puts the batch, as a `BufWriter` does its buffer, waiting at most 10 s for
+    /// room (an error is lost: call [`flush`](Self::flush) or
+    /// [`close`](Self::close) to see it).
     fn drop(&mut self) {
-        let _ = self.flush();
+        let _ = self.flush_until(Some(Instant::now() + DROP_LINGER));
     }
 }
 
@@ -938,6 +957,25 @@ mod tests {
         assert!(
             all.iter().copied().eq(0..3000),
             "a message lost or duplicated"
+        );
+    }
+
+    /// A drop whose peer stopped reading (without closing) gives up on its batch
+    /// after the linger instead of hanging.
+    #[test]
+    fn a_drop_waits_a_bounded_time_for_a_peer_that_does_not_read() {
+        let (mut a, _b) = RdmaStream::pair().unwrap();
+        let chunk = vec![7u8; 64 << 10];
+        // Fill the peer's ring: put until it takes nothing.
+        while a.put(&[std::io::IoSlice::new(&chunk)]).unwrap() > 0 {}
+        let mut tx = Messages::new(a);
+        tx.send_more(b"held").unwrap();
+        let t0 = std::time::Instant::now();
+        drop(tx);
+        let took = t0.elapsed();
+        assert!(
+            took >= super::DROP_LINGER && took < super::DROP_LINGER * 3,
+            "the drop took {took:?}"
         );
     }
 

@@ -65,6 +65,47 @@ static inline size_t MPIDI_CH3I_Pkt_wire_len(MPIDI_CH3_Pkt_type_t type)
     }
 }
 
+/* Eager messages of at least RCH_ALIGNED_DATA_MIN bytes carry their header padded
+ * with zeros to RCH_ALIGNED_SEND_LEN bytes, so that their data starts on a cache line
+ * of the ring: a packet starts on a line (RCH_LANE_CELL) and its library header is 16
+ * bytes. Copies between the cores run slower from and into a ring position that is
+ * not on a line, against a buffer that is (a C model of a 4 KiB ping-pong through a
+ * ring, the ring's data 40 bytes past a line against a line: 904-940 ns one-way
+ * against 834-861; bench/notebook/2026-12.md). Small messages keep the 24-byte header
+ * (one cache line for an 8-byte message). */
+#define RCH_ALIGNED_DATA_MIN 2048
+#define RCH_ALIGNED_SEND_LEN 48u
+_Static_assert(16 + RCH_ALIGNED_SEND_LEN == RCH_LANE_CELL, "data on a line");
+_Static_assert(RCH_ALIGNED_SEND_LEN >= RCH_WIRE_LEN(MPIDI_CH3_Pkt_send_t), "the header fits");
+_Static_assert(RCH_ALIGNED_SEND_LEN <= sizeof(MPIDI_CH3_Pkt_t), "the padding is in the union");
+
+/* Whether a packet of `type` carries data behind a send header (data_sz bytes). */
+static inline int MPIDI_CH3I_Pkt_carries_data(MPIDI_CH3_Pkt_type_t type)
+{
+    return type == MPIDI_CH3_PKT_EAGER_SEND || type == MPIDI_CH3_PKT_EAGER_SYNC_SEND ||
+        type == MPIDI_CH3_PKT_READY_SEND;
+}
+
+/* Bytes the header at `pkt` takes on the wire, of which `avail` are there (at least
+ * its type): MPIDI_CH3I_Pkt_wire_len of its type, but RCH_ALIGNED_SEND_LEN for an
+ * eager message of RCH_ALIGNED_DATA_MIN bytes or more. While the send header itself
+ * has not all arrived, its unpadded length: the caller waits for that many bytes
+ * and asks again. */
+static inline size_t MPIDI_CH3I_Pkt_wire_len_at(const void *pkt, size_t avail)
+{
+    MPIDI_CH3_Pkt_type_t type;
+    intptr_t data_sz;
+    memcpy(&type, pkt, sizeof(type));
+    if (!MPIDI_CH3I_Pkt_carries_data(type))
+        return MPIDI_CH3I_Pkt_wire_len(type);
+    if (avail < RCH_WIRE_LEN(MPIDI_CH3_Pkt_send_t))
+        return RCH_WIRE_LEN(MPIDI_CH3_Pkt_send_t);
+    memcpy(&data_sz, (const char *) pkt + offsetof(MPIDI_CH3_Pkt_send_t, data_sz),
+           sizeof(data_sz));
+    return data_sz >= RCH_ALIGNED_DATA_MIN ? RCH_ALIGNED_SEND_LEN
+        : RCH_WIRE_LEN(MPIDI_CH3_Pkt_send_t);
+}
+
 /* Every length above fits in the union (a header that is not a multiple of 8 costs
  * only align_stage's move). */
 _Static_assert(RCH_WIRE_LEN(MPIDI_CH3_Pkt_send_t) <= sizeof(MPIDI_CH3_Pkt_t), "fits the union");

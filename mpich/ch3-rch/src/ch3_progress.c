@@ -135,6 +135,8 @@ static RCH_ALWAYS_INLINE void copy_pkt_header(MPIDI_CH3_Pkt_t * dst, const void 
 {
     if (len == RCH_WIRE_LEN(MPIDI_CH3_Pkt_send_t))
         memcpy(dst, src, RCH_WIRE_LEN(MPIDI_CH3_Pkt_send_t));
+    else if (len == RCH_ALIGNED_SEND_LEN)
+        memcpy(dst, src, RCH_ALIGNED_SEND_LEN);
 #if defined(USE_EAGER_SHORT)
     else if (len == RCH_WIRE_LEN(MPIDI_CH3_Pkt_eagershort_send_t))
         memcpy(dst, src, RCH_WIRE_LEN(MPIDI_CH3_Pkt_eagershort_send_t));
@@ -146,11 +148,9 @@ static RCH_ALWAYS_INLINE void copy_pkt_header(MPIDI_CH3_Pkt_t * dst, const void 
 /* The header length of the packet at stage + pos, once its type has arrived (0 before). */
 static RCH_ALWAYS_INLINE size_t staged_header_len(const MPIDI_CH3I_Rch_recv * rs)
 {
-    MPIDI_CH3_Pkt_type_t type;
-    if (rs->len - rs->pos < sizeof(type))
+    if (rs->len - rs->pos < sizeof(MPIDI_CH3_Pkt_type_t))
         return 0;
-    memcpy(&type, rs->stage + rs->pos, sizeof(type));
-    return MPIDI_CH3I_Pkt_wire_len(type);
+    return MPIDI_CH3I_Pkt_wire_len_at(rs->stage + rs->pos, rs->len - rs->pos);
 }
 
 /* Makes a whole header available at stage + pos if the connection has one: moves a
@@ -488,7 +488,7 @@ static RCH_ALWAYS_INLINE int handle_in_place(MPIDI_VC_t * vc, int *handled, int 
     if (avail < sizeof(type))
         return settle_lane(vcch);
     memcpy(&type, lent, sizeof(type));
-    hdr_len = MPIDI_CH3I_Pkt_wire_len(type);
+    hdr_len = MPIDI_CH3I_Pkt_wire_len_at(lent, avail);
     if (avail < hdr_len || (((uintptr_t) lent + hdr_len) & 7) != 0)
         return settle_lane(vcch);
     if (fast != NULL) {

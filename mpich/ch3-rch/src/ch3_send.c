@@ -308,8 +308,15 @@ static int send_common(MPIDI_VC_t * vc, MPIR_Request * sreq, struct iovec *iov, 
 
     MPIR_Assert(n >= 1 && n <= MPL_IOV_LIMIT);
     MPIR_Assert(iov[0].iov_len <= sizeof(MPIDI_CH3_Pkt_t));
-    /* The receiver reads this many header bytes, by the type, before the handler. */
-    hdr_len = MPIDI_CH3I_Pkt_wire_len(((const MPIDI_CH3_Pkt_t *) hdr)->type);
+    /* The receiver reads this many header bytes, by the type (and an eager
+     * message's size), before the handler. */
+    hdr_len = MPIDI_CH3I_Pkt_wire_len_at(hdr, sizeof(MPIDI_CH3_Pkt_t));
+    if (hdr_len == RCH_ALIGNED_SEND_LEN) {
+        /* The padding goes as zeros, not as what the caller's packet union held
+         * there (CH3 builds each header in a whole MPIDI_CH3_Pkt_t, ours to fill). */
+        memset((char *) (uintptr_t) hdr + sizeof(MPIDI_CH3_Pkt_send_t), 0,
+               RCH_ALIGNED_SEND_LEN - sizeof(MPIDI_CH3_Pkt_send_t));
+    }
     iov[0].iov_len = hdr_len;
 
     if (vcch->state == MPIDI_CH3I_VC_STATE_FAILED || vcch->state == MPIDI_CH3I_VC_STATE_TERMINATED) {
@@ -402,7 +409,10 @@ int MPIDI_CH3_iStartMsg(MPIDI_VC_t * vc, void *pkt, intptr_t pkt_sz, MPIR_Reques
      * instructions a message). What a put leaves takes the general path's steps. */
     if (vcch->rvc != NULL && vcch->state == MPIDI_CH3I_VC_STATE_CONNECTED &&
         MPIDI_CH3I_SendQ_empty(vcch)) {
-        size_t len = MPIDI_CH3I_Pkt_wire_len(((const MPIDI_CH3_Pkt_t *) pkt)->type);
+        size_t len = MPIDI_CH3I_Pkt_wire_len_at(pkt, sizeof(MPIDI_CH3_Pkt_t));
+        if (len == RCH_ALIGNED_SEND_LEN)        /* zeros, as in send_common */
+            memset((char *) pkt + sizeof(MPIDI_CH3_Pkt_send_t), 0,
+                   RCH_ALIGNED_SEND_LEN - sizeof(MPIDI_CH3_Pkt_send_t));
         size_t nb = 0;
         MPIR_Request *sreq;
 

@@ -423,10 +423,11 @@ impl Scatter {
     }
 }
 
-fn flush_all(outs: &mut [Messages]) -> io::Result<()> {
+/// `step` on every one of `outs`, all of them even after an error; the first error.
+fn each(outs: &mut [Messages], step: fn(&mut Messages) -> io::Result<()>) -> io::Result<()> {
     let mut first = Ok(());
     for m in outs {
-        let r = m.flush();
+        let r = step(m);
         if first.is_ok() {
             first = r;
         }
@@ -434,15 +435,12 @@ fn flush_all(outs: &mut [Messages]) -> io::Result<()> {
     first
 }
 
+fn flush_all(outs: &mut [Messages]) -> io::Result<()> {
+    each(outs, Messages::flush)
+}
+
 fn close_all(outs: &mut [Messages]) -> io::Result<()> {
-    let mut first = Ok(());
-    for m in outs {
-        let r = m.close();
-        if first.is_ok() {
-            first = r;
-        }
-    }
-    first
+    each(outs, Messages::close)
 }
 
 /// One-to-many, on demand: a message goes to a destination that asked for one
@@ -790,6 +788,27 @@ mod tests {
     use super::{AllGather, Messages, OnDemand, OnDemandWorker, Scatter, BATCH_BYTES};
     use crate::RdmaStream;
 
+    /// Three workers, each on a pair of streams running `work(tasks, results)` in
+    /// a thread: the emitter's ends, the collector's ends and the threads.
+    fn three_workers(
+        work: impl Fn(RdmaStream, RdmaStream) + Clone + Send + 'static,
+    ) -> (
+        Vec<RdmaStream>,
+        Vec<RdmaStream>,
+        Vec<std::thread::JoinHandle<()>>,
+    ) {
+        let (mut outs, mut back, mut threads) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let (e, w_in) = RdmaStream::pair().unwrap();
+            let (w_out, c) = RdmaStream::pair().unwrap();
+            outs.push(e);
+            back.push(c);
+            let work = work.clone();
+            threads.push(std::thread::spawn(move || work(w_in, w_out)));
+        }
+        (outs, back, threads)
+    }
+
     /// The message `i` of a batching test: its length varies from 0 to past the
     /// batch, its bytes name it.
     fn numbered(i: usize) -> Vec<u8> {
@@ -984,38 +1003,29 @@ mod tests {
     #[test]
     fn a_batching_farm_answers_every_task() {
         for on_demand in [false, true] {
-            let mut outs = Vec::new();
-            let mut back = Vec::new();
-            let mut threads = Vec::new();
-            for _ in 0..3 {
-                let (e, w_in) = RdmaStream::pair().unwrap();
-                let (w_out, c) = RdmaStream::pair().unwrap();
-                outs.push(e);
-                back.push(c);
-                threads.push(std::thread::spawn(move || {
-                    let mut tx = Messages::new(w_out);
-                    let mut t = Vec::new();
-                    if on_demand {
-                        let mut rx = OnDemandWorker::new(w_in);
-                        while rx.recv(&mut t).unwrap() {
-                            tx.send_more(&t).unwrap();
+            let (outs, back, threads) = three_workers(move |w_in, w_out| {
+                let mut tx = Messages::new(w_out);
+                let mut t = Vec::new();
+                if on_demand {
+                    let mut rx = OnDemandWorker::new(w_in);
+                    while rx.recv(&mut t).unwrap() {
+                        tx.send_more(&t).unwrap();
+                        tx.flush().unwrap();
+                    }
+                } else {
+                    let mut rx = Messages::new(w_in);
+                    loop {
+                        if !rx.ready().unwrap() {
                             tx.flush().unwrap();
                         }
-                    } else {
-                        let mut rx = Messages::new(w_in);
-                        loop {
-                            if !rx.ready().unwrap() {
-                                tx.flush().unwrap();
-                            }
-                            if !rx.recv(&mut t).unwrap() {
-                                break;
-                            }
-                            tx.send_more(&t).unwrap();
+                        if !rx.recv(&mut t).unwrap() {
+                            break;
                         }
+                        tx.send_more(&t).unwrap();
                     }
-                    tx.close().unwrap();
-                }));
-            }
+                }
+                tx.close().unwrap();
+            });
             let emitter = std::thread::spawn(move || {
                 if on_demand {
                     let mut d = OnDemand::new(outs).unwrap();
@@ -1055,23 +1065,14 @@ mod tests {
     #[test]
     fn scatter_then_gather_keeps_every_message_whole() {
         let sizes = [0usize, 1, 17, 4096, 3 << 20];
-        let mut outs = Vec::new();
-        let mut back = Vec::new();
-        let mut threads = Vec::new();
-        for _ in 0..3 {
-            let (e, w_in) = RdmaStream::pair().unwrap();
-            let (w_out, c) = RdmaStream::pair().unwrap();
-            outs.push(e);
-            back.push(c);
-            threads.push(std::thread::spawn(move || {
-                let (mut rx, mut tx) = (Messages::new(w_in), Messages::new(w_out));
-                let mut m = Vec::new();
-                while rx.recv(&mut m).unwrap() {
-                    tx.send(&m).unwrap();
-                }
-                tx.close().unwrap();
-            }));
-        }
+        let (outs, back, threads) = three_workers(|w_in, w_out| {
+            let (mut rx, mut tx) = (Messages::new(w_in), Messages::new(w_out));
+            let mut m = Vec::new();
+            while rx.recv(&mut m).unwrap() {
+                tx.send(&m).unwrap();
+            }
+            tx.close().unwrap();
+        });
         let sender = std::thread::spawn(move || {
             let mut s = Scatter::new(outs).unwrap();
             for &len in &sizes {

@@ -297,6 +297,9 @@ fn a_competing_flow_on_a_shared_link_moves_the_weights_and_they_come_back() {
     // loaded weight is taken from a window in which it really streamed.
     let rival_got = AtomicU64::new(0);
     let loaded = std::thread::scope(|s| {
+        // The rival stops however this closure ends: a failed assertion below would
+        // otherwise leave it streaming and the scope waiting for it forever.
+        let _stop_rival = StopOnDrop(&stop);
         s.spawn(|| {
             let msg = vec![1u8; 1 << 20];
             let mut buf = vec![0u8; 1 << 20];
@@ -340,7 +343,6 @@ fn a_competing_flow_on_a_shared_link_moves_the_weights_and_they_come_back() {
                  shared (weight, the rival's bytes): {windows:?}"
             );
         };
-        stop.store(true, Ordering::Relaxed);
         w
     });
     let after = stream_through(&mut a, &mut b, 40, 1 << 20)[0];
@@ -348,6 +350,15 @@ fn a_competing_flow_on_a_shared_link_moves_the_weights_and_they_come_back() {
         after < loaded - 0.04,
         "{after:.3} after the competing flow stopped, {loaded:.3} while it ran"
     );
+}
+
+/// Sets its flag when dropped, on a panic too.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Ends asking for different numbers of rails connect with the fewer, on both

@@ -18,7 +18,7 @@ use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory, RingOffer, CTRL_SIZE, RING_OFFER_SLOT};
 use crate::ring::wire::{
     fits_short, is_ack_word, trailer_offset, trailer_word, Header, PacketKind, Rendezvous, RndvSeg,
-    ShortHeader, CELL, HEADER_LEN, MAX_RNDV_SEGS, RNDV_BY_ADVICE,
+    ShortHeader, CELL, HEADER_LEN, MAX_RNDV_SEGS, RNDV_BY_ADVICE, SMALL_RNDV,
 };
 use crate::ring::{packet_cells, PAYLOAD_OFFSET};
 
@@ -208,8 +208,9 @@ pub(crate) struct ReadsInFlight<R> {
     /// When the step started, if the path meter times it.
     pub(crate) started: Option<Instant>,
     /// Per rail, where the step is read in stripes across the connection's rails
-    /// (rail 0's reads are also `last`).
-    pub(crate) stripes: Option<[Stripe; MAX_RAILS]>,
+    /// (rail 0's reads are also `last`). Boxed: a step moves between calls several
+    /// times, and only steps striped across rails (large ones) carry this.
+    pub(crate) stripes: Option<Box<[Stripe; MAX_RAILS]>>,
 }
 
 /// Releases the stripes' registrations in their rails' own domains.
@@ -704,16 +705,25 @@ impl<F: Fabric> Receiver<F> {
     /// Reads the rendezvous announcement of `len` bytes at the read position (the
     /// packet is fully visible) and makes it the transfer being read.
     fn take_rendezvous(&mut self, len: usize) -> io::Result<()> {
-        let mut desc = [0u8; Rendezvous::encoded_len_with_keys(MAX_RNDV_SEGS, MAX_RAILS - 1)];
-        if len > desc.len() {
+        const MOST: usize = Rendezvous::encoded_len_with_keys(MAX_RNDV_SEGS, MAX_RAILS - 1);
+        if len > MOST {
             return Err(self.link.fail(
                 io::ErrorKind::InvalidData,
                 format!("protocol error: rendezvous of {len} bytes"),
             ));
         }
+        // As the sender's: the common one-segment announcement in a small buffer.
+        let mut small = [0u8; SMALL_RNDV];
+        let mut large;
+        let desc: &mut [u8] = if len <= SMALL_RNDV {
+            &mut small[..len]
+        } else {
+            large = [0u8; MOST];
+            &mut large[..len]
+        };
         self.ring
-            .copy_out(self.read_pos + PAYLOAD_OFFSET as u64, &mut desc[..len]);
-        let r = Rendezvous::new_checked(&desc[..len]).map_err(|e| {
+            .copy_out(self.read_pos + PAYLOAD_OFFSET as u64, desc);
+        let r = Rendezvous::new_checked(&*desc).map_err(|e| {
             self.link
                 .fail(io::ErrorKind::InvalidData, format!("protocol error: {e}"))
         })?;
@@ -796,7 +806,7 @@ impl<F: Fabric> Receiver<F> {
         result?;
         if let (Some(striper), Some(stripes)) = (self.striper.as_mut(), &r.stripes) {
             let mut took = [(0usize, std::time::Duration::ZERO); MAX_RAILS];
-            for (t, s) in took.iter_mut().zip(stripes) {
+            for (t, s) in took.iter_mut().zip(stripes.iter()) {
                 if let (Some(p), Some(seen)) = (s.posted, s.seen) {
                     *t = (s.bytes, seen.saturating_duration_since(p));
                 }

@@ -313,6 +313,10 @@ pub const RNDV_BY_ADVICE: u32 = 1;
 /// Bytes of one segment entry of a [`Rendezvous`] (without rail keys).
 pub const RNDV_SEG: usize = 24;
 
+/// Bytes of an announcement of up to two segments without rail keys, the common
+/// case, which the ends encode and decode in a buffer of this size on the stack.
+pub(crate) const SMALL_RNDV: usize = RNDV_FIXED + 2 * RNDV_SEG;
+
 /// [`Rendezvous`] flags, bits 8-10: how many rails after rail 0 have a key of their
 /// own in each segment entry (0: every rail reads with the segment's `rkey`). A
 /// sender whose rails include one in another protection domain (another device)

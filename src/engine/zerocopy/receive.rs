@@ -176,18 +176,19 @@ impl<F: Fabric> Receiver<F> {
                 .as_mut()
                 .expect("striped only with rails")
                 .split(pull, &mut parts);
+            let mut stripes = Box::new([Stripe::default(); MAX_RAILS]);
             // SAFETY: forwarded from this function's contract.
-            let (stripes, h) = unsafe { self.post_reads(&link, dst, &parts) }?;
-            (step.last, step.handle, step.stripes) = (stripes[0].last, Some(h), Some(stripes));
+            let h = unsafe { self.post_reads(&link, dst, &parts, &mut stripes, true) }?;
+            (step.last, step.handle) = (stripes[0].last, Some(h));
+            step.stripes = Some(stripes);
         } else if pull > 0 {
             let mut parts = [0; MAX_RAILS];
             parts[0] = pull;
-            // SAFETY: forwarded from this function's contract.
-            match unsafe { self.post_reads(&link, dst, &parts) } {
-                Ok((stripes, h)) => (step.last, step.handle) = (stripes[0].last, Some(h)),
-                // Dropping `step` revokes a lent part.
-                Err(e) => return Err(e),
-            }
+            let mut stripes = [Stripe::default(); MAX_RAILS];
+            // SAFETY: forwarded from this function's contract. On error, dropping
+            // `step` revokes a lent part.
+            let h = unsafe { self.post_reads(&link, dst, &parts, &mut stripes, false) }?;
+            (step.last, step.handle) = (stripes[0].last, Some(h));
         }
         // Both parts are under way: move the cursor past them.
         let z = self.zc.as_mut().expect("checked above");
@@ -248,8 +249,8 @@ impl<F: Fabric> Receiver<F> {
 
     /// Posts RDMA READs of the transfer's next bytes (from the cursor) into `dst`:
     /// `parts[r]` bytes on rail `r`, each rail's following the one before it.
-    /// Returns each rail's stripe (its last read's number, when it was posted) and
-    /// the registration of `dst` over all of them.
+    /// Fills each rail's stripe in `stripes` (its last read's number, and when it
+    /// was posted if `timed`) and returns the registration of `dst` over all of them.
     ///
     /// # Safety
     ///
@@ -259,7 +260,9 @@ impl<F: Fabric> Receiver<F> {
         link: &Link<F>,
         dst: *mut u8,
         parts: &[usize; MAX_RAILS],
-    ) -> io::Result<([Stripe; MAX_RAILS], RegHandle)> {
+        stripes: &mut [Stripe; MAX_RAILS],
+        timed: bool,
+    ) -> io::Result<RegHandle> {
         let z = self
             .zc
             .as_ref()
@@ -270,7 +273,6 @@ impl<F: Fabric> Receiver<F> {
             link.rcache
                 .acquire(&link.fabric, dst, n, Access::LOCAL_WRITE)
         }?;
-        let mut stripes = [Stripe::default(); MAX_RAILS];
         let mut cursor = (z.seg, z.seg_off);
         let mut at = 0usize;
         for (rail, &bytes) in parts.iter().enumerate() {
@@ -293,7 +295,10 @@ impl<F: Fabric> Receiver<F> {
                     r.lkey()
                 }),
             };
-            stripes[rail].posted = Some(Instant::now());
+            // Only adaptive striping reads the time (a clock read a step otherwise).
+            if timed {
+                stripes[rail].posted = Some(Instant::now());
+            }
             let posted = lkey.and_then(|lkey| {
                 // SAFETY: at + bytes <= n, inside the registered dst..dst + n, which
                 // the caller keeps untouched until finish_reads (forwarded contract).
@@ -316,7 +321,7 @@ impl<F: Fabric> Receiver<F> {
                         let _ = link.wait_rail_completed(r, seq);
                     }
                 }
-                crate::engine::receiver::release_stripe_regs(link, &mut stripes);
+                crate::engine::receiver::release_stripe_regs(link, stripes);
                 link.rcache.release(h);
                 return Err(e);
             }
@@ -324,7 +329,7 @@ impl<F: Fabric> Receiver<F> {
             cursor = advance(&self.zc_segs, cursor, bytes as u64);
             at += bytes;
         }
-        Ok((stripes, h))
+        Ok(h)
     }
 
     /// Posts the reads of `n` bytes of the transfer from `cursor` (segment, offset

@@ -8,7 +8,9 @@ use super::{Lent, PushSource};
 use crate::config::MAX_RAILS;
 use crate::engine::{Announce, InFlightSeg, Lending, Link, PendingZc, Sender, ZeroCopy};
 use crate::fabric::{Access, Fabric};
-use crate::ring::wire::{PacketKind, Rendezvous, RndvSeg, MAX_RNDV_SEGS, RNDV_BY_ADVICE};
+use crate::ring::wire::{
+    PacketKind, Rendezvous, RndvSeg, MAX_RNDV_SEGS, RNDV_BY_ADVICE, SMALL_RNDV,
+};
 
 impl<F: Fabric> Sender<F> {
     /// As [`put`](Sender::put), but buffers at or above the zero-copy threshold travel
@@ -164,7 +166,16 @@ impl<F: Fabric> Sender<F> {
         let first_rail_reg = self.in_flight_rail_regs.len();
         // Rails in protection domains of their own read from registrations there.
         let keys = link.rail_keys();
-        let mut desc = [0u8; Rendezvous::encoded_len_with_keys(MAX_RNDV_SEGS, MAX_RAILS - 1)];
+        // The common announcement (one segment, no rail keys) fits a small buffer:
+        // zeroing the largest possible one costs more than writing it.
+        let mut small = [0u8; SMALL_RNDV];
+        let mut large;
+        let desc: &mut [u8] = if need <= SMALL_RNDV {
+            &mut small[..need]
+        } else {
+            large = [0u8; Rendezvous::encoded_len_with_keys(MAX_RNDV_SEGS, MAX_RAILS - 1)];
+            &mut large[..need]
+        };
         let mut total = 0u64;
         for buf in &iov[..count] {
             // SAFETY: `_lent` proves the caller of put_nocopy promised to keep these
@@ -215,7 +226,7 @@ impl<F: Fabric> Sender<F> {
                 rkey: handle.rkey(),
             };
             let i = self.in_flight_segs.len() - first;
-            Rendezvous::encode_seg_with_keys(&mut desc, i, &seg, &rail_keys[..keys]);
+            Rendezvous::encode_seg_with_keys(desc, i, &seg, &rail_keys[..keys]);
             total += seg.len;
             self.in_flight_segs.push_back(InFlightSeg { seg, handle });
         }
@@ -242,7 +253,7 @@ impl<F: Fabric> Sender<F> {
                 ),
             );
         }
-        let n = Rendezvous::encode_fixed_with_keys(&mut desc, id, total, count, flags, keys);
+        let n = Rendezvous::encode_fixed_with_keys(desc, id, total, count, flags, keys);
         let announcement = [IoSlice::new(&desc[..n])];
         let written = if self.stackable(n) {
             self.write_small_as(&announcement, 0, n, PacketKind::Rendezvous)

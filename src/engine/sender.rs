@@ -12,7 +12,7 @@ use super::connect::staging_for;
 use super::lane::LaneCell;
 use super::link::{Link, HEALTH_EVERY};
 use super::wait::{past, Backoff};
-use super::zerocopy::{advice_bit, CopyInMeter, Lent, Relay, Relayed, MEASURE_MIN};
+use super::zerocopy::{advises_zero_copy, CopyInMeter, Lent, Relay, Relayed, MEASURE_MIN};
 use crate::fabric::{
     DirectTarget, Fabric, GatherList, QueuePair, RemoteRegion, ZeroCopyThresholds,
 };
@@ -767,7 +767,7 @@ impl<F: Fabric> Sender<F> {
     /// True when `buf` may go zero-copy by the peer receiver's advice.
     pub(crate) fn zc_by_advice(&self, buf: &[u8]) -> bool {
         buf.len() >= self.link.zc_adaptive_min
-            && self.link.ctrl.path_advice() & advice_bit(buf.len()) != 0
+            && advises_zero_copy(self.link.ctrl.path_advice(), buf.len())
     }
 
     /// The put loop. Unless `mode` is [`ZeroCopy::Never`], eligible buffers are

@@ -817,7 +817,7 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     ///
     /// ```
     /// use rdma_channel::fabric::{emulated::EmuFabric, Fabric};
-    /// assert_eq!(EmuFabric::new()?.zero_copy_adaptive_default(), Some(32 << 10));
+    /// assert_eq!(EmuFabric::new()?.zero_copy_adaptive_default(), Some(16 << 10));
     /// # Ok::<(), std::io::Error>(())
     /// ```
     fn zero_copy_adaptive_default(&self) -> Option<usize> {

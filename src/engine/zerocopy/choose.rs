@@ -99,9 +99,27 @@ fn class_of(len: usize) -> usize {
     log2.saturating_sub(14).min(CLASSES - 1)
 }
 
-/// The advice word's bit that asks for zero-copy for buffers of `len` bytes.
-pub(crate) fn advice_bit(len: usize) -> u64 {
+/// The advice word's bit that asks for zero-copy for buffers of `len` bytes, from
+/// [`MEASURE_MIN`] up.
+fn advice_bit(len: usize) -> u64 {
     1 << class_of(len)
+}
+
+/// Whether an advice word asks for zero-copy for a buffer of `len` bytes.
+///
+/// Below [`MEASURE_MIN`] (class 0) nothing is timed, and the bit means the
+/// opposite: the ring, because the smallest measured class found the ring faster
+/// (see BELOW). Clear, as before any advice, zero-copy: its fixed cost is small
+/// against the ring's second copy of 16-32 KiB on this kind of host (IMB PingPong
+/// 16 KiB 1.94 us against the ring's 2.89, PingPing 2.60 against 2.75,
+/// bench/notebook/2026-12.md).
+pub(crate) fn advises_zero_copy(advice: u64, len: usize) -> bool {
+    let bit = advice & advice_bit(len) != 0;
+    if class_of(len) == 0 {
+        !bit
+    } else {
+        bit
+    }
 }
 
 // CARRIED: a zero-copy byte costs less the larger the transfer (its round trip and
@@ -112,6 +130,12 @@ pub(crate) fn advice_bit(len: usize) -> u64 {
 // kept the ring at ~1.1-1.4 ms a step against the reads' ~0.7). Only while the
 // smaller class's figure is fresh ([`PROBE_AFTER`]): a stale one may be of another
 // regime.
+
+// BELOW: a ring byte costs what it costs at any size and a zero-copy byte more the
+// smaller the transfer, so the ring faster for the smallest measured class (from
+// MEASURE_MIN) is faster below it too: those sizes then take the ring, else
+// zero-copy. Carried down from that class's last verdict, whatever its age: the
+// class is probed again every PROBE_AFTER while it sees traffic.
 
 /// A switch must save at least this share of the time (percent), so noise around
 /// equal rates does not flip the advice back and forth.
@@ -369,14 +393,18 @@ impl PathMeter {
         // class that may see no traffic for long. Zero-copy faster for a smaller
         // class, by a fresh figure, holds for every larger one whatever its own
         // figure says (see CARRIED).
+        // Class 0 is never timed, and its bit says "ring" (see BELOW): a ring
+        // probe leaves it as it is.
+        let below =
+            u64::from(self.zero_copy[1].ps_per_byte().is_some() && !self.zero_copy_faster[1]);
         let wants = if self.ring.probe.is_some() {
-            0
+            below
         } else {
             let ring_stale = self.ring.stale(now);
-            let mut bits = 0;
+            let mut bits = below;
             let mut ring_due = false;
             let mut carried = false;
-            for (k, zc) in self.zero_copy.iter_mut().enumerate() {
+            for (k, zc) in self.zero_copy.iter_mut().enumerate().skip(1) {
                 let zero_copy = if zc.probe.is_some() {
                     true
                 } else if self.zero_copy_faster[k] || carried {
@@ -393,12 +421,13 @@ impl PathMeter {
             }
             if ring_due {
                 self.ring.start_probe();
-                0
+                below
             } else {
                 bits
             }
         };
-        // Nothing new to say (the sender reads 0, no advice yet, as "ring").
+        // Nothing new to say (the sender reads 0, no advice yet, as "ring" from
+        // MEASURE_MIN and zero-copy below it).
         if self.posted & ((1 << CLASS_BITS) - 1) == wants {
             return None;
         }
@@ -479,6 +508,35 @@ mod tests {
             );
             assert_eq!(c.held, (i as usize + 1).min(SAMPLES));
         }
+    }
+
+    /// Below MEASURE_MIN the path follows the smallest measured class's verdict
+    /// (BELOW): zero-copy before any, the ring once the ring won there, zero-copy
+    /// again once zero-copy wins.
+    #[test]
+    fn sizes_below_the_meter_follow_the_smallest_measured_class() {
+        let (small, measured) = (16 << 10, 48 << 10);
+        assert_eq!(class_of(measured), 1);
+        assert!(advises_zero_copy(0, small), "no advice yet: zero-copy below");
+        assert!(!advises_zero_copy(0, measured), "no advice yet: the ring above");
+        let mut m = PathMeter::default();
+        // The ring at 20 GB/s, zero-copy at 5 for the class: the ring wins there,
+        // and below it.
+        for _ in 0..400 {
+            m.sample(false, measured, at(20, measured));
+            m.sample(true, measured, at(5, measured));
+        }
+        assert!(!m.zero_copy_faster[1]);
+        assert!(!advises_zero_copy(m.posted, measured));
+        assert!(!advises_zero_copy(m.posted, small), "the ring's verdict carried down");
+        // Zero-copy turns faster at 48 KiB: 16 KiB follows.
+        for _ in 0..400 {
+            m.sample(false, measured, at(5, measured));
+            m.sample(true, measured, at(20, measured));
+        }
+        assert!(m.zero_copy_faster[1]);
+        assert!(advises_zero_copy(m.posted, measured));
+        assert!(advises_zero_copy(m.posted, small));
     }
 
     #[test]

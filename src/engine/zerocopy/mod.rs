@@ -23,7 +23,9 @@ mod receive;
 mod relay;
 mod send;
 
-pub(crate) use choose::{advice_bit, process_nanos, CopyInMeter, OwnPuts, PathMeter, MEASURE_MIN};
+pub(crate) use choose::{
+    advises_zero_copy, process_nanos, CopyInMeter, OwnPuts, PathMeter, MEASURE_MIN,
+};
 pub(crate) use push::{serve_all_lends, PushSource, PushState};
 pub(crate) use relay::{Relay, Relayed};
 

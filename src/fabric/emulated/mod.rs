@@ -764,11 +764,15 @@ const ZERO_COPY_SHARED_DEFAULT: usize = 16 << 10;
 /// Smallest heap buffer sent zero-copy in a group outnumbering its CPUs.
 const ZERO_COPY_OUTNUMBERED_DEFAULT: usize = 1 << 20;
 
-/// Smallest heap buffer whose path follows the receiver's measurements by default.
-/// From 32 KiB: below, in the slow hand-off phase, a ping-pong gained nothing by
-/// zero-copy and IMB PingPing 16 KiB lost (7.9-9.0 us against the ring's 5.8-6.6,
-/// bench/notebook/2026-12.md).
-const ZERO_COPY_ADAPTIVE_DEFAULT: usize = 32 << 10;
+/// Smallest heap buffer whose path follows the receiver's advice by default. From
+/// 16 KiB: measured from 32 KiB, and below that zero-copy unless the ring was
+/// faster at 32 KiB (`zerocopy/choose.rs`, BELOW). Zero-copy's exchange got lean
+/// enough by 2026-12-05 to win 16 KiB in the fast hand-off phase (IMB PingPong 1.94
+/// us against the ring's 2.89, PingPing 2.60 against 2.75); in the slow phase of
+/// 2026-12-03, with a heavier exchange, IMB PingPing 16 KiB lost by it (7.9-9.0
+/// against 5.8-6.6), which the ring's verdict at 32 KiB now guards against where a
+/// program sends such sizes too (bench/notebook/2026-12.md).
+const ZERO_COPY_ADAPTIVE_DEFAULT: usize = 16 << 10;
 
 /// Memory registered with an [`EmuFabric`]. Dropping it deregisters the memory (see the
 /// module documentation for the fence) and, for [`alloc_region`](Fabric::alloc_region)

@@ -52,6 +52,7 @@ pub use buf::RdmaBuf;
 use std::collections::BTreeMap;
 use std::io;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::fabric::{Access, Fabric, MemoryRegion};
@@ -273,6 +274,11 @@ struct Inner<R> {
 /// ```
 pub struct RegCache<F: Fabric> {
     inner: Mutex<Inner<F::Region>>,
+    /// The lowest start and highest end of the memory from [`alloc`](Self::alloc)
+    /// (`usize::MAX` and 0 while there is none), so that [`is_owned`](Self::is_owned),
+    /// asked for every large buffer a sender puts, answers for ordinary memory
+    /// without the lock. Written under the lock.
+    owned_hull: [AtomicUsize; 2],
     limits: CacheLimits,
     /// The watcher, or why there is none.
     watcher: Result<&'static Watcher, String>,
@@ -361,6 +367,7 @@ impl<F: Fabric> RegCache<F> {
     fn build(limits: CacheLimits, watcher: Result<&'static Watcher, String>) -> RegCache<F> {
         let last_seq = watcher.as_ref().map_or(0, |w| w.seq());
         RegCache {
+            owned_hull: [AtomicUsize::new(usize::MAX), AtomicUsize::new(0)],
             inner: Mutex::new(Inner {
                 slots: Vec::new(),
                 free_slots: Vec::new(),
@@ -620,6 +627,7 @@ impl<F: Fabric> RegCache<F> {
         let mut g = self.lock();
         let slot = g.insert(region, start, end, rights, Kind::Owned, false);
         g.owned.insert(start, slot);
+        self.set_owned_hull(&g);
         Ok(ptr)
     }
 
@@ -650,7 +658,9 @@ impl<F: Fabric> RegCache<F> {
                 ));
             }
             g.owned.remove(&(ptr as usize));
-            g.remove(slot)
+            let doomed = g.remove(slot);
+            self.set_owned_hull(&g);
+            doomed
         };
         // Deregistering (and unmapping) outside the lock.
         drop(doomed);
@@ -674,7 +684,30 @@ impl<F: Fabric> RegCache<F> {
         let Some(end) = a.checked_add(len) else {
             return false;
         };
+        // Relaxed: memory from alloc reached the caller after its hull was stored
+        // (the pointer came back from alloc, in this thread or through a hand-over
+        // that orders the two), so a range inside it is never outside the hull read
+        // here; memory outside every allocation needs no ordering at all.
+        if a < self.owned_hull[0].load(Ordering::Relaxed)
+            || end > self.owned_hull[1].load(Ordering::Relaxed)
+        {
+            return false;
+        }
         self.lock().owned_containing(a, end).is_some()
+    }
+
+    /// Stores the hull of the owned memory in `g` (called with the lock held).
+    fn set_owned_hull(&self, g: &Inner<F::Region>) {
+        let (lo, hi) = match (g.owned.first_key_value(), g.owned.last_key_value()) {
+            // Allocations do not overlap: the last to start ends last.
+            (Some((&lo, _)), Some((_, &last))) => {
+                let end = g.slots[last as usize].as_ref().map_or(usize::MAX, |e| e.end);
+                (lo, end)
+            }
+            _ => (usize::MAX, 0),
+        };
+        self.owned_hull[0].store(lo, Ordering::Relaxed);
+        self.owned_hull[1].store(hi, Ordering::Relaxed);
     }
 
     /// Drops cached registrations overlapping `[addr, addr + len)`. Those in use are

@@ -701,7 +701,9 @@ impl<F: Fabric> RegCache<F> {
         let (lo, hi) = match (g.owned.first_key_value(), g.owned.last_key_value()) {
             // Allocations do not overlap: the last to start ends last.
             (Some((&lo, _)), Some((_, &last))) => {
-                let end = g.slots[last as usize].as_ref().map_or(usize::MAX, |e| e.end);
+                let end = g.slots[last as usize]
+                    .as_ref()
+                    .map_or(usize::MAX, |e| e.end);
                 (lo, end)
             }
             _ => (usize::MAX, 0),

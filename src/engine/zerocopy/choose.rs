@@ -517,8 +517,14 @@ mod tests {
     fn sizes_below_the_meter_follow_the_smallest_measured_class() {
         let (small, measured) = (16 << 10, 48 << 10);
         assert_eq!(class_of(measured), 1);
-        assert!(advises_zero_copy(0, small), "no advice yet: zero-copy below");
-        assert!(!advises_zero_copy(0, measured), "no advice yet: the ring above");
+        assert!(
+            advises_zero_copy(0, small),
+            "no advice yet: zero-copy below"
+        );
+        assert!(
+            !advises_zero_copy(0, measured),
+            "no advice yet: the ring above"
+        );
         let mut m = PathMeter::default();
         // The ring at 20 GB/s, zero-copy at 5 for the class: the ring wins there,
         // and below it.
@@ -528,7 +534,10 @@ mod tests {
         }
         assert!(!m.zero_copy_faster[1]);
         assert!(!advises_zero_copy(m.posted, measured));
-        assert!(!advises_zero_copy(m.posted, small), "the ring's verdict carried down");
+        assert!(
+            !advises_zero_copy(m.posted, small),
+            "the ring's verdict carried down"
+        );
         // Zero-copy turns faster at 48 KiB: 16 KiB follows.
         for _ in 0..400 {
             m.sample(false, measured, at(5, measured));

@@ -15,8 +15,13 @@
 # waits up to 10 minutes); one that did not verify is run again (at most four times;
 # then it is left out). The probe after a run is printed, not used: seconds of four
 # busy ranks on two CPUs leave it slow for a while, whichever MPI ran. Prints NPB's own
-# "Time in seconds" as the median of the kept runs, and ch3:rch's time over the
-# faster peer's (below 1: ch3:rch is faster). All ranks on one host, unpinned.
+# run times as the median of the kept runs, and ch3:rch's time over the faster
+# peer's (below 1: ch3:rch is faster). NPB prints "Time in seconds" with two decimals,
+# too coarse for IS (0.15 s: a step is 7%), so a run's time is taken from its "Mop/s
+# total" (the kernel's fixed operation count over the time it measured): K / Mop/s,
+# K a kernel's operations in millions, estimated as the median of time x Mop/s over
+# every kept run of every MPI. The ratios do not depend on K. All ranks on one
+# host, unpinned.
 # It is a benchmark, never a test: nothing here asserts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,13 +70,14 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cc -O2 -pthread -o "$work/probe" bench/c/handoff_probe.c
 
-# run SYSTEM KERNEL: NPB's time in seconds, or nothing when the run did not verify.
+# run SYSTEM KERNEL: NPB's time in seconds and its Mop/s total ("T M"), or nothing
+# when the run did not verify.
 run() {
     local bin=$cache/build/${build[$1]}/npb-$class/bin/$2.$class.x out
     # shellcheck disable=SC2086 # the launcher is a command line
     out=$(cd "$work" && timeout 1800 ${launcher[$1]} "$bin" </dev/null 2>&1) || return 0
     grep -qE 'Verification += +SUCCESSFUL' <<<"$out" || return 0
-    awk '/Time in seconds/ {print $NF}' <<<"$out"
+    awk '/Time in seconds/ {t = $NF} /Mop\/s total/ {m = $NF} END { if (t != "" && m > 0) print t, m }' <<<"$out"
 }
 
 # The slow phases of the shared host last minutes, longer than a run: wait (10 s at a
@@ -109,20 +115,29 @@ for ((r = 1; r <= rounds; r++)); do
                     continue
                 fi
                 echo "$t" >> "$work/$s.$k"
-                echo "npb: round $r $k ${label[$s]} $t s (probe $p0 / $p1 ns)" >&2
+                echo "npb: round $r $k ${label[$s]} ${t% *} s, ${t#* } Mop/s (probe $p0 / $p1 ns)" >&2
                 break
             done
         done
     done
 done
 
-med() { if [ -f "$work/$1.$2" ]; then median < "$work/$1.$2"; else echo "-"; fi; }
+# A kernel's operations in millions (see the header), then a system's median time.
+ops() { cat "$work"/*."$1" 2>/dev/null | awk '{print $1 * $2}' | median; }
+med() {
+    if [ -f "$work/$1.$2" ]; then
+        awk -v k="$3" '{printf "%.4f\n", k / $2}' "$work/$1.$2" | median | awk '{printf "%.3f\n", $1}'
+    else
+        echo "-"
+    fi
+}
 echo "# NPB 3.4 class $class, $np ranks on one host ($(nproc) CPUs), $rounds rounds, median s; $(date -u +%F)"
 printf '| kernel | %s | %s | %s | ch3:rch / faster peer |\n' "${label[rch]}" "${label[mpich]}" "${label[ompi]}"
 echo "| --- | ---: | ---: | ---: | ---: |"
 [ -z "$csv" ] || echo "kernel,class,np,rch_s,mpich_s,openmpi_s" > "$csv"
 for k in ${kernels//,/ }; do
-    a=$(med rch "$k") b=$(med mpich "$k") c=$(med ompi "$k")
+    ops_k=$(ops "$k")
+    a=$(med rch "$k" "$ops_k") b=$(med mpich "$k" "$ops_k") c=$(med ompi "$k" "$ops_k")
     best=$(awk -v b="$b" -v c="$c" 'BEGIN { if (b == "-") print c; else if (c == "-") print b; else print (b < c ? b : c) }')
     printf '| %s | %s | %s | %s | %s |\n' "${k^^}" "$a" "$b" "$c" "$(ratio "$a" "$best")"
     [ -z "$csv" ] || echo "$k,$class,$np,$a,$b,$c" >> "$csv"

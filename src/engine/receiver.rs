@@ -18,7 +18,7 @@ use crate::rcache::RegHandle;
 use crate::ring::memory::{CtrlWord, RingMemory, RingOffer, CTRL_SIZE, RING_OFFER_SLOT};
 use crate::ring::wire::{
     fits_short, is_ack_word, trailer_offset, trailer_word, Header, PacketKind, Rendezvous, RndvSeg,
-    ShortHeader, CELL, HEADER_LEN, MAX_RNDV_SEGS, RNDV_BY_ADVICE, SMALL_RNDV,
+    ShortHeader, CELL, HEADER_LEN, MAX_RNDV_LEN, MAX_RNDV_SEGS, RNDV_BY_ADVICE, SMALL_RNDV,
 };
 use crate::ring::{packet_cells, PAYLOAD_OFFSET};
 
@@ -705,8 +705,7 @@ impl<F: Fabric> Receiver<F> {
     /// Reads the rendezvous announcement of `len` bytes at the read position (the
     /// packet is fully visible) and makes it the transfer being read.
     fn take_rendezvous(&mut self, len: usize) -> io::Result<()> {
-        const MOST: usize = Rendezvous::encoded_len_with_keys(MAX_RNDV_SEGS, MAX_RAILS - 1);
-        if len > MOST {
+        if len > MAX_RNDV_LEN {
             return Err(self.link.fail(
                 io::ErrorKind::InvalidData,
                 format!("protocol error: rendezvous of {len} bytes"),
@@ -718,7 +717,7 @@ impl<F: Fabric> Receiver<F> {
         let desc: &mut [u8] = if len <= SMALL_RNDV {
             &mut small[..len]
         } else {
-            large = [0u8; MOST];
+            large = [0u8; MAX_RNDV_LEN];
             &mut large[..len]
         };
         self.ring

@@ -317,6 +317,11 @@ pub const RNDV_SEG: usize = 24;
 /// case, which the ends encode and decode in a buffer of this size on the stack.
 pub(crate) const SMALL_RNDV: usize = RNDV_FIXED + 2 * RNDV_SEG;
 
+/// Bytes of the largest announcement: [`MAX_RNDV_SEGS`] segments, each with keys for
+/// every rail after rail 0.
+pub(crate) const MAX_RNDV_LEN: usize =
+    Rendezvous::encoded_len_with_keys(MAX_RNDV_SEGS, crate::config::MAX_RAILS - 1);
+
 /// [`Rendezvous`] flags, bits 8-10: how many rails after rail 0 have a key of their
 /// own in each segment entry (0: every rail reads with the segment's `rkey`). A
 /// sender whose rails include one in another protection domain (another device)

@@ -9,7 +9,7 @@ use crate::config::MAX_RAILS;
 use crate::engine::{Announce, InFlightSeg, Lending, Link, PendingZc, Sender, ZeroCopy};
 use crate::fabric::{Access, Fabric};
 use crate::ring::wire::{
-    PacketKind, Rendezvous, RndvSeg, MAX_RNDV_SEGS, RNDV_BY_ADVICE, SMALL_RNDV,
+    PacketKind, Rendezvous, RndvSeg, MAX_RNDV_LEN, RNDV_BY_ADVICE, SMALL_RNDV,
 };
 
 impl<F: Fabric> Sender<F> {
@@ -173,7 +173,7 @@ impl<F: Fabric> Sender<F> {
         let desc: &mut [u8] = if need <= SMALL_RNDV {
             &mut small[..need]
         } else {
-            large = [0u8; Rendezvous::encoded_len_with_keys(MAX_RNDV_SEGS, MAX_RAILS - 1)];
+            large = [0u8; MAX_RNDV_LEN];
             &mut large[..need]
         };
         let mut total = 0u64;
